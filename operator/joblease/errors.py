@@ -1,0 +1,194 @@
+"""Typed errors. Each says what happened and maps to one exit code and one HTTP status.
+
+The same error object is what the library raises, what the CLI turns into an
+exit code and what the sidecar turns into an HTTP response, so "stale" means
+the same thing everywhere: your token is no longer the job's current one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class JobLeaseError(Exception):
+    """Base class. ``reason`` is a stable machine-readable word."""
+
+    reason = "error"
+    exit_code = 1
+    http_status = 500
+
+    def details(self) -> dict[str, Any]:
+        """Structured fields for JSON output (CLI ``--output json``, sidecar bodies)."""
+        return {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.reason, "message": str(self), **self.details()}
+
+
+class InvalidInputError(JobLeaseError, ValueError):
+    """Input refused before anything was written (bad name, TTL, oversized payload...)."""
+
+    reason = "invalid"
+    exit_code = 2
+    http_status = 400
+
+
+class NotRegisteredError(JobLeaseError, LookupError):
+    """The job has no registration record in etcd."""
+
+    reason = "not_found"
+    exit_code = 3
+    http_status = 404
+
+    def __init__(self, job: str) -> None:
+        super().__init__(f"job {job} is not registered")
+        self.job = job
+
+    def details(self) -> dict[str, Any]:
+        return {"job": self.job}
+
+
+class HeldError(JobLeaseError):
+    """Someone else holds a live lease on the job."""
+
+    reason = "held"
+    exit_code = 4
+    http_status = 409
+
+    def __init__(self, job: str, owner: str, token: int, generation: int) -> None:
+        super().__init__(
+            f"job {job} is held by {owner!r} (generation {generation}, token {token})"
+        )
+        self.job, self.owner, self.token, self.generation = job, owner, token, generation
+
+    def details(self) -> dict[str, Any]:
+        return {"job": self.job, "owner": self.owner, "token": self.token,
+                "generation": self.generation}
+
+
+class AlreadyCompletedError(JobLeaseError):
+    """The job already has a result; it will not be claimed or completed again."""
+
+    reason = "completed"
+    exit_code = 5
+    http_status = 409
+
+    def __init__(self, job: str, owner: str, token: int, generation: int) -> None:
+        super().__init__(
+            f"job {job} was already completed by {owner!r} (generation {generation}, token {token})"
+        )
+        self.job, self.owner, self.token, self.generation = job, owner, token, generation
+
+    def details(self) -> dict[str, Any]:
+        return {"job": self.job, "owner": self.owner, "token": self.token,
+                "generation": self.generation}
+
+
+class AttemptsExhaustedError(JobLeaseError):
+    """The job was claimed ``maxAttempts`` times without completing: it has failed."""
+
+    reason = "exhausted"
+    exit_code = 6
+    http_status = 409
+
+    def __init__(self, job: str, attempts: int, max_attempts: int) -> None:
+        super().__init__(f"job {job} has used {attempts} of {max_attempts} attempts")
+        self.job, self.attempts, self.max_attempts = job, attempts, max_attempts
+
+    def details(self) -> dict[str, Any]:
+        return {"job": self.job, "attempts": self.attempts, "maxAttempts": self.max_attempts}
+
+
+class StaleTokenError(JobLeaseError):
+    """The store refused an operation because the caller's token is no longer current.
+
+    ``current_token`` is the token of whoever holds (or completed) the job now,
+    or ``None`` when nobody does.
+    """
+
+    reason = "stale"
+    exit_code = 7
+    http_status = 409
+
+    def __init__(
+        self,
+        job: str,
+        token: int,
+        current_token: int | None,
+        current_owner: str | None = None,
+        detail: str = "",
+    ) -> None:
+        now = (
+            f"current token is {current_token} held by {current_owner!r}"
+            if current_token is not None
+            else "nobody holds the job now"
+        )
+        super().__init__(
+            f"stale token for job {job}: your token {token} is no longer current; {now}"
+            + (f" ({detail})" if detail else "")
+        )
+        self.job, self.token = job, token
+        self.current_token, self.current_owner = current_token, current_owner
+
+    def details(self) -> dict[str, Any]:
+        return {"job": self.job, "token": self.token, "currentToken": self.current_token,
+                "currentOwner": self.current_owner}
+
+
+class LeaseLostError(JobLeaseError):
+    """The local handle knows it no longer holds the lease; it refuses to act on it."""
+
+    reason = "lost"
+    exit_code = 8
+    http_status = 409
+
+    def __init__(self, job: str, token: int, why: str) -> None:
+        super().__init__(f"lease on job {job} with token {token} is lost: {why}")
+        self.job, self.token, self.why = job, token, why
+
+    def details(self) -> dict[str, Any]:
+        return {"job": self.job, "token": self.token, "why": self.why}
+
+
+class StoreUnavailableError(JobLeaseError):
+    """etcd could not be reached; nothing was written."""
+
+    reason = "unavailable"
+    exit_code = 10
+    http_status = 503
+
+
+class OutcomeUnknownError(StoreUnavailableError):
+    """A write was sent but its outcome is unknown (timeout or dropped connection).
+
+    Raised by the store layer; the protocol resolves it by reading back
+    (DESIGN.md invariant 7) and surfaces it only when read-back failed too.
+    """
+
+    reason = "unknown"
+    exit_code = 11
+
+
+class PermissionDeniedError(JobLeaseError):
+    """etcd refused the credentials or the key range (auth/RBAC)."""
+
+    reason = "forbidden"
+    exit_code = 12
+    http_status = 403
+
+
+class CompactedError(JobLeaseError):
+    """A watch asked for revisions etcd has compacted away; resync from a snapshot."""
+
+    reason = "compacted"
+    exit_code = 13
+
+    def __init__(self, compact_revision: int) -> None:
+        super().__init__(f"revision compacted (compact revision {compact_revision})")
+        self.compact_revision = compact_revision
+
+
+class LeaseNotFoundError(JobLeaseError):
+    """etcd no longer knows the lease (it expired or was revoked)."""
+
+    reason = "lease_not_found"

@@ -1,0 +1,472 @@
+"""The :class:`~joblease.store.Store` over etcd's v3 gRPC API (``grpc.aio``).
+
+Why our own thin client: see docs/etcd-client.md. In short, the Python etcd
+clients either are unmaintained (python-etcd3), cannot speak TLS or more than
+one endpoint (aetcd 1.0.0), or retry transactions whose outcome is unknown
+(etcd3aio 0.3.0). The protocol must never re-send a write blindly, so retries
+live here, explicitly: reads fail over between endpoints, writes are retried
+only when the request provably never reached a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from joblease._etcdpb import kv_pb2, rpc_pb2, rpc_pb2_grpc
+from joblease.errors import (
+    CompactedError,
+    InvalidInputError,
+    JobLeaseError,
+    LeaseNotFoundError,
+    OutcomeUnknownError,
+    PermissionDeniedError,
+    StoreUnavailableError,
+)
+from joblease.store import (
+    Compare,
+    Delete,
+    Get,
+    KeyValue,
+    Put,
+    TxnOp,
+    TxnResult,
+    WatchBatch,
+    WatchEvent,
+    prefix_end,
+)
+
+log = logging.getLogger(__name__)
+
+_TARGETS = {
+    "version": rpc_pb2.Compare.VERSION,
+    "create": rpc_pb2.Compare.CREATE,
+    "mod": rpc_pb2.Compare.MOD,
+    "value": rpc_pb2.Compare.VALUE,
+    "lease": rpc_pb2.Compare.LEASE,
+}
+_OPS = {
+    "==": rpc_pb2.Compare.EQUAL,
+    "!=": rpc_pb2.Compare.NOT_EQUAL,
+    "<": rpc_pb2.Compare.LESS,
+    ">": rpc_pb2.Compare.GREATER,
+}
+# Messages gRPC gives when a request never left the client: safe to send elsewhere.
+_NOT_SENT_HINTS = ("failed to connect", "connection refused", "no address", "dns resolution")
+
+
+@dataclass(frozen=True)
+class EtcdConfig:
+    """How to reach etcd. TLS, mutual TLS and auth are configuration, not code.
+
+    ``endpoints``: ``host:port`` or ``http(s)://host:port``; an ``https``
+    scheme, or any TLS file, switches to TLS.
+    """
+
+    endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None  # TLS name override, e.g. when dialling by IP
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    request_timeout: float = 5.0
+    root: str = "/joblease/v1"
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> EtcdConfig:
+        """``JOBLEASE_ETCD_ENDPOINTS`` (comma separated), ``JOBLEASE_ETCD_CA_FILE``,
+        ``..._CERT_FILE``, ``..._KEY_FILE``, ``..._SERVER_NAME``, ``..._USERNAME``,
+        ``..._PASSWORD`` or ``..._PASSWORD_FILE`` (a mounted Secret), ``JOBLEASE_ROOT``."""
+        env = os.environ if environ is None else environ
+        password = env.get("JOBLEASE_ETCD_PASSWORD")
+        if not password and env.get("JOBLEASE_ETCD_PASSWORD_FILE"):
+            with open(env["JOBLEASE_ETCD_PASSWORD_FILE"]) as f:
+                password = f.read().strip()
+        values: dict[str, Any] = {
+            "endpoints": tuple(
+                e.strip() for e in env.get("JOBLEASE_ETCD_ENDPOINTS", "127.0.0.1:2379").split(",")
+                if e.strip()
+            ),
+            "ca_file": env.get("JOBLEASE_ETCD_CA_FILE") or None,
+            "cert_file": env.get("JOBLEASE_ETCD_CERT_FILE") or None,
+            "key_file": env.get("JOBLEASE_ETCD_KEY_FILE") or None,
+            "server_name": env.get("JOBLEASE_ETCD_SERVER_NAME") or None,
+            "username": env.get("JOBLEASE_ETCD_USERNAME") or None,
+            "password": password or None,
+            "root": env.get("JOBLEASE_ROOT", "/joblease/v1"),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def with_(self, **changes: Any) -> EtcdConfig:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.ca_file or self.cert_file or any(
+            e.startswith("https://") for e in self.endpoints))
+
+
+def _strip_scheme(endpoint: str) -> str:
+    for scheme in ("http://", "https://", "unix://"):
+        if endpoint.startswith(scheme):
+            return endpoint[len(scheme):]
+    return endpoint
+
+
+def _kv(pb: Any) -> KeyValue:
+    return KeyValue(bytes(pb.key), bytes(pb.value), pb.create_revision, pb.mod_revision,
+                    pb.version, pb.lease)
+
+
+def _compare(c: Compare) -> Any:
+    msg = rpc_pb2.Compare(key=c.key, target=_TARGETS[c.target], result=_OPS[c.op])
+    if c.target == "version":
+        msg.version = int(c.value)
+    elif c.target == "create":
+        msg.create_revision = int(c.value)
+    elif c.target == "mod":
+        msg.mod_revision = int(c.value)
+    elif c.target == "lease":
+        msg.lease = int(c.value)
+    else:
+        assert isinstance(c.value, bytes)
+        msg.value = c.value
+    return msg
+
+
+def _request_op(op: TxnOp) -> Any:
+    if isinstance(op, Put):
+        return rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=op.key, value=op.value,
+                                                                 lease=op.lease))
+    if isinstance(op, Get):
+        return rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(
+            key=op.key, range_end=prefix_end(op.key) if op.prefix else b""))
+    return rpc_pb2.RequestOp(request_delete_range=rpc_pb2.DeleteRangeRequest(
+        key=op.key, range_end=prefix_end(op.key) if op.prefix else b""))
+
+
+def _response(op: TxnOp, resp: Any) -> list[KeyValue] | int | None:
+    if isinstance(op, Get):
+        return [_kv(kv) for kv in resp.response_range.kvs]
+    if isinstance(op, Delete):
+        return int(resp.response_delete_range.deleted)
+    return None
+
+
+class _Stubs:
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self.kv = rpc_pb2_grpc.KVStub(channel)
+        self.lease = rpc_pb2_grpc.LeaseStub(channel)
+        self.watch = rpc_pb2_grpc.WatchStub(channel)
+        self.auth = rpc_pb2_grpc.AuthStub(channel)
+        self.maintenance = rpc_pb2_grpc.MaintenanceStub(channel)
+
+
+class EtcdStore:
+    """An asyncio etcd v3 client with explicit, outcome-aware retries."""
+
+    def __init__(self, config: EtcdConfig) -> None:
+        if not config.endpoints:
+            raise InvalidInputError("at least one etcd endpoint is required")
+        self.config = config
+        self._endpoints = [_strip_scheme(e) for e in config.endpoints]
+        self._stubs: dict[int, _Stubs] = {}
+        self._current = 0
+        self._token: str | None = None
+        self._auth_lock = asyncio.Lock()
+        self._credentials = self._channel_credentials()
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _channel_credentials(self) -> grpc.ChannelCredentials | None:
+        if not self.config.tls:
+            return None
+
+        def read(path: str | None) -> bytes | None:
+            if path is None:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(self.config.ca_file),
+            private_key=read(self.config.key_file),
+            certificate_chain=read(self.config.cert_file),
+        )
+
+    def _stub(self, index: int | None = None) -> _Stubs:
+        i = self._current if index is None else index
+        if i not in self._stubs:
+            options: list[tuple[str, Any]] = [
+                ("grpc.keepalive_time_ms", 10_000),
+                ("grpc.keepalive_timeout_ms", 5_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.enable_retries", 0),  # retries are ours, and outcome-aware
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1_000),
+            ]
+            target = self._endpoints[i]
+            if self._credentials is not None:
+                if self.config.server_name:
+                    options.append(("grpc.ssl_target_name_override", self.config.server_name))
+                channel = grpc.aio.secure_channel(target, self._credentials, options=options)
+            else:
+                channel = grpc.aio.insecure_channel(target, options=options)
+            self._stubs[i] = _Stubs(channel)
+        return self._stubs[i]
+
+    def _fail_over(self) -> None:
+        if len(self._endpoints) > 1:
+            self._current = (self._current + 1) % len(self._endpoints)
+
+    async def _metadata(self) -> tuple[tuple[str, str], ...]:
+        if self.config.username is None:
+            return ()
+        if self._token is None:
+            async with self._auth_lock:
+                if self._token is None:
+                    resp = await self._call_raw(
+                        lambda s, md: s.auth.Authenticate(
+                            rpc_pb2.AuthenticateRequest(
+                                name=self.config.username, password=self.config.password or ""),
+                            timeout=self.config.request_timeout),
+                        write=False, authenticate=False)
+                    self._token = resp.token
+        assert self._token is not None
+        return (("token", self._token),)
+
+    async def _call_raw(self, fn: Any, *, write: bool, authenticate: bool = True) -> Any:
+        """Run ``fn(stubs, metadata)`` with failover; map gRPC errors to ours.
+
+        Reads are retried on another endpoint; writes only when the request
+        provably never reached a server; otherwise OutcomeUnknownError.
+        """
+        attempts = max(2, 2 * len(self._endpoints))
+        last: grpc.aio.AioRpcError | None = None
+        for _ in range(attempts):
+            metadata = await self._metadata() if authenticate else ()
+            try:
+                return await fn(self._stub(), metadata)
+            except grpc.aio.AioRpcError as exc:
+                last = exc
+                code, details = exc.code(), (exc.details() or "")
+                if code == grpc.StatusCode.UNAUTHENTICATED and "invalid auth token" in details:
+                    self._token = None  # expired token: rejected before any apply
+                    continue
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                            grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
+                    not_sent = code == grpc.StatusCode.UNAVAILABLE and any(
+                        h in details.lower() for h in _NOT_SENT_HINTS)
+                    self._fail_over()
+                    if write and not not_sent:
+                        raise OutcomeUnknownError(
+                            f"etcd write outcome unknown ({code.name}: {details})") from exc
+                    continue
+                raise self._map_error(exc) from exc
+        assert last is not None
+        raise StoreUnavailableError(
+            f"etcd unreachable at {', '.join(self._endpoints)}: "
+            f"{last.code().name}: {last.details()}") from last
+
+    @staticmethod
+    def _map_error(exc: grpc.aio.AioRpcError) -> JobLeaseError:
+        code, details = exc.code(), exc.details() or ""
+        if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+            return PermissionDeniedError(f"etcd refused the request: {details}")
+        if "lease not found" in details:
+            return LeaseNotFoundError(details)
+        if "compacted" in details:
+            return CompactedError(0)
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            return InvalidInputError(f"etcd refused the request: {details}")
+        return JobLeaseError(f"etcd error {code.name}: {details}")
+
+    # -- Store -------------------------------------------------------------------------------
+
+    async def txn(
+        self, compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp] = ()
+    ) -> TxnResult:
+        request = rpc_pb2.TxnRequest(
+            compare=[_compare(c) for c in compares],
+            success=[_request_op(op) for op in success],
+            failure=[_request_op(op) for op in failure],
+        )
+        write = any(not isinstance(op, Get) for op in (*success, *failure))
+        timeout = self.config.request_timeout
+        resp = await self._call_raw(
+            lambda s, md: s.kv.Txn(request, timeout=timeout, metadata=md), write=write)
+        branch = success if resp.succeeded else failure
+        return TxnResult(
+            succeeded=resp.succeeded,
+            revision=resp.header.revision,
+            responses=[_response(op, r) for op, r in zip(branch, resp.responses, strict=True)],
+        )
+
+    async def get(
+        self, key: bytes, *, prefix: bool = False, revision: int = 0, keys_only: bool = False
+    ) -> tuple[int, list[KeyValue]]:
+        request = rpc_pb2.RangeRequest(
+            key=key, range_end=prefix_end(key) if prefix else b"", revision=revision,
+            keys_only=keys_only)
+        timeout = self.config.request_timeout
+        resp = await self._call_raw(
+            lambda s, md: s.kv.Range(request, timeout=timeout, metadata=md), write=False)
+        return resp.header.revision, [_kv(kv) for kv in resp.kvs]
+
+    async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
+        timeout = self.config.request_timeout
+        resp = await self._call_raw(lambda s, md: s.kv.Put(
+            rpc_pb2.PutRequest(key=key, value=value, lease=lease), timeout=timeout, metadata=md),
+            write=True)
+        return int(resp.header.revision)
+
+    async def grant(self, ttl: int) -> tuple[int, int]:
+        timeout = self.config.request_timeout
+        # A grant whose outcome is unknown leaks at most one unused lease, which
+        # expires by itself: safe to treat as a read for retry purposes.
+        resp = await self._call_raw(lambda s, md: s.lease.LeaseGrant(
+            rpc_pb2.LeaseGrantRequest(TTL=ttl), timeout=timeout, metadata=md), write=False)
+        if resp.error:
+            raise JobLeaseError(f"etcd refused the lease grant: {resp.error}")
+        return int(resp.ID), int(resp.TTL)
+
+    async def revoke(self, lease_id: int) -> None:
+        timeout = self.config.request_timeout
+        try:
+            await self._call_raw(lambda s, md: s.lease.LeaseRevoke(
+                rpc_pb2.LeaseRevokeRequest(ID=lease_id), timeout=timeout, metadata=md),
+                write=False)
+        except LeaseNotFoundError:
+            pass
+
+    async def time_to_live(self, lease_id: int) -> int:
+        timeout = self.config.request_timeout
+        resp = await self._call_raw(lambda s, md: s.lease.LeaseTimeToLive(
+            rpc_pb2.LeaseTimeToLiveRequest(ID=lease_id), timeout=timeout, metadata=md),
+            write=False)
+        return int(resp.TTL)
+
+    async def compact(self, revision: int) -> None:
+        timeout = self.config.request_timeout
+        await self._call_raw(lambda s, md: s.kv.Compact(
+            rpc_pb2.CompactionRequest(revision=revision, physical=True), timeout=timeout,
+            metadata=md), write=False)
+
+    async def status(self) -> dict[str, int]:
+        """The answering member's status (leader id, revision, raft term)."""
+        timeout = self.config.request_timeout
+        resp = await self._call_raw(lambda s, md: s.maintenance.Status(
+            rpc_pb2.StatusRequest(), timeout=timeout, metadata=md), write=False)
+        return {"leader": int(resp.leader), "revision": int(resp.header.revision),
+                "raftTerm": int(resp.raftTerm), "member": int(resp.header.member_id)}
+
+    def keep_alive(self, lease_id: int) -> _KeepAliveStream:
+        return _KeepAliveStream(self, lease_id)
+
+    async def watch(
+        self, key: bytes, *, prefix: bool, start_revision: int
+    ) -> AsyncIterator[WatchBatch]:
+        """Yield batches from ``start_revision`` on; reconnects (and fails over)
+        on dropped streams, resuming after the last revision it delivered."""
+        next_revision = start_revision
+        failures = 0
+        while True:
+            metadata = (*await self._metadata(), ("hasleader", "true"))
+            stub = self._stub()
+            call = stub.watch.Watch(metadata=metadata)
+            try:
+                await call.write(rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(
+                    key=key, range_end=prefix_end(key) if prefix else b"",
+                    start_revision=next_revision, progress_notify=True)))
+                while True:
+                    resp = await call.read()
+                    if resp is grpc.aio.EOF:
+                        raise StoreUnavailableError("watch stream closed")
+                    failures = 0
+                    if resp.compact_revision:
+                        raise CompactedError(int(resp.compact_revision))
+                    if resp.canceled:
+                        raise StoreUnavailableError(f"watch canceled: {resp.cancel_reason}")
+                    if resp.created and not resp.events:
+                        continue
+                    events = [
+                        WatchEvent("delete" if ev.type == kv_pb2.Event.DELETE else "put",
+                                   _kv(ev.kv))
+                        for ev in resp.events
+                    ]
+                    revision = int(resp.header.revision)
+                    if events:
+                        next_revision = max(e.kv.mod_revision for e in events) + 1
+                    else:
+                        next_revision = max(next_revision, revision + 1)
+                    yield WatchBatch(revision, events)
+            except (grpc.aio.AioRpcError, StoreUnavailableError) as exc:
+                failures += 1
+                if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
+                        grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                    raise self._map_error(exc) from exc
+                log.info("etcd watch interrupted (%s); resuming from revision %d",
+                         exc, next_revision)
+                self._fail_over()
+                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
+            finally:
+                call.cancel()
+
+    async def close(self) -> None:
+        stubs, self._stubs = self._stubs, {}
+        for s in stubs.values():
+            await s.channel.close()
+
+    async def __aenter__(self) -> EtcdStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _KeepAliveStream:
+    """One persistent LeaseKeepAlive stream, reopened (on the next endpoint) when it breaks."""
+
+    def __init__(self, store: EtcdStore, lease_id: int) -> None:
+        self._store = store
+        self._lease_id = lease_id
+        self._call: Any = None
+
+    async def renew(self, timeout: float) -> int:
+        try:
+            async with asyncio.timeout(timeout):
+                if self._call is None:
+                    metadata = await self._store._metadata()
+                    self._call = self._store._stub().lease.LeaseKeepAlive(metadata=metadata)
+                await self._call.write(rpc_pb2.LeaseKeepAliveRequest(ID=self._lease_id))
+                resp = await self._call.read()
+        except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError) as exc:
+            await self.close()
+            self._store._fail_over()
+            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
+                    grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                raise self._store._map_error(exc) from exc
+            raise StoreUnavailableError(f"keep-alive failed: {exc!r}") from exc
+        if resp is grpc.aio.EOF:
+            await self.close()
+            raise StoreUnavailableError("keep-alive stream closed")
+        return int(resp.TTL)
+
+    async def close(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            with contextlib.suppress(Exception):
+                call.cancel()

@@ -1,0 +1,283 @@
+"""The handle a successful claim returns.
+
+A :class:`Lease` is valid while (a) the session's etcd lease is being renewed
+within the local safety deadline and (b) the holder key still carries this
+claim (re-checked after every keep-alive: a live etcd lease is not proof of
+ownership, because the key can be deleted while the lease lives). Once
+invalid it never becomes valid again.
+
+``complete`` and ``release`` use exactly the renew condition -- the holder key
+still has this token (create revision) and this exact value (owner + claim
+id) -- in one transaction, so a stale completion is rejected by etcd itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from joblease import validation
+from joblease.errors import (
+    JobLeaseError,
+    LeaseLostError,
+    OutcomeUnknownError,
+    StaleTokenError,
+    StoreUnavailableError,
+)
+from joblease.keys import JobKeys, JobRef
+from joblease.records import Holder, ResultRecord
+from joblease.store import Compare, Delete, Get, Put, Store, TxnResult
+
+if TYPE_CHECKING:
+    from joblease.session import Session
+
+log = logging.getLogger(__name__)
+
+
+class LeaseState(enum.StrEnum):
+    HELD = "held"
+    LOST = "lost"
+    COMPLETED = "completed"
+    RELEASED = "released"
+
+
+class Lease:
+    """Temporary ownership of one job, proven by ``token``."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        session: Session | None,
+        job: JobRef,
+        keys: JobKeys,
+        owner: str,
+        claim_id: str,
+        token: int,
+        generation: int,
+        ttl: int,
+        holder_value: bytes,
+    ) -> None:
+        self.store = store
+        self.job = job
+        self.owner = owner
+        self.claim_id = claim_id
+        self.token = token
+        self.generation = generation
+        self.ttl = ttl
+        self._keys = keys
+        self._session = session
+        self._holder_value = holder_value
+        self._state = LeaseState.HELD
+        self._reason: str | None = None
+        self._done = asyncio.Event()
+        self.result: ResultRecord | None = None
+        if session is not None:
+            session.on_loss(lambda why: self._lose(f"etcd lease lost: {why}"))
+            session.after_renew(self.check)
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def lease_id(self) -> int:
+        return self._session.lease_id if self._session is not None else 0
+
+    @property
+    def state(self) -> LeaseState:
+        if self._state is LeaseState.HELD and not self.valid:
+            return LeaseState.LOST
+        return self._state
+
+    @property
+    def valid(self) -> bool:
+        """True while this worker may produce effects under ``token``."""
+        if self._state is not LeaseState.HELD:
+            return False
+        return self._session is not None and self._session.alive
+
+    @property
+    def lost_reason(self) -> str | None:
+        if self._reason is None and self._state is LeaseState.HELD and not self.valid:
+            return "no keep-alive succeeded before the safety deadline"
+        return self._reason
+
+    def remaining(self) -> float:
+        """Seconds of local safety left; produce no effects once it reaches 0."""
+        if not self.valid or self._session is None:
+            return 0.0
+        return self._session.remaining()
+
+    def ensure_valid(self) -> None:
+        """Raise :class:`LeaseLostError` unless effects under ``token`` are allowed now."""
+        if not self.valid:
+            raise LeaseLostError(str(self.job), self.token, self.lost_reason or self._state.value)
+
+    async def wait_done(self) -> LeaseState:
+        """Wait until the lease is lost, completed or released; return which."""
+        while self._state is LeaseState.HELD:
+            if self._session is None:
+                break
+            remaining = self._session.remaining()
+            if remaining <= 0:
+                self._lose(self.lost_reason or "safety deadline passed")
+                break
+            try:
+                await asyncio.wait_for(self._done.wait(), timeout=remaining)
+            except TimeoutError:
+                continue
+        return self._state
+
+    def _lose(self, reason: str) -> None:
+        if self._state is LeaseState.HELD:
+            self._state, self._reason = LeaseState.LOST, reason
+            log.warning("lease on %s (token %d) lost: %s", self.job, self.token, reason)
+            self._finish()
+
+    def _finish(self) -> None:
+        self._done.set()
+        if self._session is not None:
+            self._session.remove_after_renew(self.check)
+
+    # -- the renew condition -----------------------------------------------------------------
+
+    def _ours(self) -> list[Compare]:
+        return [
+            Compare(self._keys.holder, "create", "==", self.token),
+            Compare(self._keys.holder, "value", "==", self._holder_value),
+        ]
+
+    async def check(self) -> None:
+        """Re-check that the holder key is still ours; lose the lease if not."""
+        if self._state is not LeaseState.HELD:
+            return
+        try:
+            r = await self.store.txn(self._ours(), [], [Get(self._keys.holder),
+                                                        Get(self._keys.result)])
+        except (StoreUnavailableError, JobLeaseError) as exc:
+            log.info("holder check for %s failed: %s", self.job, exc)
+            return
+        if not r.succeeded:
+            self._lose(self._describe_change(r))
+
+    def _describe_change(self, r: TxnResult) -> str:
+        holder, result = r.kv(0), r.kv(1)
+        if holder is not None:
+            owner = Holder.decode_value(holder.value).get("owner")
+            return f"job now held by {owner!r} with token {holder.create_revision}"
+        if result is not None:
+            return f"job completed with token {ResultRecord.decode(result.value).token}"
+        return "holder key deleted (expired, released or job unregistered)"
+
+    def _stale(self, r: TxnResult, detail: str = "") -> StaleTokenError:
+        holder, result = r.kv(0), r.kv(1)
+        if holder is not None:
+            owner = str(Holder.decode_value(holder.value).get("owner"))
+            return StaleTokenError(str(self.job), self.token, holder.create_revision, owner,
+                                   detail)
+        if result is not None:
+            rec = ResultRecord.decode(result.value)
+            return StaleTokenError(str(self.job), self.token, rec.token, rec.owner,
+                                   detail or "the job was completed under that token")
+        return StaleTokenError(str(self.job), self.token, None, None, detail)
+
+    # -- complete / release ------------------------------------------------------------------
+
+    async def complete(self, result: Any = None) -> ResultRecord:
+        """Record ``result`` if, and only if, this claim still holds the job.
+
+        Raises :class:`StaleTokenError` (naming the current token) when it does not.
+        """
+        if self._state is LeaseState.COMPLETED and self.result is not None:
+            return self.result
+        if self._state is LeaseState.RELEASED:
+            raise LeaseLostError(str(self.job), self.token, "the lease was released")
+        validation.json_payload(result, "result", validation.MAX_RESULT_BYTES)
+        value = ResultRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
+                             generation=self.generation, result=result,
+                             completed_at=time.time()).encode()
+        for _ in range(3):
+            try:
+                r = await self.store.txn(
+                    self._ours(),
+                    [Put(self._keys.result, value), Delete(self._keys.holder)],
+                    [Get(self._keys.holder), Get(self._keys.result)],
+                )
+            except OutcomeUnknownError:
+                # Invariant 7: read back. If our result is there, it committed; if
+                # the holder is still ours, it did not and the same conditional
+                # transaction is safe to send again (it can commit at most once).
+                outcome = await self._read_back_completion()
+                if outcome is None:
+                    continue
+                r = outcome
+            if r.succeeded:
+                self.result = ResultRecord.decode(value, revision=r.revision)
+                self._state = LeaseState.COMPLETED
+                self._finish()
+                return self.result
+            stored = r.kv(1)
+            if stored is not None and ResultRecord.decode(stored.value).claim_id == self.claim_id:
+                self.result = ResultRecord.decode(stored.value, revision=stored.mod_revision)
+                self._state = LeaseState.COMPLETED
+                self._finish()
+                return self.result
+            self._lose(self._describe_change(r))
+            raise self._stale(r)
+        raise OutcomeUnknownError(f"completion of {self.job} could not be confirmed")
+
+    async def _read_back_completion(self) -> TxnResult | None:
+        """``None`` when the holder is still ours (the completion did not commit)."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = await self.store.txn(self._ours(), [], [Get(self._keys.holder),
+                                                            Get(self._keys.result)])
+            except StoreUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+                continue
+            return None if r.succeeded else r
+
+    async def release(self) -> None:
+        """Give the job back (it becomes claimable at once; the attempt stays counted)."""
+        if self._state in (LeaseState.RELEASED, LeaseState.COMPLETED):
+            return
+        for _ in range(3):
+            try:
+                r = await self.store.txn(self._ours(), [Delete(self._keys.holder)],
+                                         [Get(self._keys.holder), Get(self._keys.result)])
+            except OutcomeUnknownError:
+                outcome = await self._read_back_completion()
+                if outcome is None:
+                    continue
+                holder = outcome.kv(0)
+                if holder is None and outcome.kv(1) is None:
+                    break  # our delete committed (or the key expired): released either way
+                r = outcome
+            if not r.succeeded:
+                self._lose(self._describe_change(r))
+                raise self._stale(r)
+            break
+        self._state = LeaseState.RELEASED
+        self._finish()
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._state is LeaseState.HELD:
+            try:
+                await self.release()
+            except JobLeaseError as e:
+                log.info("release of %s on exit failed: %s", self.job, e)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": str(self.job), "owner": self.owner, "claimId": self.claim_id,
+                "token": self.token, "generation": self.generation, "ttl": self.ttl,
+                "leaseId": self.lease_id, "state": self.state.value,
+                "valid": self.valid, "remainingSeconds": round(self.remaining(), 3),
+                "lostReason": self.lost_reason}

@@ -1,0 +1,150 @@
+"""An etcd lease kept alive on one stream, with a local safety deadline.
+
+Like etcd's Go ``concurrency.Session``: a client keeps one etcd lease per TTL
+and binds every holder key it creates to it, so a claim costs no extra round
+trip for a lease grant.
+
+Expiry is decided by etcd (invariant 2). Locally the session only keeps a
+*safety deadline* on the monotonic clock: ``time a keep-alive was sent +
+the TTL etcd reset the lease to - margin``. Measuring from the send (not the
+answer) means the deadline can only be early, never late, whatever the
+network delay; the monotonic clock keeps running while the process is paused
+(SIGSTOP) and ignores wall-clock steps, so a paused worker wakes up past its
+deadline and knows it. Past the deadline, handles report themselves lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from joblease.errors import JobLeaseError, LeaseNotFoundError, StoreUnavailableError
+from joblease.store import Store
+
+log = logging.getLogger(__name__)
+
+LossCallback = Callable[[str], None]
+
+
+def default_margin(ttl: int) -> float:
+    """Safety margin subtracted from the deadline: 20% of the TTL, capped at 2 s."""
+    return min(2.0, 0.2 * ttl)
+
+
+class Session:
+    """One etcd lease (``lease_id``) of ``ttl`` seconds and its keep-alive loop."""
+
+    def __init__(
+        self,
+        store: Store,
+        ttl: int,
+        *,
+        margin: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.ttl = ttl
+        self.margin = default_margin(ttl) if margin is None else margin
+        self.lease_id = 0
+        self.deadline = 0.0
+        self.lost_reason: str | None = None
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self._listeners: list[LossCallback] = []
+        self._after_renew: list[Callable[[], Awaitable[None]]] = []
+        self._lost = asyncio.Event()
+
+    @property
+    def interval(self) -> float:
+        """Keep-alive period: a third of the TTL, as etcd's own clients do."""
+        return self.ttl / 3
+
+    @property
+    def alive(self) -> bool:
+        return self.lost_reason is None and self._clock() < self.deadline
+
+    def remaining(self) -> float:
+        """Seconds of local safety left (0 once lost)."""
+        if self.lost_reason is not None:
+            return 0.0
+        return max(0.0, self.deadline - self._clock())
+
+    async def start(self) -> Session:
+        sent = self._clock()
+        self.lease_id, granted = await self.store.grant(self.ttl)
+        self.deadline = sent + granted - self.margin
+        self._task = asyncio.create_task(self._run(), name=f"joblease-keepalive-{self.lease_id:x}")
+        return self
+
+    def on_loss(self, callback: LossCallback) -> None:
+        self._listeners.append(callback)
+        if self.lost_reason is not None:
+            callback(self.lost_reason)
+
+    def after_renew(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Run ``hook`` after each successful keep-alive (holders re-check their key)."""
+        self._after_renew.append(hook)
+
+    def remove_after_renew(self, hook: Callable[[], Awaitable[None]]) -> None:
+        with contextlib.suppress(ValueError):
+            self._after_renew.remove(hook)
+
+    async def wait_lost(self) -> str:
+        await self._lost.wait()
+        assert self.lost_reason is not None
+        return self.lost_reason
+
+    def lose(self, reason: str) -> None:
+        if self.lost_reason is not None:
+            return
+        self.lost_reason = reason
+        log.warning("etcd lease %x lost: %s", self.lease_id, reason)
+        self._lost.set()
+        for callback in list(self._listeners):
+            callback(reason)
+
+    async def _run(self) -> None:
+        stream = self.store.keep_alive(self.lease_id)
+        try:
+            while self.lost_reason is None:
+                now = self._clock()
+                if now >= self.deadline:
+                    self.lose("no keep-alive succeeded before the safety deadline")
+                    break
+                await asyncio.sleep(min(self.interval, max(0.0, self.deadline - now)))
+                if self._clock() >= self.deadline:
+                    # woke up late (paused, starved): past the deadline nothing counts
+                    self.lose("no keep-alive succeeded before the safety deadline")
+                    break
+                sent = self._clock()
+                try:
+                    ttl = await stream.renew(timeout=max(0.1, min(self.interval,
+                                                                  self.deadline - sent)))
+                except (StoreUnavailableError, LeaseNotFoundError) as exc:
+                    log.info("keep-alive for lease %x failed: %s", self.lease_id, exc)
+                    continue
+                except JobLeaseError as exc:
+                    self.lose(f"keep-alive refused: {exc}")
+                    break
+                if ttl <= 0:
+                    self.lose("etcd reports the lease expired")
+                    break
+                self.deadline = max(self.deadline, sent + ttl - self.margin)
+                for hook in list(self._after_renew):
+                    await hook()
+        finally:
+            await stream.close()
+
+    async def close(self, *, revoke: bool = True) -> None:
+        """Stop renewing; with ``revoke``, give the held jobs back at once."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        self.lose("session closed")
+        if revoke and self.lease_id:
+            with contextlib.suppress(JobLeaseError):
+                await self.store.revoke(self.lease_id)

@@ -1,0 +1,145 @@
+"""The small store interface the protocol is written against.
+
+It is the subset of etcd v3 the protocol needs: multi-key transactions with
+compares on version / create / mod revision / value / lease, leases with a
+keep-alive stream, linearizable reads and watches that resume from a revision.
+:mod:`joblease.etcd_store` implements it over gRPC; another client could be
+swapped in behind the same interface.
+
+Write methods never retry a request whose outcome is unknown: they raise
+:class:`~joblease.errors.OutcomeUnknownError` and the caller reads back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+Target = Literal["version", "create", "mod", "value", "lease"]
+Op = Literal["==", "!=", "<", ">"]
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: bytes
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int
+
+
+@dataclass(frozen=True)
+class Compare:
+    """``target(key) op value``; a missing key has version/create/mod 0."""
+
+    key: bytes
+    target: Target
+    op: Op
+    value: int | bytes
+
+
+@dataclass(frozen=True)
+class Put:
+    key: bytes
+    value: bytes
+    lease: int = 0
+
+
+@dataclass(frozen=True)
+class Get:
+    key: bytes
+    prefix: bool = False
+
+
+@dataclass(frozen=True)
+class Delete:
+    key: bytes
+    prefix: bool = False
+
+
+TxnOp = Put | Get | Delete
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    """``responses[i]`` is the list of KVs for a Get, the deleted count for a
+    Delete and ``None`` for a Put, in the order of the branch that ran."""
+
+    succeeded: bool
+    revision: int
+    responses: list[list[KeyValue] | int | None]
+
+    def kvs(self, index: int) -> list[KeyValue]:
+        value = self.responses[index]
+        assert isinstance(value, list), f"response {index} is not a Get"
+        return value
+
+    def kv(self, index: int) -> KeyValue | None:
+        found = self.kvs(index)
+        return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    kind: Literal["put", "delete"]
+    kv: KeyValue  # for a delete: key and mod_revision (the deletion's) only
+
+
+@dataclass(frozen=True)
+class WatchBatch:
+    """Events committed at or before ``revision``; empty on progress notifications."""
+
+    revision: int
+    events: list[WatchEvent]
+
+
+class KeepAlive(Protocol):
+    """A persistent keep-alive stream for one etcd lease."""
+
+    async def renew(self, timeout: float) -> int:
+        """Send one keep-alive; return the TTL etcd reset the lease to (<= 0: expired)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class Store(Protocol):
+    async def txn(
+        self, compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp] = ()
+    ) -> TxnResult: ...
+
+    async def get(
+        self, key: bytes, *, prefix: bool = False, revision: int = 0, keys_only: bool = False
+    ) -> tuple[int, list[KeyValue]]:
+        """Linearizable read; returns (store revision, kvs)."""
+        ...
+
+    async def grant(self, ttl: int) -> tuple[int, int]:
+        """Grant a lease: (lease id, granted TTL)."""
+        ...
+
+    async def revoke(self, lease_id: int) -> None: ...
+
+    async def time_to_live(self, lease_id: int) -> int:
+        """Remaining TTL in seconds as etcd reports it; -1 if expired or unknown."""
+        ...
+
+    def keep_alive(self, lease_id: int) -> KeepAlive: ...
+
+    def watch(self, key: bytes, *, prefix: bool, start_revision: int) -> AsyncIterator[WatchBatch]:
+        """Events from ``start_revision``; raises CompactedError if it was compacted."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The range end that selects every key starting with ``prefix`` (etcd convention)."""
+    b = bytearray(prefix)
+    for i in range(len(b) - 1, -1, -1):
+        if b[i] < 0xFF:
+            b[i] += 1
+            return bytes(b[: i + 1])
+    return b"\0"

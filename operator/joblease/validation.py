@@ -1,0 +1,96 @@
+"""Input checks that run before anything is written.
+
+Limits are chosen well under etcd's 1.5 MiB request limit and match the CRD's
+schema, so a value the API server accepts is one the protocol accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from joblease.errors import InvalidInputError
+from joblease.keys import JobRef
+
+#: etcd raises any TTL under its minimum (2 s by default) and counts whole seconds.
+MIN_TTL_SECONDS = 2
+#: One day; a longer lease is almost certainly a unit mistake.
+MAX_TTL_SECONDS = 86_400
+#: Serialized JSON size limits (bytes).
+MAX_RESULT_BYTES = 64 * 1024
+MAX_PARAMETERS_BYTES = 64 * 1024
+MAX_OWNER_LENGTH = 253
+
+# RFC 1123 DNS subdomain for names (Kubernetes object names), label for namespaces.
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_OWNER = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII without spaces
+
+
+def job_ref(ref: JobRef) -> JobRef:
+    """Kubernetes naming: namespace a DNS label (<= 63), name a DNS subdomain (<= 253)."""
+    if not (0 < len(ref.namespace) <= 63 and _DNS_LABEL.match(ref.namespace)):
+        raise InvalidInputError(
+            f"invalid namespace {ref.namespace!r}: must be a DNS label "
+            "(lowercase letters, digits and '-', at most 63 characters)"
+        )
+    if not (0 < len(ref.name) <= 253 and _DNS_SUBDOMAIN.match(ref.name)):
+        raise InvalidInputError(
+            f"invalid job name {ref.name!r}: must be a DNS subdomain "
+            "(lowercase letters, digits, '-' and '.', at most 253 characters)"
+        )
+    return ref
+
+
+def ttl(seconds: object) -> int:
+    """Whole seconds within etcd's bounds."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int):
+        raise InvalidInputError(
+            f"invalid lease duration {seconds!r}: must be a whole number of seconds"
+        )
+    if not MIN_TTL_SECONDS <= seconds <= MAX_TTL_SECONDS:
+        raise InvalidInputError(
+            f"invalid lease duration {seconds}s: must be between {MIN_TTL_SECONDS} "
+            f"(etcd's minimum TTL) and {MAX_TTL_SECONDS} seconds"
+        )
+    return seconds
+
+
+def max_attempts(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(
+            f"invalid maxAttempts {value!r}: must be a whole number >= 0 (0 = unlimited)"
+        )
+    return value
+
+
+def owner(value: object) -> str:
+    if not isinstance(value, str) or not (0 < len(value) <= MAX_OWNER_LENGTH):
+        raise InvalidInputError(
+            f"invalid owner {value!r}: must be 1..{MAX_OWNER_LENGTH} characters"
+        )
+    if not _OWNER.match(value):
+        raise InvalidInputError(
+            f"invalid owner {value!r}: printable ASCII without spaces only"
+        )
+    return value
+
+
+def token(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
+        raise InvalidInputError(f"invalid token {value!r}: must be a positive 64-bit integer")
+    return value
+
+
+def json_payload(value: Any, what: str, limit: int) -> bytes:
+    """Serialize ``value`` as compact JSON and refuse it above ``limit`` bytes."""
+    try:
+        data = json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"invalid {what}: not JSON-serializable ({exc})") from None
+    if len(data) > limit:
+        raise InvalidInputError(
+            f"{what} too large: {len(data)} bytes of JSON, the limit is {limit} bytes"
+        )
+    return data

