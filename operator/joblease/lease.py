@@ -86,6 +86,11 @@ class Lease:
         return self._session.lease_id if self._session is not None else 0
 
     @property
+    def last_renewal(self) -> float:
+        """Monotonic time the last successful keep-alive was sent (0: not renewed here)."""
+        return self._session.last_renewal if self._session is not None else 0.0
+
+    @property
     def state(self) -> LeaseState:
         if self._state is LeaseState.HELD and not self.valid:
             return LeaseState.LOST
@@ -149,6 +154,16 @@ class Lease:
             Compare(self._keys.holder, "value", "==", self._holder_value),
         ]
 
+    def holder_compares(self) -> list[Compare]:
+        """The renew condition as etcd compares: the holder key still has this
+        token (create revision) and this exact value (owner + claim id).
+
+        Add them to any transaction that must commit only while this claim
+        holds the job (``joblease.fencing.guarded_put`` does). The first
+        compare's ``key`` is the job's holder key.
+        """
+        return self._ours()
+
     async def check(self) -> None:
         """Re-check that the holder key is still ours; lose the lease if not."""
         if self._state is not LeaseState.HELD:
@@ -206,6 +221,7 @@ class Lease:
                     [Get(self._keys.holder), Get(self._keys.result)],
                 )
             except OutcomeUnknownError:
+                log.info("completion of %s has an unknown outcome; reading back", self.job)
                 # Invariant 7: read back. If our result is there, it committed; if
                 # the holder is still ours, it did not and the same conditional
                 # transaction is safe to send again (it can commit at most once).

@@ -51,6 +51,8 @@ class Session:
         self.lease_id = 0
         self.deadline = 0.0
         self.lost_reason: str | None = None
+        #: monotonic time the last successful keep-alive (or the grant) was sent
+        self.last_renewal = 0.0
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
         self._listeners: list[LossCallback] = []
@@ -76,6 +78,7 @@ class Session:
         sent = self._clock()
         self.lease_id, granted = await self.store.grant(self.ttl)
         self.deadline = sent + granted - self.margin
+        self.last_renewal = sent
         self._task = asyncio.create_task(self._run(), name=f"joblease-keepalive-{self.lease_id:x}")
         return self
 
@@ -133,6 +136,7 @@ class Session:
                     self.lose("etcd reports the lease expired")
                     break
                 self.deadline = max(self.deadline, sent + ttl - self.margin)
+                self.last_renewal = sent
                 for hook in list(self._after_renew):
                     await hook()
         finally:

@@ -1,0 +1,1 @@
+"""Runnable examples for joblease (not part of the installed package)."""

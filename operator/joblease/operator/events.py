@@ -1,0 +1,55 @@
+"""Kubernetes Events derived from two consecutive states of one job.
+
+The mirror sees every state its etcd watch delivers, in revision order, and
+calls :func:`derive_events` with the previous and the new one. Events are
+informational and best effort (Kubernetes may drop or aggregate them); the
+status is what to rely on. Right after a (re)start the operator has no
+previous state, so the first state of each job produces no event.
+
+A refused (stale) completion writes nothing to etcd, so the mirror cannot see
+it; the worker gets :class:`~joblease.errors.StaleTokenError` and the sidecar
+reports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from joblease.records import JobState, Phase
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def derive_events(before: JobState | None, after: JobState) -> list[JobEvent]:
+    """``Claimed`` (new token), ``Expired`` (holder vanished without a result),
+    ``Completed`` and ``Failed`` (attempts exhausted), in that order."""
+    if before is None or not after.registered:
+        return []
+    events: list[JobEvent] = []
+    old, new = before.holder, after.holder
+    if old is not None and (new is None or new.token != old.token) and after.result is None:
+        events.append(JobEvent(
+            "Warning", "Expired",
+            f"holder {old.owner} (generation {old.generation}, token {old.token}) vanished "
+            "without a result: its lease expired or it released the job"))
+    if new is not None and (old is None or new.token != old.token):
+        events.append(JobEvent(
+            "Normal", "Claimed",
+            f"claimed by {new.owner}: generation {new.generation}, fencing token {new.token}"))
+    if after.result is not None and before.result is None:
+        r = after.result
+        events.append(JobEvent(
+            "Normal", "Completed",
+            f"completed by {r.owner} with token {r.token} (generation {r.generation})"))
+    if after.phase is Phase.FAILED and before.phase is not Phase.FAILED:
+        max_attempts = after.spec.max_attempts if after.spec else 0
+        events.append(JobEvent(
+            "Warning", "Failed",
+            f"all {max_attempts} attempts used without a result ({after.generation} claims)"))
+    return events

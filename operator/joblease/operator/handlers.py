@@ -1,0 +1,79 @@
+"""kopf handlers: thin adapters from resource lifecycle to :mod:`registration`.
+
+Each handler turns kopf's arguments into a plain call and maps our errors to
+kopf's retry semantics: invalid input is permanent (kopf posts a Warning
+Event and does not retry), an unreachable etcd is temporary (retried with a
+delay; on delete the finalizer stays until the keys are really gone).
+The status is never written here: the mirror is its single writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+
+from joblease.client import JobLeaseClient
+from joblease.errors import InvalidInputError, JobLeaseError, StoreUnavailableError
+from joblease.operator import registration
+from joblease.operator.mirror import Mirror
+from joblease.operator.registration import GROUP, PLURAL, VERSION
+
+#: Seconds before kopf retries a handler that could not reach etcd.
+RETRY_DELAY = 5.0
+
+
+def _kopf_error(exc: JobLeaseError) -> Exception:
+    if isinstance(exc, StoreUnavailableError):
+        return kopf.TemporaryError(f"etcd unavailable: {exc}", delay=RETRY_DELAY)
+    if isinstance(exc, InvalidInputError):
+        return kopf.PermanentError(f"invalid JobLease: {exc}")
+    return kopf.TemporaryError(str(exc), delay=RETRY_DELAY)
+
+
+def build_registry(client: JobLeaseClient, mirror: Mirror,
+                   login: Callable[[], Any]) -> Any:
+    """A fresh kopf registry whose handlers close over this operator's parts."""
+    registry = kopf.OperatorRegistry()
+    resource = (GROUP, VERSION, PLURAL)
+
+    @kopf.on.login(registry=registry)  # type: ignore[untyped-decorator]
+    def authenticate(**_: Any) -> Any:
+        """The same credentials the mirror's API client uses."""
+        return login()
+
+    async def _register(namespace: str, name: str, spec: Any, logger: Any) -> None:
+        try:
+            job, revision = await registration.register(client, namespace, name, dict(spec))
+        except JobLeaseError as exc:
+            raise _kopf_error(exc) from exc
+        logger.info("registered %s in etcd (revision %d)", job, revision)
+        mirror.refresh(job)
+
+    @kopf.on.create(*resource, registry=registry)  # type: ignore[untyped-decorator]
+    async def register_on_create(namespace: str, name: str, spec: Any, logger: Any,
+                                 **_: Any) -> None:
+        await _register(namespace, name, spec, logger)
+
+    @kopf.on.resume(*resource, registry=registry)  # type: ignore[untyped-decorator]
+    async def register_on_resume(namespace: str, name: str, spec: Any, logger: Any,
+                                 **_: Any) -> None:
+        """After an operator restart: idempotent, writes only if etcd differs."""
+        await _register(namespace, name, spec, logger)
+
+    @kopf.on.update(*resource, field="spec", registry=registry)  # type: ignore[untyped-decorator]
+    async def register_on_update(namespace: str, name: str, spec: Any, logger: Any,
+                                 **_: Any) -> None:
+        await _register(namespace, name, spec, logger)
+
+    @kopf.on.delete(*resource, registry=registry)  # type: ignore[untyped-decorator]
+    async def unregister_on_delete(namespace: str, name: str, logger: Any, **_: Any) -> None:
+        """Remove the etcd keys; kopf releases the finalizer only after this succeeds."""
+        try:
+            revision = await registration.unregister(client, namespace, name)
+        except JobLeaseError as exc:
+            raise _kopf_error(exc) from exc
+        logger.info("removed %s/%s from etcd (revision %d)", namespace, name, revision)
+
+    return registry

@@ -1,0 +1,143 @@
+"""The few Kubernetes API calls the mirror makes, over aiohttp.
+
+kopf's own API client is private, so the mirror keeps a small one of its own
+built from the *same* credentials kopf uses: a :class:`kopf.ConnectionInfo`
+from ``kopf.login_with_service_account`` (in a pod) or
+``kopf.login_with_kubeconfig`` (``KUBECONFIG``), and kopf's own helpers turn it
+into an SSL context and auth headers. aiohttp is already a kopf dependency;
+no other Kubernetes client is needed.
+
+Status writes are conditional: :meth:`KubeApi.replace_status` sends the
+``resourceVersion`` it read, so a write based on a stale read fails with
+:class:`ConflictError` instead of overwriting a newer status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import kopf
+
+from joblease.keys import JobRef
+from joblease.operator.events import JobEvent
+from joblease.operator.registration import GROUP, KIND, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "joblease-operator"
+
+
+class KubeApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+class ConflictError(KubeApiError):
+    """The object changed since it was read (resourceVersion mismatch)."""
+
+
+class NotFoundError(KubeApiError):
+    """The object does not exist (any more)."""
+
+
+def login(settings: Any | None = None) -> Any:
+    """kopf's ConnectionInfo: the service account in a pod, else ``KUBECONFIG``."""
+    settings = settings or kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings)
+    if info is None:
+        info = kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.LoginError("no service account token and no kubeconfig found")
+    return info
+
+
+class KubeApi:
+    """JobLease reads, status replacement and Event creation."""
+
+    def __init__(self, login_fn: Callable[[], Any], *, timeout: float = 10.0) -> None:
+        self._login = login_fn
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session: aiohttp.ClientSession | None = None
+        self._server = ""
+        self._lock = asyncio.Lock()
+        self.instance = socket.gethostname()
+
+    async def _client(self, *, relogin: bool = False) -> aiohttp.ClientSession:
+        async with self._lock:
+            if relogin and self._session is not None:
+                await self._session.close()
+                self._session = None
+            if self._session is None:
+                info = self._login()  # re-read: service account tokens rotate
+                self._server = str(info.server).rstrip("/")
+                self._session = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(ssl=info.as_ssl_context()),
+                    headers={**info.as_http_headers(), "User-Agent": COMPONENT},
+                    timeout=self._timeout,
+                )
+            return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        for attempt in (1, 2):
+            session = await self._client(relogin=attempt == 2)
+            async with session.request(method, self._server + path, json=body) as resp:
+                if resp.status == 401 and attempt == 1:
+                    continue  # expired token: log in again once
+                text = await resp.text()
+                if resp.status == 404:
+                    raise NotFoundError(404, text[:300])
+                if resp.status == 409:
+                    raise ConflictError(409, text[:300])
+                if resp.status >= 300:
+                    raise KubeApiError(resp.status, text[:500])
+                data: dict[str, Any] = await resp.json(content_type=None)
+                return data
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _path(job: JobRef, subresource: str = "") -> str:
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{job.namespace}/{PLURAL}/{job.name}"
+        return path + (f"/{subresource}" if subresource else "")
+
+    async def get(self, job: JobRef) -> dict[str, Any]:
+        return await self._request("GET", self._path(job))
+
+    async def replace_status(self, obj: dict[str, Any], status: dict[str, Any]
+                             ) -> dict[str, Any]:
+        """PUT the status subresource; conditional on ``obj``'s resourceVersion."""
+        meta = obj["metadata"]
+        body = {"apiVersion": obj.get("apiVersion", f"{GROUP}/{VERSION}"), "kind": KIND,
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"],
+                             "resourceVersion": meta["resourceVersion"]},
+                "spec": obj.get("spec", {}), "status": status}
+        return await self._request(
+            "PUT", self._path(JobRef(meta["namespace"], meta["name"]), "status"), body)
+
+    async def post_event(self, obj: dict[str, Any], event: JobEvent) -> None:
+        meta = obj["metadata"]
+        now = dt.datetime.now(dt.UTC)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                               "name": meta["name"], "namespace": meta["namespace"],
+                               "uid": meta.get("uid", "")},
+            "type": event.type, "reason": event.reason, "message": event.message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT, "reportingInstance": self.instance,
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        }
+        await self._request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body)

@@ -1,0 +1,99 @@
+"""Prometheus metrics and health endpoints on the operator's own port.
+
+No metric has a per-object label (a namespace/name label would grow without
+bound with the number of jobs); per-job detail is in each resource's status.
+
+Endpoints (one small aiohttp server): ``/metrics``, ``/healthz`` (the
+process's loops are alive: the etcd watch task has not died) and ``/readyz``
+(kopf has started and etcd answers a read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from joblease.records import Phase
+
+log = logging.getLogger(__name__)
+
+
+class OperatorMetrics:
+    """The operator's metrics, in a registry of their own (tests create many)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.status_patches = Counter(
+            "joblease_operator_status_patches_total",
+            "Status writes by result: applied, unchanged, stale (older revision refused), "
+            "conflict (retried), not_found, error.", ["result"], registry=r)
+        self.watch_events = Counter(
+            "joblease_operator_watch_events_total",
+            "Job states received from the etcd watch (snapshot included).", registry=r)
+        self.resyncs = Counter(
+            "joblease_operator_resyncs_total",
+            "Times the mirror (re)started its etcd watch from a fresh snapshot.", registry=r)
+        self.status_lag = Histogram(
+            "joblease_operator_status_lag_seconds",
+            "From receiving an etcd change to its status write being accepted.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r)
+        self.events_posted = Counter(
+            "joblease_operator_events_total",
+            "Kubernetes Events posted, by reason.", ["reason"], registry=r)
+        self.jobs = Gauge(
+            "joblease_operator_jobs", "Jobs known from etcd, by phase.", ["phase"], registry=r)
+        for phase in Phase:
+            self.jobs.labels(phase.value).set(0)
+        for result in ("applied", "unchanged", "stale", "conflict", "not_found", "error"):
+            self.status_patches.labels(result)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+Check = Callable[[], Awaitable[bool]]
+
+
+async def serve(metrics: OperatorMetrics, host: str, port: int, *, healthy: Check,
+                ready: Check) -> web.AppRunner:
+    """Start the HTTP server; the caller stops it with ``await runner.cleanup()``."""
+
+    async def probe(check: Check) -> web.Response:
+        try:
+            ok = await asyncio.wait_for(check(), timeout=3)
+        except Exception as exc:  # a probe answers, it does not raise
+            return web.Response(status=503, text=f"not ok: {exc}\n")
+        return web.Response(status=200 if ok else 503, text="ok\n" if ok else "not ok\n")
+
+    async def metrics_view(_: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return await probe(healthy)
+
+    async def readyz(_: web.Request) -> web.Response:
+        return await probe(ready)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_view)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    log.info("metrics and probes on http://%s:%d (/metrics /healthz /readyz)", host, port)
+    return runner

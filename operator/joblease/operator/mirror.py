@@ -1,0 +1,251 @@
+"""One etcd watch -> each JobLease's ``status``, coalesced per job, never backwards.
+
+``JobLeaseClient.watch`` gives every job's state from a consistent snapshot,
+then each change in revision order (resyncing from a new snapshot after a
+compaction). The mirror:
+
+1. derives Kubernetes Events from consecutive states of a job (before any
+   coalescing, so a claim followed quickly by an expiry still shows both);
+2. keeps only the newest pending state per job (a burst of changes becomes one
+   status write) and runs at most one writer per job;
+3. writes the status only when the state's revision is strictly newer than
+   the ``status.etcdRevision`` it read from the API server, with a
+   ``resourceVersion``-conditional PUT. A write based on a stale read fails
+   with 409 and is re-decided on a fresh read, so even two operator
+   processes overlapping during a rollout cannot move a status backwards.
+
+The cache of the last object read or written per job (its
+``status.etcdRevision`` is the "last applied revision") is seeded from the API
+server on first use, so a restarted operator continues where the status is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import fnmatch
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from joblease.client import JobLeaseClient
+from joblease.errors import JobLeaseError, StoreUnavailableError
+from joblease.keys import JobRef
+from joblease.operator.events import JobEvent, derive_events
+from joblease.operator.kube import ConflictError, KubeApi, KubeApiError, NotFoundError
+from joblease.operator.metrics import OperatorMetrics
+from joblease.operator.registration import spec_matches
+from joblease.operator.status import (
+    DEFAULT_RESULT_LIMIT,
+    observed_generation_for,
+    same_facts,
+    should_apply,
+    status_from_state,
+)
+from joblease.records import JobState, Phase
+
+log = logging.getLogger(__name__)
+
+_TRANSIENT = (KubeApiError, aiohttp.ClientError, TimeoutError, StoreUnavailableError)
+
+
+@dataclass
+class _Pending:
+    state: JobState
+    events: list[JobEvent] = field(default_factory=list)
+    received: float = field(default_factory=time.monotonic)  # oldest coalesced change
+
+    def merge(self, newer: _Pending) -> _Pending:
+        """Keep the newest state, every event and the oldest receipt time."""
+        state = newer.state if newer.state.revision >= self.state.revision else self.state
+        return _Pending(state, self.events + newer.events, min(self.received, newer.received))
+
+
+class Mirror:
+    """Keeps JobLease statuses in step with etcd (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: JobLeaseClient,
+        kube: KubeApi,
+        metrics: OperatorMetrics,
+        *,
+        namespaces: Sequence[str] = (),
+        concurrency: int = 8,
+        result_limit: int = DEFAULT_RESULT_LIMIT,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self.client = client
+        self.kube = kube
+        self.metrics = metrics
+        self.namespaces = tuple(namespaces)  # empty: every namespace
+        self.result_limit = result_limit
+        self._clock = clock
+        self._limit = asyncio.Semaphore(concurrency)
+        self._pending: dict[JobRef, _Pending] = {}
+        self._writers: dict[JobRef, asyncio.Task[None]] = {}
+        self._objects: dict[JobRef, dict[str, Any]] = {}
+        self._previous: dict[JobRef, JobState] = {}
+        self._phases: dict[JobRef, Phase] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self.states_seen = 0
+
+    # -- the watch ---------------------------------------------------------------------------
+
+    def _selected(self, namespace: str) -> bool:
+        return not self.namespaces or any(fnmatch.fnmatchcase(namespace, pattern)
+                                          for pattern in self.namespaces)
+
+    def _watch_namespace(self) -> str | None:
+        """Watch one namespace's prefix when that is all we serve, else the whole root."""
+        if len(self.namespaces) == 1 and not any(c in self.namespaces[0] for c in "*?["):
+            return self.namespaces[0]
+        return None
+
+    async def run(self) -> None:
+        """Watch forever; after an etcd failure start again from a fresh snapshot."""
+        delay = 0.5
+        while True:
+            self.metrics.resyncs.inc()
+            try:
+                async for state in self.client.watch(self._watch_namespace()):
+                    delay = 0.5
+                    self.observe(state)
+            except JobLeaseError as exc:
+                log.warning("etcd watch failed (%s); resyncing in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(30.0, delay * 2)
+
+    def observe(self, state: JobState) -> None:
+        """Take one state from the watch: events, the phase gauge, then a status write."""
+        job = state.job
+        if not self._selected(job.namespace):
+            return
+        self.states_seen += 1
+        self.metrics.watch_events.inc()
+        events = derive_events(self._previous.get(job), state)
+        self._set_phase(job, state.phase if state.registered else None)
+        if state.registered:
+            self._previous[job] = state
+        else:
+            self._previous.pop(job, None)
+        self.offer(state, events)
+
+    def _set_phase(self, job: JobRef, phase: Phase | None) -> None:
+        old = self._phases.pop(job, None)
+        if old is not None:
+            self.metrics.jobs.labels(old.value).dec()
+        if phase is not None:
+            self._phases[job] = phase
+            self.metrics.jobs.labels(phase.value).inc()
+
+    def refresh(self, job: JobRef) -> None:
+        """Re-read ``job`` from etcd and re-decide its status (after its spec changed:
+        ``observedGeneration`` may move even when etcd's registration did not)."""
+        task = asyncio.create_task(self._refresh(job))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _refresh(self, job: JobRef) -> None:
+        try:
+            state = await self.client.get(job)
+        except JobLeaseError as exc:
+            log.info("refresh of %s skipped: %s", job, exc)
+            return
+        self._objects.pop(job, None)  # the resource changed: read it again
+        self.offer(state, [])
+
+    # -- coalescing writers ------------------------------------------------------------------
+
+    def offer(self, state: JobState, events: list[JobEvent]) -> None:
+        entry = _Pending(state, list(events))
+        before = self._pending.get(state.job)
+        self._pending[state.job] = before.merge(entry) if before else entry
+        if state.job not in self._writers:
+            task = asyncio.create_task(self._drain(state.job))
+            self._writers[state.job] = task
+
+    async def _drain(self, job: JobRef) -> None:
+        backoff = 0.2
+        try:
+            while (entry := self._pending.pop(job, None)) is not None:
+                try:
+                    async with self._limit:
+                        await self._write(job, entry)
+                    backoff = 0.2
+                except _TRANSIENT as exc:
+                    self.metrics.status_patches.labels("error").inc()
+                    log.warning("status of %s not written (%s); retrying in %.1fs",
+                                job, exc, backoff)
+                    newer = self._pending.get(job)
+                    self._pending[job] = entry.merge(newer) if newer else entry
+                    self._objects.pop(job, None)
+                    await asyncio.sleep(backoff)
+                    backoff = min(10.0, backoff * 2)
+        finally:
+            self._writers.pop(job, None)
+
+    async def _lease_remaining(self, state: JobState) -> int | None:
+        if state.holder is None or not state.holder.lease_id:
+            return None
+        try:
+            return await self.client.store.time_to_live(state.holder.lease_id)
+        except JobLeaseError:
+            return None  # an estimate only; never worth failing the write
+
+    async def _write(self, job: JobRef, entry: _Pending) -> None:
+        state = entry.state
+        obj = self._objects.get(job)
+        try:
+            if obj is None:
+                obj = await self.kube.get(job)
+            for _ in range(8):
+                previous = obj.get("status") or {}
+                if not should_apply(previous, state):
+                    self.metrics.status_patches.labels("stale").inc()
+                    break
+                meta = obj.get("metadata", {})
+                observed = observed_generation_for(
+                    int(meta.get("generation") or 0), spec_matches(obj.get("spec"), state.spec),
+                    previous)
+                status = status_from_state(state, observed, previous, self._clock(),
+                                           lease_remaining=await self._lease_remaining(state),
+                                           result_limit=self.result_limit)
+                if same_facts(previous, status):
+                    self.metrics.status_patches.labels("unchanged").inc()
+                    break
+                try:
+                    obj = await self.kube.replace_status(obj, status)
+                except ConflictError:
+                    self.metrics.status_patches.labels("conflict").inc()
+                    obj = await self.kube.get(job)
+                    continue
+                self.metrics.status_patches.labels("applied").inc()
+                self.metrics.status_lag.observe(time.monotonic() - entry.received)
+                log.debug("status of %s: %s at revision %d", job, status["phase"],
+                          state.revision)
+                break
+        except NotFoundError:
+            self.metrics.status_patches.labels("not_found").inc()
+            self._objects.pop(job, None)
+            return
+        if state.registered:
+            self._objects[job] = obj
+        else:
+            self._objects.pop(job, None)
+        for event in entry.events:
+            try:
+                await self.kube.post_event(obj, event)
+                self.metrics.events_posted.labels(event.reason).inc()
+            except (KubeApiError, aiohttp.ClientError, TimeoutError) as exc:
+                log.info("event %s for %s not posted: %s", event.reason, job, exc)
+
+    async def close(self) -> None:
+        tasks = [*self._writers.values(), *self._background]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,75 @@
+"""JobLease spec -> etcd registration, and its removal when the resource goes.
+
+Registration is idempotent (``JobLeaseClient.register`` writes only when the
+stored spec differs), so create, resume after an operator restart and spec
+updates all call the same function. Deletion is guarded by the
+``joblease.io/finalizer`` finalizer: the resource disappears only after its
+etcd keys are gone, so a live holder learns at its next check that it lost
+(its holder key no longer exists) instead of holding an orphan forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from joblease import validation
+from joblease.client import JobLeaseClient
+from joblease.errors import InvalidInputError
+from joblease.keys import JobRef
+from joblease.records import JobSpec
+
+GROUP = "joblease.io"
+VERSION = "v1alpha1"
+PLURAL = "jobleases"
+KIND = "JobLease"
+FINALIZER = "joblease.io/finalizer"
+#: The CRD's default, repeated for specs that reach us without defaulting.
+DEFAULT_MAX_ATTEMPTS = 3
+
+
+def job_ref(namespace: str | None, name: str | None) -> JobRef:
+    if not namespace or not name:
+        raise InvalidInputError("a JobLease needs a namespace and a name")
+    return validation.job_ref(JobRef(namespace, name))
+
+
+def spec_from_resource(spec: Mapping[str, Any] | None) -> JobSpec:
+    """The registration a JobLease's ``spec`` asks for, or :class:`InvalidInputError`.
+
+    The CRD's schema refuses most bad input at the API server already; these
+    checks are the same limits the protocol enforces (e.g. the 64 KiB JSON
+    size of ``parameters``, which OpenAPI cannot express).
+    """
+    spec = spec or {}
+    ttl = validation.ttl(spec.get("leaseDurationSeconds"))
+    max_attempts = validation.max_attempts(spec.get("maxAttempts", DEFAULT_MAX_ATTEMPTS))
+    parameters = spec.get("parameters") or {}
+    if not isinstance(parameters, Mapping):
+        raise InvalidInputError("invalid parameters: must be an object")
+    parameters = dict(parameters)
+    validation.json_payload(parameters, "parameters", validation.MAX_PARAMETERS_BYTES)
+    return JobSpec(lease_duration_seconds=ttl, max_attempts=max_attempts, parameters=parameters)
+
+
+def spec_matches(resource_spec: Mapping[str, Any] | None, registered: JobSpec | None) -> bool:
+    """True when etcd's registration is what ``resource_spec`` asks for."""
+    if registered is None:
+        return False
+    try:
+        return spec_from_resource(resource_spec) == registered
+    except InvalidInputError:
+        return False
+
+
+async def register(client: JobLeaseClient, namespace: str | None, name: str | None,
+                   spec: Mapping[str, Any] | None) -> tuple[JobRef, int]:
+    """Register (or re-register) the job; returns it and the etcd revision."""
+    job = job_ref(namespace, name)
+    revision = await client.register(job, spec_from_resource(spec))
+    return job, revision
+
+
+async def unregister(client: JobLeaseClient, namespace: str | None, name: str | None) -> int:
+    """Remove every etcd key of the job (idempotent); returns the etcd revision."""
+    return await client.unregister(job_ref(namespace, name))

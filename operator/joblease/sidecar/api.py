@@ -1,0 +1,180 @@
+"""The sidecar's HTTP API (Starlette), served in-process on the lease's event loop.
+
+Every handler asks the runner for the phase *at the moment of the request*,
+so a lost lease is answered with 409 from the instant it is known to be
+lost. Input is checked completely (auth, method, size, JSON, token type,
+result size) before the runner -- and so etcd -- is touched: a bad request
+changes nothing.
+
+Two apps: the full API for the loopback listener, and a probe-only app
+(``/healthz``, ``/readyz``, ``/metrics``) for the pod-IP listener that
+kubelet's probes reach.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from joblease.sidecar.runner import Outcome, Phase
+
+if TYPE_CHECKING:
+    from joblease.sidecar.runner import SidecarRunner
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+#: Routes accept every method so a wrong one gets our JSON 405, not a bare text one.
+_ALL = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+#: JSON envelope allowance on top of the result limit (the token, the keys).
+_ENVELOPE_BYTES = 4096
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, error: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.error, self.message = status, error, message
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": self.error, "message": self.message}, self.status)
+
+
+def _reply(outcome: Outcome) -> JSONResponse:
+    return JSONResponse(outcome.body, outcome.status)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing anything over ``limit`` without reading it all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BadRequest(413, "too_large", f"request body of {declared} bytes exceeds the "
+                                           f"limit of {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(413, "too_large", f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse(body: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(400, "invalid", f"request body is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise BadRequest(400, "invalid", "request body must be a JSON object")
+    return obj
+
+
+def _token(obj: dict[str, Any]) -> int:
+    if "token" not in obj:
+        raise BadRequest(400, "invalid", "missing \"token\": send the token from GET /v1/lease")
+    token = obj["token"]
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise BadRequest(400, "invalid",
+                         f"\"token\" must be an integer, got {type(token).__name__}")
+    if not 0 < token < 2**63:
+        raise BadRequest(400, "invalid", "\"token\" must be a positive 64-bit integer")
+    return token
+
+
+def _result(obj: dict[str, Any], limit: int) -> Any:
+    result = obj.get("result")
+    size = len(json.dumps(result, separators=(",", ":"), sort_keys=True).encode())
+    if size > limit:
+        raise BadRequest(413, "too_large",
+                         f"result too large: {size} bytes of JSON, the limit is {limit} bytes")
+    return result
+
+
+def _guard(runner: SidecarRunner, methods: tuple[str, ...], handler: Handler,
+           *, auth: bool) -> Handler:
+    """Bearer check (constant time) then method check, in that order, as JSON."""
+    expected = runner.config.api_token
+
+    async def guarded(request: Request) -> Response:
+        if auth and expected is not None:
+            header = request.headers.get("authorization", "")
+            scheme, _, given = header.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    given.strip().encode(), expected.encode()):
+                return JSONResponse(
+                    {"error": "unauthorized", "message": "missing or wrong bearer token"},
+                    401, headers={"WWW-Authenticate": "Bearer"})
+        if request.method not in methods:
+            return JSONResponse(
+                {"error": "method_not_allowed",
+                 "message": f"{request.method} not allowed; use {', '.join(methods)}"},
+                405, headers={"Allow": ", ".join(methods)})
+        try:
+            return await handler(request)
+        except BadRequest as exc:
+            return exc.response()
+
+    return guarded
+
+
+def _probe_routes(runner: SidecarRunner) -> list[Route]:
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "state": runner.current().value})
+
+    async def readyz(request: Request) -> Response:
+        phase = runner.current()
+        ready = phase is Phase.HELD
+        return JSONResponse({"ready": ready, "state": phase.value}, 200 if ready else 503)
+
+    async def metrics(request: Request) -> Response:
+        body = runner.metrics.render(runner.remaining())
+        return Response(body, media_type=runner.metrics.content_type)
+
+    get = ("GET", "HEAD")
+    return [
+        Route("/healthz", _guard(runner, get, healthz, auth=False), methods=_ALL),
+        Route("/readyz", _guard(runner, get, readyz, auth=False), methods=_ALL),
+        Route("/metrics", _guard(runner, get, metrics, auth=False), methods=_ALL),
+    ]
+
+
+def build_app(runner: SidecarRunner) -> Starlette:
+    """The loopback API: lease, complete, release, plus the probe endpoints."""
+    cfg = runner.config
+    body_limit = cfg.max_result_bytes + _ENVELOPE_BYTES
+
+    async def lease(request: Request) -> Response:
+        return _reply(runner.lease_view())
+
+    async def complete(request: Request) -> Response:
+        obj = _parse(await _read_body(request, body_limit))
+        token = _token(obj)
+        result = _result(obj, cfg.max_result_bytes)
+        return _reply(await runner.complete(token, result))
+
+    async def release(request: Request) -> Response:
+        obj = _parse(await _read_body(request, _ENVELOPE_BYTES))
+        return _reply(await runner.release(_token(obj)))
+
+    routes = [
+        Route("/v1/lease", _guard(runner, ("GET", "HEAD"), lease, auth=True), methods=_ALL),
+        Route("/v1/complete", _guard(runner, ("POST",), complete, auth=True), methods=_ALL),
+        Route("/v1/release", _guard(runner, ("POST",), release, auth=True), methods=_ALL),
+        *_probe_routes(runner),
+    ]
+    return Starlette(routes=routes)
+
+
+def build_probe_app(runner: SidecarRunner) -> Starlette:
+    """Only what kubelet and Prometheus need; never the token."""
+    return Starlette(routes=_probe_routes(runner))

@@ -1,0 +1,231 @@
+"""Sidecar configuration: one frozen dataclass, filled from flags or the environment.
+
+Everything a pod spec can set comes in through environment variables (the
+downward API gives the job's namespace, the pod's name and UID), so the same
+image runs unchanged in every pod; flags exist for local runs and tests. Each
+flag of ``joblease sidecar`` overrides the variable of the same meaning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from joblease import validation
+from joblease.errors import InvalidInputError
+from joblease.etcd_store import EtcdConfig
+from joblease.keys import JobRef
+
+#: Actions on loss of the lease.
+ON_LOSS_ACTIONS = ("signal", "exit", "none")
+
+DEFAULT_PORT = 8470
+DEFAULT_PROBE_PORT = 8471
+DEFAULT_TOKEN_FILE = "/run/joblease/token"
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def parse_bool(value: str, name: str) -> bool:
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise InvalidInputError(f"{name}: expected true/false, got {value!r}")
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise InvalidInputError(f"{name}: expected a number, got {raw!r}") from None
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidInputError(f"{name}: expected an integer, got {raw!r}") from None
+
+
+def _path(env: Mapping[str, str], name: str, default: str | None = None) -> Path | None:
+    raw = env.get(name, default)
+    return Path(raw) if raw else None
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential claim backoff with jitter, so sidecars racing for one job
+    (or waiting out a holder) do not retry in lock step."""
+
+    initial: float = 0.2
+    maximum: float = 5.0
+    multiplier: float = 2.0
+
+    def delay(self, attempt: int, rand: float) -> float:
+        """Delay before retry ``attempt`` (0-based): half fixed, half jitter
+        ("equal jitter"), so it never collapses to zero. ``rand`` is in [0, 1)."""
+        base = min(self.maximum, self.initial * self.multiplier ** min(attempt, 32))
+        return base / 2 + base / 2 * rand
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    """What the sidecar needs. See ``docs/sidecar.md`` for each setting's variable."""
+
+    job: JobRef
+    owner: str
+    etcd: EtcdConfig = field(default_factory=EtcdConfig)
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    port_file: Path | None = None
+    #: The probe listener (``/healthz``, ``/readyz``, ``/metrics`` only) on the
+    #: pod IP: kubelet's httpGet probes dial the pod IP, never its loopback,
+    #: while the lease API must stay loopback-only. ``None`` disables it.
+    probe_host: str = "0.0.0.0"
+    probe_port: int | None = DEFAULT_PROBE_PORT
+    probe_port_file: Path | None = None
+    token_file: Path | None = Path(DEFAULT_TOKEN_FILE)
+    on_loss: str = "signal"
+    worker_pid_file: Path | None = None
+    worker_process_name: str | None = None
+    release_on_term: bool = True
+    api_token: str | None = field(default=None, repr=False)
+    max_result_bytes: int = validation.MAX_RESULT_BYTES
+    backoff: Backoff = field(default_factory=Backoff)
+    registration_wait: float = 30.0
+    loss_exit_code: int = 8  # LeaseLostError.exit_code
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        validation.job_ref(self.job)
+        validation.owner(self.owner)
+        if self.on_loss not in ON_LOSS_ACTIONS:
+            raise InvalidInputError(
+                f"invalid on-loss action {self.on_loss!r}: one of {', '.join(ON_LOSS_ACTIONS)}")
+        if not 0 <= self.port < 65536:
+            raise InvalidInputError(f"invalid port {self.port}")
+        if self.probe_port is not None and not 0 <= self.probe_port < 65536:
+            raise InvalidInputError(f"invalid probe port {self.probe_port}")
+        if self.max_result_bytes <= 0:
+            raise InvalidInputError("max result bytes must be positive")
+        if self.registration_wait < 0:
+            raise InvalidInputError("registration wait must be >= 0")
+
+    @property
+    def token_json_file(self) -> Path | None:
+        """``token.json`` beside the token file: job, owner, generation, token."""
+        if self.token_file is None:
+            return None
+        return self.token_file.with_name(self.token_file.name + ".json")
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the API listens on loopback only (the safe default)."""
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
+
+    def replace(self, **changes: Any) -> SidecarConfig:
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> dict[str, Any]:
+        """A log-safe summary: no passwords, no bearer token."""
+        return {
+            "job": str(self.job), "owner": self.owner,
+            "etcdEndpoints": list(self.etcd.endpoints), "etcdTLS": self.etcd.tls,
+            "etcdAuth": self.etcd.username is not None, "root": self.etcd.root,
+            "listen": f"{self.host}:{self.port}",
+            "probeListen": None if self.probe_port is None
+            else f"{self.probe_host}:{self.probe_port}",
+            "tokenFile": str(self.token_file) if self.token_file else None,
+            "onLoss": self.on_loss, "releaseOnTerm": self.release_on_term,
+            "apiAuth": self.api_token is not None, "maxResultBytes": self.max_result_bytes,
+            "registrationWait": self.registration_wait,
+        }
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> SidecarConfig:
+        """Read ``JOBLEASE_*`` variables (``docs/sidecar.md`` lists them).
+
+        ``overrides`` (flags) win over the environment when not ``None``.
+        """
+        env = dict(os.environ if environ is None else environ)
+        name = env.get("JOBLEASE_JOB_NAME", "")
+        namespace = env.get("JOBLEASE_JOB_NAMESPACE") or env.get("POD_NAMESPACE") or "default"
+        owner = env.get("JOBLEASE_OWNER") or default_owner(env)
+        api_token = None
+        token_file = env.get("JOBLEASE_SIDECAR_API_TOKEN_FILE")
+        if token_file:
+            api_token = read_secret(Path(token_file))
+        probe_port_raw = env.get("JOBLEASE_SIDECAR_PROBE_PORT", str(DEFAULT_PROBE_PORT)).strip()
+        probe_port = None if probe_port_raw.lower() in ("", "off", "none", "-1") \
+            else _int({"p": probe_port_raw}, "p", DEFAULT_PROBE_PORT)
+        values: dict[str, Any] = {
+            "job": JobRef(namespace, name),
+            "owner": owner,
+            "etcd": EtcdConfig.from_env(env),
+            "host": env.get("JOBLEASE_SIDECAR_HOST", "127.0.0.1"),
+            "port": _int(env, "JOBLEASE_SIDECAR_PORT", DEFAULT_PORT),
+            "port_file": _path(env, "JOBLEASE_SIDECAR_PORT_FILE"),
+            "probe_host": env.get("JOBLEASE_SIDECAR_PROBE_HOST", "0.0.0.0"),
+            "probe_port": probe_port,
+            "probe_port_file": _path(env, "JOBLEASE_SIDECAR_PROBE_PORT_FILE"),
+            "token_file": _path(env, "JOBLEASE_TOKEN_FILE", DEFAULT_TOKEN_FILE),
+            "on_loss": env.get("JOBLEASE_SIDECAR_ON_LOSS", "signal"),
+            "worker_pid_file": _path(env, "JOBLEASE_WORKER_PID_FILE"),
+            "worker_process_name": env.get("JOBLEASE_WORKER_PROCESS_NAME") or None,
+            "release_on_term": parse_bool(env.get("JOBLEASE_SIDECAR_RELEASE_ON_TERM", "true"),
+                                          "JOBLEASE_SIDECAR_RELEASE_ON_TERM"),
+            "api_token": api_token,
+            "max_result_bytes": _int(env, "JOBLEASE_SIDECAR_MAX_RESULT_BYTES",
+                                     validation.MAX_RESULT_BYTES),
+            "backoff": Backoff(
+                initial=_float(env, "JOBLEASE_SIDECAR_CLAIM_BACKOFF_INITIAL", Backoff.initial),
+                maximum=_float(env, "JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX", Backoff.maximum),
+            ),
+            "registration_wait": _float(env, "JOBLEASE_SIDECAR_REGISTRATION_WAIT", 30.0),
+            "log_level": env.get("JOBLEASE_LOG_LEVEL", "INFO").upper(),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if not values["job"].name:
+            raise InvalidInputError("no job name: set JOBLEASE_JOB_NAME (or --job)")
+        return cls(**values)
+
+
+def default_owner(env: Mapping[str, str]) -> str:
+    """``<POD_NAME>/<POD_UID>``: the name is readable, the UID makes a recreated
+    pod with the same name a different owner (its claim id differs anyway)."""
+    pod, uid = env.get("POD_NAME"), env.get("POD_UID")
+    if pod and uid:
+        return f"{pod}/{uid}"
+    if pod:
+        return pod
+    import socket
+
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+def read_secret(path: Path) -> str:
+    """A mounted secret's value, without the trailing newline editors add."""
+    try:
+        value = path.read_text().strip()
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read secret file {path}: {exc.strerror}") from None
+    if not value:
+        raise InvalidInputError(f"secret file {path} is empty")
+    return value

@@ -1,0 +1,508 @@
+"""The sidecar's life: claim (with backoff), hold, notice loss, act, shut down.
+
+One asyncio loop runs the lease (its keep-alive lives in the client's
+session), the HTTP servers and the signal handlers, so the API can never
+disagree with the lease: every API call asks :meth:`SidecarRunner.current`,
+which re-checks the lease's validity on the monotonic clock *synchronously*
+before answering. A sidecar that was paused past its deadline therefore
+answers "lost" on the very first request after it resumes, even before its
+keep-alive task has run.
+
+Loss is one-way: the phase flips to ``lost``, the token files are removed,
+the worker is signalled (or the sidecar exits) and no request is ever sent
+to etcd under the old token again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from joblease.client import JobLeaseClient
+from joblease.errors import (
+    AlreadyCompletedError,
+    AttemptsExhaustedError,
+    HeldError,
+    InvalidInputError,
+    JobLeaseError,
+    LeaseLostError,
+    NotRegisteredError,
+    StaleTokenError,
+    StoreUnavailableError,
+)
+from joblease.lease import Lease, LeaseState
+from joblease.records import ResultRecord
+from joblease.sidecar.config import SidecarConfig
+from joblease.sidecar.metrics import SidecarMetrics
+
+log = logging.getLogger("joblease.sidecar")
+
+
+class Phase(enum.StrEnum):
+    CLAIMING = "claiming"
+    HELD = "held"
+    LOST = "lost"
+    COMPLETED = "completed"
+    RELEASED = "released"
+    STOPPING = "stopping"
+
+
+class Outcome:
+    """What an API operation yields: an HTTP status and a JSON body."""
+
+    __slots__ = ("body", "status")
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        self.status, self.body = status, body
+
+
+# -- token files ---------------------------------------------------------------------------------
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Readers see the old file or the new one, never a torn write: write a
+    temporary file in the same directory, fsync it, rename over, fsync the dir."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def remove_quietly(path: Path | None) -> None:
+    if path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+# -- the worker ----------------------------------------------------------------------------------
+
+def find_worker_pids(pid_file: Path | None, process_name: str | None) -> list[int]:
+    """The worker's pid(s): from the pid file, else by name in the (shared)
+    process namespace, matching ``comm`` or the basename of argv[0]/argv[1]
+    (so ``python worker.py`` is found as ``worker.py``)."""
+    if pid_file is not None:
+        try:
+            text = pid_file.read_text().strip()
+            return [int(text)] if text else []
+        except (OSError, ValueError) as exc:
+            log.warning("cannot read worker pid file", extra={"path": str(pid_file),
+                                                              "reason": str(exc)})
+    if not process_name:
+        return []
+    me, found = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in (me, 1):
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        names = {comm} | {os.path.basename(a.decode(errors="replace")) for a in argv[:2] if a}
+        if process_name in names:
+            found.append(int(entry.name))
+    return found
+
+
+def signal_worker(config: SidecarConfig, sig: int = signal.SIGTERM) -> list[int]:
+    """Send ``sig`` to the configured worker; return the pids signalled."""
+    signalled = []
+    for pid in find_worker_pids(config.worker_pid_file, config.worker_process_name):
+        try:
+            os.kill(pid, sig)
+            signalled.append(pid)
+        except ProcessLookupError:
+            log.info("worker already gone", extra={"pid": pid})
+        except PermissionError:
+            log.error("not permitted to signal the worker", extra={"pid": pid})
+    return signalled
+
+
+# -- HTTP servers --------------------------------------------------------------------------------
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the runner owns SIGTERM (it must
+    release the lease before the server stops)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[no-untyped-def]
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind before serving, so port 0 resolves to a known port up front."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, reuse_port=False)
+    sock.set_inheritable(False)
+    return sock
+
+
+# -- the runner ----------------------------------------------------------------------------------
+
+class SidecarRunner:
+    """Owns the lease and the sidecar's phase; the HTTP app calls into it."""
+
+    def __init__(self, config: SidecarConfig, client: JobLeaseClient | None = None) -> None:
+        self.config = config
+        self.client = client or JobLeaseClient(config.etcd)
+        self.metrics = SidecarMetrics()
+        self.phase = Phase.CLAIMING
+        self.lease: Lease | None = None
+        self.lost_reason: str | None = None
+        self.result: ResultRecord | None = None
+        self.ports: dict[str, int] = {}
+        self._stop = asyncio.Event()
+        self._stop_signal: str | None = None
+        self._exit_code: int | None = None
+        self._op_lock = asyncio.Lock()
+        self._servers: list[tuple[_Server, asyncio.Task[None]]] = []
+
+    # -- state -----------------------------------------------------------------------------
+
+    def _set_phase(self, phase: Phase) -> None:
+        self.phase = phase
+        self.metrics.set_state(phase.value)
+
+    def current(self) -> Phase:
+        """The phase, after re-checking a held lease against the monotonic clock."""
+        lease = self.lease
+        if self.phase is Phase.HELD and lease is not None:
+            if lease.state is LeaseState.LOST or not lease.valid:
+                self._on_loss(lease.lost_reason or "lease no longer valid")
+        return self.phase
+
+    def remaining(self) -> float:
+        if self.current() is Phase.HELD and self.lease is not None:
+            return self.lease.remaining()
+        return 0.0
+
+    def _held(self, lease: Lease) -> None:
+        cfg = self.config
+        if cfg.token_file is not None and cfg.token_json_file is not None:
+            info = {"job": str(lease.job), "namespace": lease.job.namespace,
+                    "name": lease.job.name, "owner": lease.owner, "token": lease.token,
+                    "generation": lease.generation, "ttl": lease.ttl}
+            # token.json first: whoever sees the token file finds its companion.
+            write_atomic(cfg.token_json_file, json.dumps(info).encode() + b"\n")
+            write_atomic(cfg.token_file, f"{lease.token}\n".encode())
+        self.lease = lease
+        self._set_phase(Phase.HELD)
+        self.metrics.claims.inc()
+        log.info("lease held", extra={"job": str(lease.job), "token": lease.token,
+                                      "generation": lease.generation, "ttl": lease.ttl})
+        self.current()  # a claim that took longer than its TTL is already lost
+
+    def _drop_token_files(self) -> None:
+        remove_quietly(self.config.token_file)
+        remove_quietly(self.config.token_json_file)
+
+    def _on_loss(self, reason: str) -> None:
+        """Flip to lost at once: files gone, worker signalled, maybe exit."""
+        if self.phase is not Phase.HELD:
+            return
+        self.lost_reason = reason
+        self._set_phase(Phase.LOST)
+        self._drop_token_files()
+        self.metrics.losses.inc()
+        token = self.lease.token if self.lease else None
+        log.warning("lease lost", extra={"job": str(self.config.job), "token": token,
+                                         "reason": reason, "action": self.config.on_loss})
+        if self.config.on_loss in ("signal", "exit"):
+            pids = signal_worker(self.config)
+            if pids:
+                log.warning("sent SIGTERM to the worker", extra={"pids": pids})
+            elif self.config.on_loss == "signal":
+                log.warning("no worker process found to signal",
+                            extra={"pidFile": str(self.config.worker_pid_file or ""),
+                                   "processName": self.config.worker_process_name})
+        if self.config.on_loss == "exit":
+            self._exit_code = self.config.loss_exit_code
+            self._stop.set()
+
+    def request_stop(self, signame: str = "SIGTERM") -> None:
+        if not self._stop.is_set():
+            log.info("stop requested", extra={"signal": signame})
+            self._stop_signal = signame
+            self._stop.set()
+
+    # -- operations the API calls ------------------------------------------------------------
+
+    async def _current_token(self) -> int | None:
+        """Who holds the job now, per etcd (a read: it never writes)."""
+        try:
+            state = await asyncio.wait_for(self.client.get(self.config.job), timeout=3.0)
+        except (JobLeaseError, TimeoutError) as exc:
+            log.info("could not read the current token", extra={"reason": str(exc)})
+            return None
+        return state.token
+
+    async def _stale(self, token: int, message: str, current: int | None = None,
+                     *, known: bool = False) -> Outcome:
+        """409 stale. ``current`` is the current token when ``known``; otherwise
+        it is read from etcd (the sidecar no longer holds a token of its own)."""
+        self.metrics.stale_rejections.inc()
+        if not known:
+            current = await self._current_token()
+        log.warning("refused a stale token",
+                    extra={"token": token, "currentToken": current, "why": message})
+        return Outcome(409, {"error": "stale", "message": message, "token": token,
+                             "currentToken": current, "state": self.phase.value})
+
+    async def complete(self, token: int, result: Any) -> Outcome:
+        """Complete under ``token`` if and only if it is this sidecar's live token."""
+        async with self._op_lock:
+            phase = self.current()
+            lease = self.lease
+            if (phase is Phase.COMPLETED and lease is not None and lease.token == token
+                    and self.result is not None):
+                return Outcome(200, self.result.to_dict())  # a retried completion
+            if phase is not Phase.HELD or lease is None:
+                why = (f"the lease is {phase.value}"
+                       + (f": {self.lost_reason}" if self.lost_reason else ""))
+                return await self._stale(token, f"token {token} is not current; {why}")
+            if token != lease.token:
+                return await self._stale(
+                    token, f"token {token} is not the current token {lease.token}", lease.token,
+                    known=True)
+            try:
+                record = await lease.complete(result)
+            except StaleTokenError as exc:
+                self._on_loss(f"etcd refused the completion: {exc}")
+                return await self._stale(token, str(exc), exc.current_token, known=True)
+            except LeaseLostError as exc:
+                self._on_loss(str(exc))
+                return await self._stale(token, str(exc))
+            except InvalidInputError as exc:
+                return Outcome(413 if "too large" in str(exc) else 400, exc.to_dict())
+            except StoreUnavailableError as exc:
+                # Nothing known to be written (read-back found the holder still ours,
+                # or could not read): the worker may retry the same request safely.
+                return Outcome(503, exc.to_dict())
+            self.result = record
+            self._set_phase(Phase.COMPLETED)
+            self._drop_token_files()
+            self.metrics.completions.inc()
+            log.info("job completed", extra={"job": str(lease.job), "token": token,
+                                             "generation": lease.generation})
+            return Outcome(200, record.to_dict())
+
+    async def release(self, token: int) -> Outcome:
+        """Give the job back under ``token`` (same condition as completion)."""
+        async with self._op_lock:
+            phase = self.current()
+            lease = self.lease
+            if phase is Phase.RELEASED and lease is not None and lease.token == token:
+                return Outcome(200, {"state": "released", "token": token})
+            if phase is not Phase.HELD or lease is None:
+                return await self._stale(token, f"token {token} is not current; "
+                                                f"the lease is {phase.value}")
+            if token != lease.token:
+                return await self._stale(
+                    token, f"token {token} is not the current token {lease.token}", lease.token,
+                    known=True)
+            try:
+                await lease.release()
+            except StaleTokenError as exc:
+                self._on_loss(f"etcd refused the release: {exc}")
+                return await self._stale(token, str(exc), exc.current_token, known=True)
+            except StoreUnavailableError as exc:
+                return Outcome(503, exc.to_dict())
+            self._set_phase(Phase.RELEASED)
+            self._drop_token_files()
+            log.info("lease released by the worker", extra={"token": token})
+            return Outcome(200, {"state": "released", "token": token})
+
+    def lease_view(self) -> Outcome:
+        """``GET /v1/lease``: 200 only while the lease is held."""
+        phase = self.current()
+        cfg = self.config
+        base: dict[str, Any] = {"state": phase.value, "job": str(cfg.job), "owner": cfg.owner}
+        lease = self.lease
+        if phase is Phase.HELD and lease is not None:
+            return Outcome(200, {**base, "token": lease.token, "generation": lease.generation,
+                                 "ttl": lease.ttl,
+                                 "remainingSeconds": round(lease.remaining(), 3)})
+        if phase is Phase.CLAIMING:
+            return Outcome(503, base)
+        if phase is Phase.LOST:
+            return Outcome(409, {"error": "lost", **base,
+                                 "message": f"the lease was lost: {self.lost_reason}"})
+        if phase is Phase.COMPLETED:
+            return Outcome(409, {"error": "completed", **base,
+                                 "message": "the job is completed",
+                                 "result": self.result.to_dict() if self.result else None})
+        if phase is Phase.RELEASED:
+            return Outcome(409, {"error": "released", **base,
+                                 "message": "the lease was released"})
+        return Outcome(503, base)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def _sleep_or_stop(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+
+    async def claim(self) -> Lease | int:
+        """Claim with backoff; a lease, or the exit code when the sidecar must stop."""
+        cfg = self.config
+        registration_deadline = time.monotonic() + cfg.registration_wait
+        attempt = 0
+        rng = random.Random()
+        while not self._stop.is_set():
+            self.metrics.claim_attempts.inc()
+            try:
+                return await self.client.claim(cfg.job, cfg.owner)
+            except AlreadyCompletedError as exc:
+                log.info("job already completed; nothing to do", extra={
+                    "job": str(cfg.job), "completedBy": exc.owner, "token": exc.token})
+                return 0
+            except AttemptsExhaustedError as exc:
+                log.error("job has no attempts left", extra={**exc.details(),
+                                                             "exitCode": exc.exit_code})
+                return exc.exit_code
+            except NotRegisteredError as exc:
+                if time.monotonic() >= registration_deadline:
+                    log.error("job is not registered", extra={
+                        "job": str(cfg.job), "waited": cfg.registration_wait,
+                        "exitCode": exc.exit_code})
+                    return exc.exit_code
+                log.info("job not registered yet; waiting", extra={"job": str(cfg.job)})
+            except HeldError as exc:
+                log.info("job held by another owner; backing off", extra={
+                    "holder": exc.owner, "token": exc.token, "generation": exc.generation})
+            except StoreUnavailableError as exc:
+                log.warning("etcd unavailable; retrying", extra={"reason": str(exc)})
+            except JobLeaseError as exc:
+                log.error("cannot claim", extra={"reason": str(exc), "exitCode": exc.exit_code})
+                return exc.exit_code
+            await self._sleep_or_stop(cfg.backoff.delay(attempt, rng.random()))
+            attempt += 1
+        return 0
+
+    async def _lifecycle(self) -> int | None:
+        """Claim, then hold until the lease ends. An exit code means "exit now"."""
+        outcome = await self.claim()
+        if isinstance(outcome, int):
+            return outcome
+        self._held(outcome)
+        state = await outcome.wait_done()
+        if state is LeaseState.LOST:
+            self._on_loss(outcome.lost_reason or "lease lost")
+        return self._exit_code
+
+    async def start_servers(self) -> None:
+        from joblease.sidecar.api import build_app, build_probe_app
+
+        cfg = self.config
+        if not cfg.loopback:
+            log.warning("the lease API listens beyond loopback; set a bearer token",
+                        extra={"host": cfg.host})
+        listeners: list[tuple[str, Any, str, int, Path | None]] = [
+            ("api", build_app(self), cfg.host, cfg.port, cfg.port_file)]
+        if cfg.probe_port is not None:
+            listeners.append(("probe", build_probe_app(self), cfg.probe_host, cfg.probe_port,
+                              cfg.probe_port_file))
+        for name, app, host, port, port_file in listeners:
+            sock = bind(host, port)
+            bound = sock.getsockname()[1]
+            server = _Server(uvicorn.Config(app, log_config=None, access_log=False,
+                                            lifespan="off", timeout_graceful_shutdown=2))
+            task = asyncio.create_task(server.serve(sockets=[sock]), name=f"sidecar-{name}")
+            self._servers.append((server, task))
+            while not server.started:
+                if task.done():
+                    task.result()
+                    raise RuntimeError(f"{name} server stopped during startup")
+                await asyncio.sleep(0.01)
+            self.ports[name] = bound
+            if port_file is not None:
+                write_atomic(port_file, f"{bound}\n".encode())
+            log.info("listening", extra={"listener": name, "host": host, "port": bound})
+
+    async def _stop_servers(self) -> None:
+        for server, _ in self._servers:
+            server.should_exit = True
+        for _, task in self._servers:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await task
+
+    async def _shutdown(self) -> None:
+        cfg = self.config
+        async with self._op_lock:
+            phase = self.current()
+            lease = self.lease
+            if phase is Phase.HELD and lease is not None and cfg.release_on_term:
+                try:
+                    await asyncio.wait_for(lease.release(), timeout=10)
+                    log.info("lease released on shutdown", extra={"token": lease.token})
+                    self._set_phase(Phase.RELEASED)
+                except (JobLeaseError, TimeoutError) as exc:
+                    log.warning("release on shutdown failed", extra={"reason": str(exc)})
+            self._drop_token_files()
+            if self.phase is Phase.HELD:
+                self._set_phase(Phase.STOPPING)
+        await self._stop_servers()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.client.close(revoke=cfg.release_on_term), timeout=10)
+
+    async def run(self) -> int:
+        """Serve, claim, hold; return the process exit code."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, sig.name)
+        log.info("sidecar starting", extra={"config": self.config.describe()})
+        code: int | None = None
+        try:
+            await self.start_servers()
+            lifecycle = asyncio.create_task(self._lifecycle(), name="sidecar-lifecycle")
+            stop = asyncio.create_task(self._stop.wait())
+            await asyncio.wait({lifecycle, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if lifecycle.done():
+                try:
+                    code = lifecycle.result()
+                except Exception:
+                    log.exception("sidecar failed")
+                    code = 1
+                if code is None:  # completed, released, or lost with "signal": keep serving
+                    await stop
+            lifecycle.cancel()
+            stop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lifecycle
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            await self._shutdown()
+        if self._exit_code is not None:
+            code = self._exit_code
+        code = 0 if code is None else code
+        log.info("sidecar exiting", extra={"exitCode": code, "state": self.phase.value})
+        return code
+
+
+async def run_sidecar(config: SidecarConfig) -> int:
+    """Run the sidecar until SIGTERM (exit 0), a refused claim (the error's exit
+    code; 0 if the job is already completed) or, with ``on_loss="exit"``, loss
+    of the lease (exit 8)."""
+    return await SidecarRunner(config).run()

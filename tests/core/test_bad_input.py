@@ -1,0 +1,91 @@
+"""Bad input raises a clear, typed error and writes nothing to etcd."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from joblease import InvalidInputError, JobLeaseClient, JobRef, JobSpec
+from joblease.validation import MAX_PARAMETERS_BYTES, MAX_RESULT_BYTES
+
+
+async def snapshot(client: JobLeaseClient) -> tuple[int, list[Any]]:
+    """Every key under the test's root with its revisions (the store's revision is
+    global and moves with other tests' writes, so compare the keys we own)."""
+    _, kvs = await client.store.get(client.keys.namespace_prefix(), prefix=True)
+    return len(kvs), [(kv.key, kv.mod_revision, kv.version) for kv in kvs]
+
+
+BAD_REGISTRATIONS = [
+    (JobRef("default", "Upper-Case"), JobSpec(10), "invalid job name"),
+    (JobRef("default", ""), JobSpec(10), "invalid job name"),
+    (JobRef("default", "a" * 254), JobSpec(10), "invalid job name"),
+    (JobRef("default", "under_score"), JobSpec(10), "invalid job name"),
+    (JobRef("Bad NS", "job"), JobSpec(10), "invalid namespace"),
+    (JobRef("default", "job"), JobSpec(1), "between 2"),
+    (JobRef("default", "job"), JobSpec(0), "between 2"),
+    (JobRef("default", "job"), JobSpec(86_401), "between 2"),
+    (JobRef("default", "job"), JobSpec(1.5), "whole number"),  # type: ignore[arg-type]
+    (JobRef("default", "job"), JobSpec("10"), "whole number"),  # type: ignore[arg-type]
+    (JobRef("default", "job"), JobSpec(10, max_attempts=-1), "maxAttempts"),
+    (JobRef("default", "job"), JobSpec(10, parameters={"x": "y" * MAX_PARAMETERS_BYTES}),
+     "parameters too large"),
+    (JobRef("default", "job"), JobSpec(10, parameters={"x": {1, 2}}), "not JSON"),
+]
+
+
+@pytest.mark.parametrize(("job", "spec", "message"), BAD_REGISTRATIONS)
+async def test_invalid_registration_is_refused_and_writes_nothing(
+    client: JobLeaseClient, job: JobRef, spec: JobSpec, message: str
+) -> None:
+    before = await snapshot(client)
+    with pytest.raises(InvalidInputError, match=message) as info:
+        await client.register(job, spec)
+    assert info.value.exit_code == 2 and info.value.http_status == 400
+    assert await snapshot(client) == before
+
+
+@pytest.mark.parametrize("owner", ["", "has space", "x" * 254, "tab\there", "ünïcode"])
+async def test_invalid_owner_is_refused_and_writes_nothing(
+    client: JobLeaseClient, owner: str
+) -> None:
+    job = JobRef("default", "owned")
+    await client.register(job, JobSpec(10))
+    before = await snapshot(client)
+    with pytest.raises(InvalidInputError, match="invalid owner"):
+        await client.claim(job, owner)
+    assert await snapshot(client) == before
+
+
+@pytest.mark.parametrize(("result", "message"), [
+    ({"blob": "x" * MAX_RESULT_BYTES}, "result too large"),
+    ({"set": {1, 2}}, "not JSON"),
+    (float("nan"), "not JSON"),
+])
+async def test_invalid_result_is_refused_and_the_lease_is_kept(
+    client: JobLeaseClient, result: object, message: str
+) -> None:
+    job = JobRef("default", "result-size")
+    await client.register(job, JobSpec(10))
+    lease = await client.claim(job, "worker")
+    before = await snapshot(client)
+    with pytest.raises(InvalidInputError, match=message):
+        await lease.complete(result)
+    assert await snapshot(client) == before
+    assert lease.valid
+    record = await lease.complete({"ok": True})  # still the holder: a valid result lands
+    assert record.token == lease.token
+
+
+async def test_error_types_carry_distinct_exit_codes_and_statuses() -> None:
+    from joblease import errors
+
+    classes = [errors.InvalidInputError, errors.NotRegisteredError, errors.HeldError,
+               errors.AlreadyCompletedError, errors.AttemptsExhaustedError,
+               errors.StaleTokenError, errors.LeaseLostError, errors.StoreUnavailableError,
+               errors.OutcomeUnknownError, errors.PermissionDeniedError]
+    codes = [c.exit_code for c in classes]
+    assert len(set(codes)) == len(codes)
+    assert errors.StaleTokenError.http_status == 409
+    assert errors.StaleTokenError.reason == "stale"
