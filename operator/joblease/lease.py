@@ -207,8 +207,6 @@ class Lease:
         """
         if self._state is LeaseState.COMPLETED and self.result is not None:
             return self.result
-        if self._state is LeaseState.RELEASED:
-            raise LeaseLostError(str(self.job), self.token, "the lease was released")
         validation.json_payload(result, "result", validation.MAX_RESULT_BYTES)
         value = ResultRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
                              generation=self.generation, result=result,

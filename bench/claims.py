@@ -1,0 +1,208 @@
+"""Claims/s and completes/s through joblease, side by side with raw etcd transactions.
+
+Both sides run in the same process, against the same etcd, through the same
+gRPC client (joblease.etcd_store.EtcdStore), in the same run:
+
+- **joblease**: ``client.claim(job, owner)`` then ``lease.complete(result)``;
+- **raw**: the same etcd work issued as bare transactions with no library
+  logic: the claim transaction (4 compares, 2 puts, 1 get, bound to a lease
+  granted once) and the completion transaction (2 compares, 1 put, 1 delete).
+
+The ratio joblease/raw is the cost of the library on the hot path; a claim is
+one round trip on both sides (the spec is read once per job and cached, so
+with fresh jobs joblease pays one extra read per job: shown separately).
+
+    python bench/claims.py [--cycles 3000] [--concurrency 1,64] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
+from joblease.embedded import EtcdCluster
+from joblease.store import Compare, Delete, Get, Put
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def register_jobs(client: JobLeaseClient, n: int, prefix: str) -> list[JobRef]:
+    jobs = [JobRef("bench", f"{prefix}-{i}") for i in range(n)]
+    sem = asyncio.Semaphore(64)
+
+    async def one(job: JobRef) -> None:
+        async with sem:
+            await client.register(job, JobSpec(lease_duration_seconds=30, max_attempts=3))
+
+    await asyncio.gather(*(one(j) for j in jobs))
+    return jobs
+
+
+async def run_pool(jobs: list[Any], concurrency: int, cycle: Any) -> dict[str, Any]:
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    for j in jobs:
+        queue.put_nowait(j)
+    claim_lat: list[float] = []
+    complete_lat: list[float] = []
+
+    async def worker() -> None:
+        while not queue.empty():
+            job = queue.get_nowait()
+            c, d = await cycle(job)
+            claim_lat.append(c)
+            complete_lat.append(d)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    n = len(claim_lat)
+    return {
+        "cycles": n,
+        "seconds": round(elapsed, 3),
+        "cycles_per_s": round(n / elapsed, 1),
+        "claims_per_s": round(n / sum(claim_lat) * concurrency, 1) if claim_lat else 0,
+        "completes_per_s": round(n / sum(complete_lat) * concurrency, 1) if complete_lat else 0,
+        "claim_p50_ms": round(pct(claim_lat, 0.5) * 1000, 2),
+        "claim_p99_ms": round(pct(claim_lat, 0.99) * 1000, 2),
+        "complete_p50_ms": round(pct(complete_lat, 0.5) * 1000, 2),
+        "complete_p99_ms": round(pct(complete_lat, 0.99) * 1000, 2),
+        "mean_cycle_ms": round(statistics.fmean(
+            [a + b for a, b in zip(claim_lat, complete_lat, strict=True)]) * 1000, 2),
+    }
+
+
+async def bench_joblease(config: EtcdConfig, cycles: int, concurrency: int) -> dict[str, Any]:
+    async with JobLeaseClient(config.with_(root=f"/bench/jl-{uuid.uuid4().hex[:6]}")) as c:
+        jobs = await register_jobs(c, cycles, "job")
+        # Warm the per-job spec cache the way a long-lived worker has it, and
+        # count that read separately (it is paid once per job, not per claim).
+        t = time.perf_counter()
+        sem = asyncio.Semaphore(64)
+
+        async def warm(j: JobRef) -> None:
+            async with sem:
+                await c._spec(j, c.keys.job(j))
+
+        await asyncio.gather(*(warm(j) for j in jobs))
+        spec_reads_s = time.perf_counter() - t
+
+        async def cycle(job: JobRef) -> tuple[float, float]:
+            t0 = time.perf_counter()
+            lease = await c.claim(job, "bench-worker")
+            t1 = time.perf_counter()
+            await lease.complete({"ok": True})
+            return t1 - t0, time.perf_counter() - t1
+
+        result = await run_pool(jobs, concurrency, cycle)
+        result["spec_cache_fill_s"] = round(spec_reads_s, 3)
+        return result
+
+
+async def bench_raw(config: EtcdConfig, cycles: int, concurrency: int) -> dict[str, Any]:
+    root = f"/bench/raw-{uuid.uuid4().hex[:6]}"
+    async with JobLeaseClient(config.with_(root=root)) as c:
+        jobs = await register_jobs(c, cycles, "job")
+        store = c.store
+        _, kvs = await store.get(f"{root}/".encode(), prefix=True)
+        spec_rev = {kv.key: kv.mod_revision for kv in kvs}
+        lease_id, _ = await store.grant(30)
+        holder_value = json.dumps({"owner": "bench-worker", "claimId": "x" * 32, "ttl": 30,
+                                   "claimedAt": time.time()}).encode()
+        result_value = json.dumps({"owner": "bench-worker", "claimId": "x" * 32, "token": 0,
+                                   "generation": 1, "result": {"ok": True},
+                                   "completedAt": time.time()}).encode()
+
+        async def cycle(job: JobRef) -> tuple[float, float]:
+            k = c.keys.job(job)
+            t0 = time.perf_counter()
+            r = await store.txn(
+                [Compare(k.spec, "mod", "==", spec_rev[k.spec]),
+                 Compare(k.holder, "create", "==", 0),
+                 Compare(k.result, "version", "==", 0), Compare(k.claims, "version", "<", 3)],
+                [Put(k.holder, holder_value, lease=lease_id), Put(k.claims, b"{}"),
+                 Get(k.claims)],
+                [Get(k.spec), Get(k.holder), Get(k.result), Get(k.claims)])
+            assert r.succeeded
+            t1 = time.perf_counter()
+            r2 = await store.txn(
+                [Compare(k.holder, "create", "==", r.revision),
+                 Compare(k.holder, "value", "==", holder_value)],
+                [Put(k.result, result_value), Delete(k.holder)],
+                [Get(k.holder), Get(k.result)])
+            assert r2.succeeded
+            return t1 - t0, time.perf_counter() - t1
+
+        out = await run_pool(jobs, concurrency, cycle)
+        await store.revoke(lease_id)
+        return out
+
+
+async def main_async(args: argparse.Namespace, endpoints: tuple[str, ...]) -> dict[str, Any]:
+    config = EtcdConfig(endpoints=endpoints)
+    rows = []
+    for conc in args.concurrency:
+        cycles = max(args.cycles if conc > 1 else args.cycles // 6, 50)
+        # alternate the order so neither side always runs on a warmer etcd
+        raw = await bench_raw(config, cycles, conc)
+        jl = await bench_joblease(config, cycles, conc)
+        rows.append({"concurrency": conc, "joblease": jl, "raw": raw,
+                     "ratio_cycles": round(jl["cycles_per_s"] / raw["cycles_per_s"], 3)})
+    return {"benchmark": "claims", "etcd_endpoints": list(endpoints), "rows": rows}
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"{'conc':>4}  {'side':<9} {'cycles/s':>9} {'claim p50':>9} {'claim p99':>9} "
+          f"{'compl p50':>9} {'compl p99':>9}")
+    for row in report["rows"]:
+        for side in ("raw", "joblease"):
+            r = row[side]
+            print(f"{row['concurrency']:>4}  {side:<9} {r['cycles_per_s']:>9} "
+                  f"{r['claim_p50_ms']:>7}ms {r['claim_p99_ms']:>7}ms "
+                  f"{r['complete_p50_ms']:>7}ms {r['complete_p99_ms']:>7}ms")
+        print(f"{row['concurrency']:>4}  ratio joblease/raw cycles/s = {row['ratio_cycles']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cycles", type=int, default=3000)
+    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[1, 64])
+    parser.add_argument("--endpoints", help="use this etcd instead of starting one")
+    parser.add_argument("--json", help="write the report here")
+    args = parser.parse_args()
+    if args.endpoints:
+        report = asyncio.run(main_async(args, tuple(args.endpoints.split(","))))
+    else:
+        binary = None
+        try:
+            from tests.support.binaries import etcd_binary
+
+            binary = etcd_binary()
+        except Exception:
+            pass
+        with EtcdCluster(1, binary=binary) as cluster:
+            report = asyncio.run(main_async(args, cluster.endpoints))
+            report["etcd_binary"] = cluster.binary
+    print_table(report)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

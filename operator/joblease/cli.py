@@ -1,0 +1,449 @@
+"""The ``joblease`` command: a thin shell over the library.
+
+Every verb takes the etcd connection as flags or ``JOBLEASE_ETCD_*``
+environment variables. Errors are one line on stderr and a distinct exit code
+(see ``joblease.errors``): 2 invalid input, 3 not found, 4 held, 5 completed,
+6 attempts exhausted, 7 stale, 8 lost, 10 store unreachable, 11 outcome
+unknown, 12 permission denied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, TypeVar
+
+import click
+
+from joblease.client import JobLeaseClient
+from joblease.errors import InvalidInputError, JobLeaseError
+from joblease.etcd_store import EtcdConfig
+from joblease.keys import JobRef
+from joblease.lease import LeaseState
+from joblease.records import JobSpec, JobState
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def etcd_options(fn: F) -> F:
+    """The etcd connection options shared by every verb that talks to etcd."""
+    options = [
+        click.option("--endpoints", envvar="JOBLEASE_ETCD_ENDPOINTS", default="127.0.0.1:2379",
+                     show_default=True, help="Comma-separated etcd endpoints."),
+        click.option("--ca-file", envvar="JOBLEASE_ETCD_CA_FILE", help="CA bundle (enables TLS)."),
+        click.option("--cert-file", envvar="JOBLEASE_ETCD_CERT_FILE",
+                     help="Client certificate (mutual TLS)."),
+        click.option("--key-file", envvar="JOBLEASE_ETCD_KEY_FILE",
+                     help="Client key (mutual TLS)."),
+        click.option("--server-name", envvar="JOBLEASE_ETCD_SERVER_NAME",
+                     help="TLS server name override."),
+        click.option("--user", envvar="JOBLEASE_ETCD_USERNAME", help="etcd user name."),
+        click.option("--password-file", envvar="JOBLEASE_ETCD_PASSWORD_FILE",
+                     type=click.Path(exists=True, dir_okay=False),
+                     help="File holding the etcd password (JOBLEASE_ETCD_PASSWORD also works)."),
+        click.option("--root", envvar="JOBLEASE_ROOT", default="/joblease/v1", show_default=True,
+                     help="Key prefix under which jobs live."),
+        click.option("--timeout", "request_timeout", type=float, default=5.0, show_default=True,
+                     help="Per-request timeout in seconds."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def output_option(fn: F) -> F:
+    return click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]),
+                        default="table", show_default=True, help="Output format.")(fn)
+
+
+def make_config(endpoints: str, ca_file: str | None, cert_file: str | None,
+                key_file: str | None, server_name: str | None, user: str | None,
+                password_file: str | None, root: str, request_timeout: float) -> EtcdConfig:
+    import os
+
+    password = os.environ.get("JOBLEASE_ETCD_PASSWORD")
+    if password_file:
+        with open(password_file) as f:
+            password = f.read().strip()
+    return EtcdConfig(
+        endpoints=tuple(e.strip() for e in endpoints.split(",") if e.strip()),
+        ca_file=ca_file, cert_file=cert_file, key_file=key_file, server_name=server_name,
+        username=user, password=password, root=root, request_timeout=request_timeout)
+
+
+ETCD_KEYS = ("endpoints", "ca_file", "cert_file", "key_file", "server_name", "user",
+             "password_file", "root", "request_timeout")
+
+
+def split_etcd(kwargs: dict[str, Any]) -> EtcdConfig:
+    return make_config(**{k: kwargs.pop(k) for k in ETCD_KEYS})
+
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro``; a JobLeaseError becomes one stderr line and its exit code."""
+    try:
+        return asyncio.run(coro)
+    except JobLeaseError as e:
+        click.echo(f"joblease: {e.reason}: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def emit(data: Any, output: str, table: Callable[[Any], Iterable[Iterable[Any]]] | None = None,
+         headers: Iterable[str] = ()) -> None:
+    if output == "json":
+        click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+    elif output == "yaml":
+        try:
+            import yaml
+        except ImportError:  # PyYAML is optional; JSON is valid YAML
+            click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+        else:
+            click.echo(yaml.safe_dump(data, sort_keys=True).rstrip())
+    else:
+        rows = [list(map(str, r)) for r in (table(data) if table else [])]
+        heads = list(headers)
+        widths = [max(len(x) for x in col) for col in zip(heads, *rows, strict=False)]
+        for row in [heads, *rows]:
+            click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False))
+                       .rstrip())
+
+
+STATE_HEADERS = ("JOB", "PHASE", "HOLDER", "GENERATION", "TOKEN", "ATTEMPTS", "TTL")
+
+
+def state_rows(states: list[dict[str, Any]]) -> Iterable[list[Any]]:
+    for s in states:
+        holder = s["holder"]["owner"] if s["holder"] else "-"
+        yield [s["job"], s["phase"] if s["registered"] else "NotRegistered", holder,
+               s["generation"], s["token"] or "-", f'{s["attempts"]}/{s["maxAttempts"] or "∞"}',
+               s["leaseDurationSeconds"] or "-"]
+
+
+def job_argument(fn: F) -> F:
+    fn = click.option("-n", "--namespace", default="default", show_default=True,
+                      envvar="JOBLEASE_JOB_NAMESPACE", help="The job's namespace.")(fn)
+    return click.argument("job")(fn)
+
+
+def job_ref(job: str, namespace: str) -> JobRef:
+    ref = JobRef.parse(job, namespace)
+    from joblease import validation
+
+    try:
+        return validation.job_ref(ref)
+    except InvalidInputError as e:
+        click.echo(f"joblease: invalid: {e}", err=True)
+        sys.exit(e.exit_code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="joblease")
+def main() -> None:
+    """Job leases with fencing tokens on etcd.
+
+    A claim is one etcd transaction; the revision at which it commits is the
+    job's fencing token. Completion is accepted only from the current holder.
+    """
+
+
+@main.command()
+@job_argument
+@click.option("--ttl", "lease_duration_seconds", type=int, required=True,
+              help="Lease duration in whole seconds (>= 2).")
+@click.option("--max-attempts", type=int, default=3, show_default=True,
+              help="Claims allowed before the job fails (0 = unlimited).")
+@click.option("--parameters", default="{}", help="The job's input as a JSON object.")
+@etcd_options
+@output_option
+def register(job: str, namespace: str, lease_duration_seconds: int, max_attempts: int,
+             parameters: str, output: str, **kw: Any) -> None:
+    """Register JOB in etcd (what the operator does for each JobLease)."""
+    config, ref = split_etcd(kw), job_ref(job, namespace)
+    try:
+        params = json.loads(parameters)
+        if not isinstance(params, dict):
+            raise ValueError("not an object")
+    except ValueError as e:
+        click.echo(f"joblease: invalid: --parameters must be a JSON object ({e})", err=True)
+        sys.exit(InvalidInputError.exit_code)
+
+    async def go() -> dict[str, Any]:
+        async with JobLeaseClient(config) as c:
+            revision = await c.register(ref, JobSpec(lease_duration_seconds, max_attempts, params))
+            return {"job": str(ref), "registered": True, "revision": revision}
+
+    data = run(go())
+    emit(data, output, lambda d: [[d["job"], d["revision"]]], ("JOB", "REVISION"))
+
+
+@main.command()
+@job_argument
+@etcd_options
+@output_option
+def unregister(job: str, namespace: str, output: str, **kw: Any) -> None:
+    """Remove JOB's keys from etcd; a live holder loses it at its next check."""
+    config, ref = split_etcd(kw), job_ref(job, namespace)
+
+    async def go() -> dict[str, Any]:
+        async with JobLeaseClient(config) as c:
+            return {"job": str(ref), "registered": False, "revision": await c.unregister(ref)}
+
+    emit(run(go()), output, lambda d: [[d["job"], d["revision"]]], ("JOB", "REVISION"))
+
+
+LEASE_HEADERS = ("JOB", "OWNER", "GENERATION", "TOKEN", "TTL", "STATE")
+
+
+def lease_rows(d: dict[str, Any]) -> list[list[Any]]:
+    return [[d["job"], d["owner"], d["generation"], d["token"], d["ttl"], d["state"]]]
+
+
+@main.command()
+@job_argument
+@click.option("--owner", required=True, envvar="JOBLEASE_OWNER", help="Who claims.")
+@click.option("--hold", is_flag=True,
+              help="Keep the lease alive until interrupted (Ctrl-C releases it).")
+@click.option("--wait", "wait_seconds", type=float, default=0.0,
+              help="Retry for up to this many seconds while someone else holds the job.")
+@etcd_options
+@output_option
+def claim(job: str, namespace: str, owner: str, hold: bool, wait_seconds: float, output: str,
+          **kw: Any) -> None:
+    """Claim JOB for OWNER and print the generation and fencing token.
+
+    Without --hold the lease is not renewed: it expires after its TTL unless
+    completed or released first (joblease complete/release --token).
+    """
+    config, ref = split_etcd(kw), job_ref(job, namespace)
+
+    async def go() -> None:
+        from joblease.errors import HeldError
+
+        client = JobLeaseClient(config)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_seconds
+        try:
+            while True:
+                try:
+                    lease = await client.claim(ref, owner)
+                    break
+                except HeldError:
+                    if loop.time() >= deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+            emit(lease.to_dict(), output, lease_rows, LEASE_HEADERS)
+            sys.stdout.flush()
+            if not hold:
+                await client.close(revoke=False)
+                return
+            stop = asyncio.Event()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            done = asyncio.create_task(lease.wait_done())
+            stopper = asyncio.create_task(stop.wait())
+            await asyncio.wait({done, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if lease.state is LeaseState.HELD:
+                await lease.release()
+                click.echo(f"released {ref} (token {lease.token})", err=True)
+            elif lease.state is LeaseState.LOST:
+                click.echo(f"joblease: lost: {lease.lost_reason}", err=True)
+                await client.close()
+                sys.exit(8)
+            await client.close()
+        except BaseException:
+            await client.close(revoke=not isinstance(sys.exc_info()[1], JobLeaseError))
+            raise
+
+    run(go())
+
+
+def _on_behalf(verb: str) -> Callable[[F], F]:
+    def decorate(fn: F) -> F:
+        fn = click.option("--owner", required=True, envvar="JOBLEASE_OWNER",
+                          help="The holder's owner identity.")(fn)
+        fn = click.option("--token", type=int, required=True,
+                          help=f"The fencing token of the claim to {verb}.")(fn)
+        return fn
+    return decorate
+
+
+@main.command()
+@job_argument
+@_on_behalf("complete")
+@click.option("--result", default="null", help="The result as JSON.")
+@etcd_options
+@output_option
+def complete(job: str, namespace: str, owner: str, token: int, result: str, output: str,
+             **kw: Any) -> None:
+    """Complete JOB under OWNER's claim with TOKEN (same condition as the holder's)."""
+    config, ref = split_etcd(kw), job_ref(job, namespace)
+    try:
+        value = json.loads(result)
+    except ValueError as e:
+        click.echo(f"joblease: invalid: --result is not JSON ({e})", err=True)
+        sys.exit(InvalidInputError.exit_code)
+
+    async def go() -> dict[str, Any]:
+        async with JobLeaseClient(config) as c:
+            lease = await c.lease_for(ref, owner, token)
+            record = await lease.complete(value)
+            return {"job": str(ref), **record.to_dict()}
+
+    emit(run(go()), output, lambda d: [[d["job"], d["owner"], d["generation"], d["token"],
+                                        d["revision"]]],
+         ("JOB", "OWNER", "GENERATION", "TOKEN", "REVISION"))
+
+
+@main.command()
+@job_argument
+@_on_behalf("release")
+@etcd_options
+@output_option
+def release(job: str, namespace: str, owner: str, token: int, output: str, **kw: Any) -> None:
+    """Release JOB held by OWNER with TOKEN; it becomes claimable at once."""
+    config, ref = split_etcd(kw), job_ref(job, namespace)
+
+    async def go() -> dict[str, Any]:
+        async with JobLeaseClient(config) as c:
+            lease = await c.lease_for(ref, owner, token)
+            await lease.release()
+            return {"job": str(ref), "released": True, "token": token}
+
+    emit(run(go()), output, lambda d: [[d["job"], d["token"]]], ("JOB", "RELEASED-TOKEN"))
+
+
+@main.command()
+@job_argument
+@etcd_options
+@output_option
+def get(job: str, namespace: str, output: str, **kw: Any) -> None:
+    """Show JOB's state as etcd holds it (exit 3 if it is not registered)."""
+    config, ref = split_etcd(kw), job_ref(job, namespace)
+
+    async def go() -> JobState:
+        async with JobLeaseClient(config) as c:
+            return await c.get(ref)
+
+    state = run(go())
+    if not state.registered:
+        click.echo(f"joblease: not_found: job {ref} is not registered", err=True)
+        sys.exit(3)
+    emit(state.to_dict(), output, lambda d: state_rows([d]), STATE_HEADERS)
+
+
+@main.command("list")
+@click.option("-n", "--namespace", default=None, help="Only this namespace.")
+@etcd_options
+@output_option
+def list_(namespace: str | None, output: str, **kw: Any) -> None:
+    """List jobs (all namespaces unless -n)."""
+    config = split_etcd(kw)
+
+    async def go() -> list[JobState]:
+        async with JobLeaseClient(config) as c:
+            return await c.list(namespace)
+
+    states = [s.to_dict() for s in run(go())]
+    emit(states, output, state_rows, STATE_HEADERS)
+
+
+@main.command()
+@click.option("-n", "--namespace", default=None, help="Only this namespace.")
+@click.option("--count", type=int, default=0, help="Stop after this many states (0: never).")
+@etcd_options
+def watch(namespace: str | None, count: int, **kw: Any) -> None:
+    """Print every job's state, then each change, as JSON lines."""
+    config = split_etcd(kw)
+
+    async def go() -> None:
+        seen = 0
+        async with JobLeaseClient(config) as c:
+            async for state in c.watch(namespace):
+                click.echo(json.dumps(state.to_dict(), sort_keys=True, default=str))
+                seen += 1
+                if count and seen >= count:
+                    return
+
+    run(go())
+
+
+@main.command()
+@click.option("--members", type=int, default=1, show_default=True, help="Cluster size.")
+def dev(members: int) -> None:
+    """Run a throwaway etcd on free loopback ports until Ctrl-C."""
+    from joblease.embedded import EtcdCluster
+
+    cluster = EtcdCluster(members)
+    try:
+        cluster.start()
+    except Exception as e:
+        click.echo(f"joblease: unavailable: {e}", err=True)
+        cluster.stop()
+        sys.exit(10)
+    endpoints = ",".join(cluster.endpoints)
+    click.echo(f"etcd is ready: export JOBLEASE_ETCD_ENDPOINTS={endpoints}")
+    click.echo(f"data dir {cluster.base_dir} (removed on exit); Ctrl-C to stop", err=True)
+    stop = False
+
+    def handle(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+    try:
+        while not stop and all(m.running for m in cluster.members):
+            signal.sigtimedwait([signal.SIGTERM, signal.SIGINT], 0.5)
+    finally:
+        cluster.stop()
+        click.echo("etcd stopped", err=True)
+
+
+@main.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell completion script: eval "$(joblease completion bash)"."""
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    assert cls is not None
+    click.echo(cls(main, {}, "joblease", "_JOBLEASE_COMPLETE").source())
+
+
+def _register_optional_commands() -> None:
+    """Commands with heavier dependencies, imported only if installed (the
+    operator needs the ``operator`` extra: kopf)."""
+    import importlib
+
+    for module, attr in (("joblease.demo", "demo_command"),
+                         ("joblease.sidecar.command", "sidecar_command"),
+                         ("joblease.operator.command", "operator_command")):
+        try:
+            command = getattr(importlib.import_module(module), attr)
+        except ImportError as e:
+            name = attr.removesuffix("_command")
+            missing = f"{e} (pip install 'joblease[operator]')"
+
+            @main.command(name, context_settings={"ignore_unknown_options": True},
+                          add_help_option=False)
+            @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+            def unavailable(args: tuple[str, ...], _missing: str = missing,
+                            _name: str = name) -> None:
+                click.echo(f"joblease: {_name} needs an optional dependency: {_missing}",
+                           err=True)
+                sys.exit(1)
+        else:
+            main.add_command(command)
+
+
+_register_optional_commands()
+
+__all__ = ["main"]
