@@ -100,11 +100,12 @@ class Session:
         assert self.lost_reason is not None
         return self.lost_reason
 
-    def lose(self, reason: str) -> None:
+    def lose(self, reason: str, *, expected: bool = False) -> None:
         if self.lost_reason is not None:
             return
         self.lost_reason = reason
-        log.warning("etcd lease %x lost: %s", self.lease_id, reason)
+        log.log(logging.DEBUG if expected else logging.WARNING, "etcd lease %x lost: %s",
+                self.lease_id, reason)
         self._lost.set()
         for callback in list(self._listeners):
             callback(reason)
@@ -148,7 +149,7 @@ class Session:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        self.lose("session closed")
+        self.lose("session closed", expected=True)
         if revoke and self.lease_id:
             with contextlib.suppress(JobLeaseError):
                 await self.store.revoke(self.lease_id)

@@ -9,14 +9,13 @@ ownership decision reads a worker's clock.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-import pytest
 
 from joblease import JobLeaseClient, JobRef, JobSpec
 
@@ -51,7 +50,7 @@ def check_one_winner_per_generation(wins: list[dict[str, object]], target: int) 
         "a generation was won twice or skipped")
     by_generation = sorted(wins, key=lambda w: int(str(w["generation"])))
     tokens = [int(str(w["token"])) for w in by_generation]
-    assert all(a < b for a, b in zip(tokens, tokens[1:], strict=False)), tokens
+    assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
 
 
 async def test_exactly_one_claimer_wins_each_generation(client: JobLeaseClient) -> None:

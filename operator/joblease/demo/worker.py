@@ -39,13 +39,15 @@ async def main(endpoints: str, root: str, job_text: str, owner: str) -> None:
         reader = asyncio.StreamReader()
         await asyncio.get_running_loop().connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        writes = 0
         async with httpx.AsyncClient(timeout=10) as http:
             while line := (await reader.readline()).decode().strip():
                 cmd, _, arg = line.partition(" ")
                 if cmd == "write":
                     url, _, body = arg.partition(" ")
+                    writes += 1  # one idempotency key per distinct write of this claim
                     resp = await http.post(url, content=body,
-                                           headers={**fencing_headers(lease),
+                                           headers={**fencing_headers(lease, f"write-{writes}"),
                                                     "content-type": "application/json"})
                     emit(event="write", status=resp.status_code, body=resp.json(),
                          valid=lease.valid, token=lease.token)

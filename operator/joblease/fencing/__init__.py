@@ -13,8 +13,9 @@ refuses anything older, and each idempotency key is applied at most once.
   transaction (PostgreSQL, SQLite);
 - :mod:`joblease.fencing.guarded` -- :func:`guarded_put`: the holder's own
   etcd writes, committed only while it still holds the job;
-- :mod:`joblease.fencing.http` -- headers for workers and an ASGI middleware
-  for destinations (needs the ``http`` extra: ``httpx``).
+- :mod:`joblease.fencing.http` -- headers for workers (:func:`fencing_headers`,
+  :class:`FencingAuth` for httpx) and :class:`FencingMiddleware` for ASGI
+  destinations.
 
 See docs/fencing.md for what each backend guarantees and what fencing cannot do.
 """
@@ -30,12 +31,25 @@ from joblease.fencing.gate import (
     idempotency_key,
 )
 from joblease.fencing.guarded import guarded_put
+from joblease.fencing.http import (
+    HEADER_IDEMPOTENCY_KEY,
+    HEADER_JOB,
+    HEADER_TOKEN,
+    FencingAuth,
+    FencingMiddleware,
+    fencing_headers,
+)
 from joblease.fencing.sql import PostgresGate, SqliteGate, admit, admit_async, ensure_schema
 
 __all__ = [
+    "HEADER_IDEMPOTENCY_KEY",
+    "HEADER_JOB",
+    "HEADER_TOKEN",
     "Decision",
     "Effect",
     "EtcdGate",
+    "FencingAuth",
+    "FencingMiddleware",
     "IdempotencyKeyConflictError",
     "MemoryGate",
     "PostgresGate",
@@ -45,6 +59,7 @@ __all__ = [
     "admit",
     "admit_async",
     "ensure_schema",
+    "fencing_headers",
     "guarded_put",
     "idempotency_key",
 ]

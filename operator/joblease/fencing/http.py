@@ -39,7 +39,7 @@ import base64
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, Generator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -254,7 +254,7 @@ class FencingMiddleware:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
     @asynccontextmanager
-    async def _exclusive(self, resource: str) -> Any:
+    async def _exclusive(self, resource: str) -> AsyncIterator[None]:
         lock, users = self._locks.get(resource, (asyncio.Lock(), 0))
         self._locks[resource] = (lock, users + 1)
         try:

@@ -1,0 +1,141 @@
+"""The example "ledger" destination: only the current lease holder's writes land.
+
+Shipped in the package so that `joblease demo` runs from a plain install;
+`examples/destination/` runs it as a service.
+
+    POST /resources/{name}   JSON body -> appends an entry, 201 {"seq", "token", ...}
+    GET  /resources/{name}   -> {"resource", "highestToken", "entries": [{seq, token, job, data}]}
+    GET  /healthz
+
+Writes must carry the joblease fencing headers (``Joblease-Job``,
+``Joblease-Token``, optionally ``Joblease-Idempotency-Key``);
+:class:`~joblease.fencing.http.FencingMiddleware` refuses bad headers (400),
+stale tokens (409) and replays duplicates, before this app runs. Each ledger
+name is one fenced resource (``ledger/<name>``).
+
+With ``--db PATH`` both the ledger and the gate live in that SQLite file;
+otherwise both live in memory. This is a single-process service: the
+middleware's per-resource lock makes "check the token, append, record the
+mark" one step. A replicated destination would call
+:func:`joblease.fencing.sql.admit` in the same transaction as its insert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from joblease.fencing.gate import MemoryGate, TokenGate
+from joblease.fencing.http import HEADER_JOB, HEADER_TOKEN, ASGIApp, FencingMiddleware, Scope
+from joblease.fencing.sql import SqliteGate
+
+PREFIX = "/resources/"
+
+
+def resource_for(scope: Scope) -> str | None:
+    """``POST /resources/{name}`` is fenced on ``ledger/{name}``; reads are not."""
+    path = str(scope.get("path", ""))
+    if scope.get("method") == "POST" and path.startswith(PREFIX) and len(path) > len(PREFIX):
+        return "ledger/" + path[len(PREFIX):]
+    return None
+
+
+class MemoryLedger:
+    def __init__(self) -> None:
+        self._entries: dict[str, list[dict[str, Any]]] = {}
+        self._seq = 0
+
+    async def append(self, name: str, token: int, job: str, data: Any) -> dict[str, Any]:
+        self._seq += 1
+        entry = {"seq": self._seq, "token": token, "job": job, "data": data}
+        self._entries.setdefault(name, []).append(entry)
+        return entry
+
+    async def entries(self, name: str) -> list[dict[str, Any]]:
+        return list(self._entries.get(name, []))
+
+
+class SqliteLedger:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        conn = self._connect()
+        try:
+            conn.execute("CREATE TABLE IF NOT EXISTS ledger_entries ("
+                         " seq INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL,"
+                         " token INTEGER NOT NULL, job TEXT NOT NULL, data TEXT NOT NULL)")
+        finally:
+            conn.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=30, isolation_level=None)
+
+    def _append(self, name: str, token: int, job: str, data: Any) -> dict[str, Any]:
+        conn = self._connect()
+        try:
+            cur = conn.execute(
+                "INSERT INTO ledger_entries (name, token, job, data) VALUES (?, ?, ?, ?)",
+                (name, token, job, json.dumps(data)))
+            return {"seq": cur.lastrowid, "token": token, "job": job, "data": data}
+        finally:
+            conn.close()
+
+    def _entries(self, name: str) -> list[dict[str, Any]]:
+        conn = self._connect()
+        try:
+            rows = conn.execute("SELECT seq, token, job, data FROM ledger_entries "
+                                "WHERE name = ? ORDER BY seq", (name,)).fetchall()
+        finally:
+            conn.close()
+        return [{"seq": s, "token": t, "job": j, "data": json.loads(d)} for s, t, j, d in rows]
+
+    async def append(self, name: str, token: int, job: str, data: Any) -> dict[str, Any]:
+        return await asyncio.to_thread(self._append, name, token, job, data)
+
+    async def entries(self, name: str) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self._entries, name)
+
+
+def create_app(db: str | None = None, gate: TokenGate | None = None) -> ASGIApp:
+    """The ledger behind :class:`FencingMiddleware`.
+
+    ``db``: SQLite file for ledger and gate (``None``: both in memory).
+    ``gate``: override the gate (e.g. an ``EtcdGate``).
+    """
+    ledger: MemoryLedger | SqliteLedger = SqliteLedger(db) if db else MemoryLedger()
+    if gate is None:
+        gate = SqliteGate(db) if db else MemoryGate()
+
+    async def append(request: Request) -> JSONResponse:
+        name = request.path_params["name"]
+        try:
+            data = await request.json()
+        except ValueError:
+            return JSONResponse({"error": "invalid", "message": "body must be JSON"}, 400)
+        # The middleware validated these headers before the app ran.
+        token = int(request.headers[HEADER_TOKEN])
+        entry = await ledger.append(name, token, request.headers[HEADER_JOB], data)
+        return JSONResponse({"resource": name, **entry}, status_code=201)
+
+    async def read(request: Request) -> JSONResponse:
+        name = request.path_params["name"]
+        assert gate is not None
+        return JSONResponse({"resource": name,
+                             "highestToken": await gate.highest("ledger/" + name),
+                             "entries": await ledger.entries(name)})
+
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"ok": True})
+
+    app = Starlette(routes=[
+        Route("/resources/{name}", append, methods=["POST"]),
+        Route("/resources/{name}", read, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ])
+    return FencingMiddleware(app, gate, resource_for)
