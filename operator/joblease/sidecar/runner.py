@@ -474,7 +474,12 @@ class SidecarRunner:
         log.info("sidecar starting", extra={"config": self.config.describe()})
         code: int | None = None
         try:
-            await self.start_servers()
+            try:
+                await self.start_servers()
+            except OSError as exc:  # e.g. the port is taken: say so, exit non-zero
+                log.error("cannot listen", extra={"reason": str(exc)})
+                self._exit_code = 1
+                return 1
             lifecycle = asyncio.create_task(self._lifecycle(), name="sidecar-lifecycle")
             stop = asyncio.create_task(self._stop.wait())
             await asyncio.wait({lifecycle, stop}, return_when=asyncio.FIRST_COMPLETED)

@@ -1,0 +1,79 @@
+"""Bad HTTP input and wrong tokens get a clear 4xx and change nothing in etcd."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from joblease import JobLeaseClient
+from tests.sidecar.conftest import Env
+
+LIMIT = 1024
+
+
+async def test_bad_requests_change_nothing(registered: Env, client: JobLeaseClient) -> None:
+    env = registered
+    secret = env.tmp / "api-token"
+    secret.write_text("s3cret-bearer\n")
+    sidecar = env.sidecar("a", JOBLEASE_SIDECAR_API_TOKEN_FILE=str(secret),
+                          JOBLEASE_SIDECAR_MAX_RESULT_BYTES=str(LIMIT))
+    sidecar.api_token = "s3cret-bearer"
+    await sidecar.started()
+    lease = await sidecar.held()
+    token = lease["token"]
+    before = await client.get(env.job)
+
+    async def send(method: str, path: str, expect: int, error: str | None = None,
+                   **kw: Any) -> dict[str, Any]:
+        r = await sidecar.request(method, path, **kw)
+        assert r.status_code == expect, (method, path, kw, r.status_code, r.text)
+        body: dict[str, Any] = r.json()
+        if error is not None:
+            assert body["error"] == error, body
+        assert body.get("message"), body  # every refusal says why
+        return body
+
+    raw = {"headers": {"Content-Type": "application/json",
+                       "Authorization": "Bearer s3cret-bearer"}}
+    for path in ("/v1/complete", "/v1/release"):
+        await send("POST", path, 400, "invalid", content=b"{not json", **raw)
+        await send("POST", path, 400, "invalid", content=b"[1, 2]", **raw)
+        await send("POST", path, 400, "invalid", json={"result": {}})
+        await send("POST", path, 400, "invalid", json={"token": str(token)})
+        await send("POST", path, 400, "invalid", json={"token": True})
+        await send("POST", path, 400, "invalid", json={"token": float(token)})
+        await send("POST", path, 400, "invalid", json={"token": -1})
+        await send("GET", path, 405, "method_not_allowed")
+        await send("PUT", path, 405, "method_not_allowed", json={"token": token})
+        await send("POST", path, 401, "unauthorized", json={"token": token},
+                   headers={"Authorization": "Bearer wrong"})
+        await send("POST", path, 401, "unauthorized", json={"token": token},
+                   headers={"Authorization": ""})
+        for wrong in (token - 1, token + 1):
+            body = await send("POST", path, 409, "stale", json={"token": wrong})
+            assert body["token"] == wrong and body["currentToken"] == token
+    await send("POST", "/v1/complete", 400, "invalid",
+               content=b'{"token": %d, "result": NaN}' % token, **raw)
+    body = await send("POST", "/v1/complete", 413, "too_large",
+                      json={"token": token, "result": {"blob": "x" * LIMIT}})
+    assert str(LIMIT) in body["message"]
+    await send("POST", "/v1/complete", 413, "too_large",
+               content=b'{"token": %d, "result": "%s"}' % (token, b"y" * 100_000), **raw)
+    await send("POST", "/v1/lease", 405, "method_not_allowed")
+    await send("GET", "/v1/lease", 401, "unauthorized", headers={"Authorization": "Bearer x"})
+    r = await sidecar.request("GET", "/v1/lease", headers={"Authorization": ""})
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+
+    after = await client.get(env.job)
+    assert after.revision == before.revision  # not a single write reached etcd
+    assert after.holder == before.holder and after.result is None
+    assert (await sidecar.lease())["status"] == 200  # still held, same token
+    assert sidecar.token_file.read_text() == f"{token}\n"
+    # the bearer token never appears in the logs
+    assert "s3cret-bearer" not in sidecar.output()
+
+    # and the right request still works
+    r = await sidecar.request("POST", "/v1/complete",
+                              json={"token": token, "result": {"ok": True}})
+    assert r.status_code == 200, r.text
+    done = await client.get(env.job)
+    assert done.result is not None and done.result.token == token
