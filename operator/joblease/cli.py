@@ -391,17 +391,14 @@ def dev(members: int) -> None:
     endpoints = ",".join(cluster.endpoints)
     click.echo(f"etcd is ready: export JOBLEASE_ETCD_ENDPOINTS={endpoints}")
     click.echo(f"data dir {cluster.base_dir} (removed on exit); Ctrl-C to stop", err=True)
-    stop = False
-
-    def handle(signum: int, frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
+    # Block SIGINT/SIGTERM (after etcd started, so it does not inherit the
+    # mask) and take them synchronously: no handler races with the loop.
+    stop_signals = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     try:
-        while not stop and all(m.running for m in cluster.members):
-            signal.sigtimedwait([signal.SIGTERM, signal.SIGINT], 0.5)
+        while all(m.running for m in cluster.members):
+            if signal.sigtimedwait(stop_signals, 0.5) is not None:
+                break
     finally:
         cluster.stop()
         click.echo("etcd stopped", err=True)
@@ -447,3 +444,6 @@ def _register_optional_commands() -> None:
 _register_optional_commands()
 
 __all__ = ["main"]
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Each CLI verb against a real etcd, as a real process: output, errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from joblease import EtcdConfig
+from tests.core.procs import wait_until
+
+
+def jl(config: EtcdConfig, *args: str, check: int | None = 0, timeout: float = 60
+       ) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "JOBLEASE_ETCD_ENDPOINTS": ",".join(config.endpoints),
+           "JOBLEASE_ROOT": config.root}
+    done = subprocess.run([sys.executable, "-m", "joblease.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check is not None:
+        assert done.returncode == check, (done.returncode, done.stdout, done.stderr)
+    return done
+
+
+def as_json(done: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(done.stdout)
+
+
+def test_register_claim_complete_get_list_cycle(etcd_config: EtcdConfig) -> None:
+    jl(etcd_config, "register", "nightly", "-n", "team-a", "--ttl", "10", "--max-attempts", "2",
+       "--parameters", '{"date": "2026-11-29"}')
+    claimed = as_json(jl(etcd_config, "claim", "team-a/nightly", "--owner", "w1", "-o", "json"))
+    assert claimed["generation"] == 1 and claimed["owner"] == "w1"
+    token = claimed["token"]
+    # the lease outlives the claiming process (not revoked) until its TTL
+    state = as_json(jl(etcd_config, "get", "nightly", "-n", "team-a", "-o", "json"))
+    assert state["phase"] == "Claimed" and state["holder"]["token"] == token
+    assert state["parameters"] == {"date": "2026-11-29"}
+    done = as_json(jl(etcd_config, "complete", "team-a/nightly", "--owner", "w1",
+                      "--token", str(token), "--result", '{"rows": 3}', "-o", "json"))
+    assert done["token"] == token and done["result"] == {"rows": 3}
+    listed = as_json(jl(etcd_config, "list", "-o", "json"))
+    assert [s["phase"] for s in listed] == ["Completed"]
+    table = jl(etcd_config, "list").stdout
+    assert "team-a/nightly" in table and "Completed" in table
+    yaml_out = jl(etcd_config, "get", "team-a/nightly", "-o", "yaml").stdout
+    assert "phase: Completed" in yaml_out
+
+
+@pytest.mark.parametrize(("args", "code", "word"), [
+    (("get", "missing"), 3, "not_found"),
+    (("claim", "missing", "--owner", "w"), 3, "not_found"),
+    (("register", "Bad_Name", "--ttl", "10"), 2, "invalid"),
+    (("register", "ok", "--ttl", "1"), 2, "invalid"),
+    (("register", "ok", "--ttl", "10", "--parameters", "[1]"), 2, "invalid"),
+])
+def test_errors_are_one_line_with_distinct_exit_codes(
+    etcd_config: EtcdConfig, args: tuple[str, ...], code: int, word: str
+) -> None:
+    done = jl(etcd_config, *args, check=code)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"joblease: {word}"), done.stderr
+
+
+def test_held_completed_stale_and_exhausted_have_their_own_codes(
+    etcd_config: EtcdConfig,
+) -> None:
+    jl(etcd_config, "register", "job", "--ttl", "10", "--max-attempts", "2")
+    first = as_json(jl(etcd_config, "claim", "job", "--owner", "a", "-o", "json"))
+    held = jl(etcd_config, "claim", "job", "--owner", "b", check=4)
+    assert "held by 'a'" in held.stderr and str(first["token"]) in held.stderr
+    stale = jl(etcd_config, "complete", "job", "--owner", "a", "--token",
+               str(first["token"] + 1), check=7)
+    assert "stale" in stale.stderr
+    jl(etcd_config, "release", "job", "--owner", "a", "--token", str(first["token"]))
+    second = as_json(jl(etcd_config, "claim", "job", "--owner", "b", "-o", "json"))
+    late = jl(etcd_config, "complete", "job", "--owner", "a", "--token", str(first["token"]),
+              check=7)
+    assert f"current token is {second['token']}" in late.stderr
+    jl(etcd_config, "release", "job", "--owner", "b", "--token", str(second["token"]))
+    exhausted = jl(etcd_config, "claim", "job", "--owner", "c", check=6)
+    assert "2 of 2 attempts" in exhausted.stderr
+    jl(etcd_config, "register", "done", "--ttl", "10")
+    d = as_json(jl(etcd_config, "claim", "done", "--owner", "a", "-o", "json"))
+    jl(etcd_config, "complete", "done", "--owner", "a", "--token", str(d["token"]))
+    jl(etcd_config, "claim", "done", "--owner", "b", check=5)
+
+
+def test_unreachable_store_exits_10(etcd_config: EtcdConfig) -> None:
+    from joblease.embedded import free_port
+
+    dead = etcd_config.with_(endpoints=(f"127.0.0.1:{free_port()}",))
+    done = jl(dead, "get", "job", "--timeout", "1", check=10)
+    assert done.stderr.startswith("joblease: unavailable")
+
+
+def test_claim_hold_keeps_the_lease_until_interrupted(etcd_config: EtcdConfig) -> None:
+    jl(etcd_config, "register", "held", "--ttl", "2")
+    env = {**os.environ, "JOBLEASE_ETCD_ENDPOINTS": ",".join(etcd_config.endpoints),
+           "JOBLEASE_ROOT": etcd_config.root}
+    proc = subprocess.Popen([sys.executable, "-m", "joblease.cli", "claim", "held", "--owner",
+                             "holder", "--hold", "-o", "json"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        while not lines or lines[-1] != "}\n":
+            lines.append(proc.stdout.readline())
+        token = json.loads("".join(lines))["token"]
+        # still held well past the TTL: the process keeps it alive
+        import time
+        time.sleep(0)
+        wait_until(lambda: as_json(jl(etcd_config, "get", "held", "-o", "json"))["holder"],
+                   5, "holder visible")
+        t_end = time.monotonic() + 4  # two TTLs
+        while time.monotonic() < t_end:
+            state = as_json(jl(etcd_config, "get", "held", "-o", "json"))
+            assert state["holder"] and state["holder"]["token"] == token
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+        state = as_json(jl(etcd_config, "get", "held", "-o", "json"))
+        assert state["holder"] is None and state["phase"] == "Pending"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_watch_prints_changes_as_json_lines(etcd_config: EtcdConfig) -> None:
+    jl(etcd_config, "register", "w", "--ttl", "5")
+    env = {**os.environ, "JOBLEASE_ETCD_ENDPOINTS": ",".join(etcd_config.endpoints),
+           "JOBLEASE_ROOT": etcd_config.root}
+    proc = subprocess.Popen([sys.executable, "-m", "joblease.cli", "watch", "--count", "3"],
+                            env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    first = json.loads(proc.stdout.readline())
+    assert first["phase"] == "Pending"
+    c = as_json(jl(etcd_config, "claim", "w", "--owner", "x", "-o", "json"))
+    jl(etcd_config, "complete", "w", "--owner", "x", "--token", str(c["token"]))
+    out, _ = proc.communicate(timeout=30)
+    phases = [json.loads(line)["phase"] for line in out.splitlines()]
+    assert phases == ["Claimed", "Completed"]
+
+
+def test_dev_starts_etcd_and_stops_on_sigterm() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "joblease.cli", "dev"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "JOBLEASE_ETCD_ENDPOINTS=127.0.0.1:" in line
+        endpoint = line.strip().split("=", 1)[1]
+        cfg = EtcdConfig(endpoints=(endpoint,), root="/dev-check")
+        jl(cfg, "register", "x", "--ttl", "5")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        jl(cfg, "get", "x", "--timeout", "1", check=10)  # etcd is gone
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_completion_script_is_printed() -> None:
+    done = subprocess.run([sys.executable, "-m", "joblease.cli", "completion", "bash"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and "_JOBLEASE_COMPLETE" in done.stdout
