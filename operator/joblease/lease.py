@@ -76,7 +76,7 @@ class Lease:
         self._done = asyncio.Event()
         self.result: ResultRecord | None = None
         if session is not None:
-            session.on_loss(lambda why: self._lose(f"etcd lease lost: {why}"))
+            session.on_loss(self._on_session_loss)
             session.after_renew(self.check)
 
     # -- state -------------------------------------------------------------------------------
@@ -141,10 +141,16 @@ class Lease:
             log.warning("lease on %s (token %d) lost: %s", self.job, self.token, reason)
             self._finish()
 
+    def _on_session_loss(self, why: str) -> None:
+        self._lose(f"etcd lease lost: {why}")
+
     def _finish(self) -> None:
+        """Detach from the session: a long-lived session must not keep every
+        finished handle alive."""
         self._done.set()
         if self._session is not None:
             self._session.remove_after_renew(self.check)
+            self._session.remove_on_loss(self._on_session_loss)
 
     # -- the renew condition -----------------------------------------------------------------
 

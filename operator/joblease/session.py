@@ -87,6 +87,10 @@ class Session:
         if self.lost_reason is not None:
             callback(self.lost_reason)
 
+    def remove_on_loss(self, callback: LossCallback) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(callback)
+
     def after_renew(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Run ``hook`` after each successful keep-alive (holders re-check their key)."""
         self._after_renew.append(hook)

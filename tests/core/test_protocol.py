@@ -128,23 +128,25 @@ async def test_complete_from_another_process_uses_the_holder_condition(
 
 async def test_watch_reports_each_change_in_revision_order(client: JobLeaseClient) -> None:
     job = JobRef("default", "watched")
+    await client.register(job, JobSpec(10, 0))
     seen: list[tuple[int, str]] = []
+    snapshot_taken = asyncio.Event()
 
     async def consume() -> None:
         async for state in client.watch():
             seen.append((state.revision, state.phase.value))
+            snapshot_taken.set()
             if state.phase is Phase.COMPLETED:
                 return
 
     task = asyncio.create_task(consume())
-    await client.register(job, JobSpec(10, 0))
+    await asyncio.wait_for(snapshot_taken.wait(), 10)
     lease = await client.claim(job, "w")
     await lease.complete(None)
     await asyncio.wait_for(task, 10)
     revisions = [r for r, _ in seen]
     assert revisions == sorted(revisions)
-    phases = [p for _, p in seen]
-    assert phases[-1] == "Completed" and "Claimed" in phases
+    assert [p for _, p in seen] == ["Pending", "Claimed", "Completed"]
 
 
 async def test_list_returns_every_job_from_one_snapshot(client: JobLeaseClient) -> None:
