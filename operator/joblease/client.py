@@ -157,6 +157,9 @@ class JobLeaseClient:
         return self._specs[job]
 
     async def _session(self, ttl: int) -> Session:
+        session = self._sessions.get(ttl)
+        if session is not None and session.alive and session.remaining() >= 0.5:
+            return session  # the hot path takes no lock
         async with self._session_locks[ttl]:
             session = self._sessions.get(ttl)
             if session is None or not session.alive or session.remaining() < 0.5:

@@ -138,7 +138,9 @@ class Lease:
     def _lose(self, reason: str) -> None:
         if self._state is LeaseState.HELD:
             self._state, self._reason = LeaseState.LOST, reason
-            log.warning("lease on %s (token %d) lost: %s", self.job, self.token, reason)
+            closed = reason.endswith("session closed")  # the owner closed its client
+            log.log(logging.INFO if closed else logging.WARNING,
+                    "lease on %s (token %d) lost: %s", self.job, self.token, reason)
             self._finish()
 
     def _on_session_loss(self, why: str) -> None:
