@@ -33,17 +33,17 @@ def _kopf_error(exc: JobLeaseError) -> Exception:
 
 
 def build_registry(client: JobLeaseClient, mirror: Mirror,
-                   login: Callable[[], Any]) -> Any:
+                   login: Callable[[], kopf.ConnectionInfo]) -> kopf.OperatorRegistry:
     """A fresh kopf registry whose handlers close over this operator's parts."""
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
 
-    @kopf.on.login(registry=registry)  # type: ignore[untyped-decorator]
-    def authenticate(**_: Any) -> Any:
+    @kopf.on.login(id="login", registry=registry)
+    def authenticate(**_: Any) -> kopf.ConnectionInfo:
         """The same credentials the mirror's API client uses."""
         return login()
 
-    async def _register(namespace: str, name: str, spec: Any, logger: Any) -> None:
+    async def _register(namespace: str | None, name: str, spec: Any, logger: Any) -> None:
         try:
             job, revision = await registration.register(client, namespace, name, dict(spec))
         except JobLeaseError as exc:
@@ -51,24 +51,25 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
         logger.info("registered %s in etcd (revision %d)", job, revision)
         mirror.refresh(job)
 
-    @kopf.on.create(*resource, registry=registry)  # type: ignore[untyped-decorator]
-    async def register_on_create(namespace: str, name: str, spec: Any, logger: Any,
+    @kopf.on.create(*resource, id="register", registry=registry)
+    async def register_on_create(namespace: str | None, name: str, spec: Any, logger: Any,
                                  **_: Any) -> None:
         await _register(namespace, name, spec, logger)
 
-    @kopf.on.resume(*resource, registry=registry)  # type: ignore[untyped-decorator]
-    async def register_on_resume(namespace: str, name: str, spec: Any, logger: Any,
+    @kopf.on.resume(*resource, id="register", registry=registry)
+    async def register_on_resume(namespace: str | None, name: str, spec: Any, logger: Any,
                                  **_: Any) -> None:
         """After an operator restart: idempotent, writes only if etcd differs."""
         await _register(namespace, name, spec, logger)
 
-    @kopf.on.update(*resource, field="spec", registry=registry)  # type: ignore[untyped-decorator]
-    async def register_on_update(namespace: str, name: str, spec: Any, logger: Any,
+    @kopf.on.update(*resource, id="register", field="spec",
+                    registry=registry)
+    async def register_on_update(namespace: str | None, name: str, spec: Any, logger: Any,
                                  **_: Any) -> None:
         await _register(namespace, name, spec, logger)
 
-    @kopf.on.delete(*resource, registry=registry)  # type: ignore[untyped-decorator]
-    async def unregister_on_delete(namespace: str, name: str, logger: Any, **_: Any) -> None:
+    @kopf.on.delete(*resource, id="unregister", registry=registry)
+    async def unregister_on_delete(namespace: str | None, name: str, logger: Any, **_: Any) -> None:
         """Remove the etcd keys; kopf releases the finalizer only after this succeeds."""
         try:
             revision = await registration.unregister(client, namespace, name)

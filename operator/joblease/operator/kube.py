@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import os
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -47,10 +48,19 @@ class NotFoundError(KubeApiError):
     """The object does not exist (any more)."""
 
 
-def login(settings: Any | None = None) -> Any:
-    """kopf's ConnectionInfo: the service account in a pod, else ``KUBECONFIG``."""
+class InvalidError(KubeApiError):
+    """The API server refused the content (422), e.g. a CRD validation rule."""
+
+
+def login(settings: kopf.OperatorSettings | None = None) -> kopf.ConnectionInfo:
+    """kopf's ConnectionInfo: an explicit ``KUBECONFIG`` first, then the pod's
+    service account, then ``~/.kube/config``."""
     settings = settings or kopf.OperatorSettings()
-    info = kopf.login_with_service_account(settings=settings)
+    info = None
+    if os.environ.get("KUBECONFIG"):
+        info = kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        info = kopf.login_with_service_account(settings=settings)
     if info is None:
         info = kopf.login_with_kubeconfig(settings=settings)
     if info is None:
@@ -61,7 +71,8 @@ def login(settings: Any | None = None) -> Any:
 class KubeApi:
     """JobLease reads, status replacement and Event creation."""
 
-    def __init__(self, login_fn: Callable[[], Any], *, timeout: float = 10.0) -> None:
+    def __init__(self, login_fn: Callable[[], kopf.ConnectionInfo], *,
+                 timeout: float = 10.0) -> None:
         self._login = login_fn
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
@@ -100,6 +111,8 @@ class KubeApi:
                     raise NotFoundError(404, text[:300])
                 if resp.status == 409:
                     raise ConflictError(409, text[:300])
+                if resp.status == 422:
+                    raise InvalidError(422, text[:500])
                 if resp.status >= 300:
                     raise KubeApiError(resp.status, text[:500])
                 data: dict[str, Any] = await resp.json(content_type=None)

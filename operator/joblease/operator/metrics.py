@@ -38,7 +38,7 @@ class OperatorMetrics:
         self.status_patches = Counter(
             "joblease_operator_status_patches_total",
             "Status writes by result: applied, unchanged, stale (older revision refused), "
-            "conflict (retried), not_found, error.", ["result"], registry=r)
+            "conflict (retried), not_found, rejected (422), error.", ["result"], registry=r)
         self.watch_events = Counter(
             "joblease_operator_watch_events_total",
             "Job states received from the etcd watch (snapshot included).", registry=r)
@@ -57,7 +57,8 @@ class OperatorMetrics:
             "joblease_operator_jobs", "Jobs known from etcd, by phase.", ["phase"], registry=r)
         for phase in Phase:
             self.jobs.labels(phase.value).set(0)
-        for result in ("applied", "unchanged", "stale", "conflict", "not_found", "error"):
+        for result in ("applied", "unchanged", "stale", "conflict", "not_found", "rejected",
+                       "error"):
             self.status_patches.labels(result)
 
     def render(self) -> bytes:

@@ -36,7 +36,13 @@ from joblease.client import JobLeaseClient
 from joblease.errors import JobLeaseError, StoreUnavailableError
 from joblease.keys import JobRef
 from joblease.operator.events import JobEvent, derive_events
-from joblease.operator.kube import ConflictError, KubeApi, KubeApiError, NotFoundError
+from joblease.operator.kube import (
+    ConflictError,
+    InvalidError,
+    KubeApi,
+    KubeApiError,
+    NotFoundError,
+)
 from joblease.operator.metrics import OperatorMetrics
 from joblease.operator.registration import spec_matches
 from joblease.operator.status import (
@@ -203,6 +209,9 @@ class Mirror:
         try:
             if obj is None:
                 obj = await self.kube.get(job)
+            if not state.registered and obj.get("metadata", {}).get("deletionTimestamp"):
+                self._objects.pop(job, None)  # our finalizer unregistered it; it is going
+                return
             for _ in range(8):
                 previous = obj.get("status") or {}
                 if not should_apply(previous, state):
@@ -224,6 +233,13 @@ class Mirror:
                     self.metrics.status_patches.labels("conflict").inc()
                     obj = await self.kube.get(job)
                     continue
+                except InvalidError as exc:
+                    # Retrying the same content cannot help; a newer state may.
+                    self.metrics.status_patches.labels("rejected").inc()
+                    log.warning("status of %s at revision %d refused by the API server: %s",
+                                job, state.revision, exc)
+                    self._objects.pop(job, None)
+                    return
                 self.metrics.status_patches.labels("applied").inc()
                 self.metrics.status_lag.observe(time.monotonic() - entry.received)
                 log.debug("status of %s: %s at revision %d", job, status["phase"],

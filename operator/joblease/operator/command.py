@@ -1,0 +1,50 @@
+"""``joblease operator``: run the kopf operator in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import click
+
+from joblease.operator.main import OperatorConfig, run_operator
+
+
+@click.command("operator")
+@click.option("--namespace", "-n", "namespaces", multiple=True,
+              help="Serve only this namespace (repeatable; globs allowed). "
+                   "Env: JOBLEASE_NAMESPACES (comma separated).")
+@click.option("--all-namespaces", "-A", is_flag=True,
+              help="Serve every namespace (the default when no --namespace is given).")
+@click.option("--metrics-port", type=int, default=8080, show_default=True,
+              envvar="JOBLEASE_METRICS_PORT",
+              help="Port for /metrics, /healthz and /readyz (0 disables).")
+@click.option("--metrics-host", default="0.0.0.0", show_default=True,
+              envvar="JOBLEASE_METRICS_HOST")
+@click.option("--watch-timeout", type=int, default=300, show_default=True,
+              help="Seconds the API server keeps a kopf watch open before it re-lists.")
+@click.option("--result-limit", type=int, default=4096, show_default=True,
+              help="Bytes of result JSON copied into status.result (the rest is truncated).")
+@click.option("--log-level", default=lambda: os.environ.get("JOBLEASE_LOG_LEVEL", "INFO"),
+              show_default="INFO")
+def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, metrics_port: int,
+                     metrics_host: str, watch_timeout: int, result_limit: int,
+                     log_level: str) -> None:
+    """Register JobLeases in etcd and mirror etcd's decisions into their status.
+
+    etcd connection: JOBLEASE_ETCD_ENDPOINTS, JOBLEASE_ETCD_CA_FILE/_CERT_FILE/_KEY_FILE,
+    JOBLEASE_ETCD_USERNAME/_PASSWORD(_FILE), JOBLEASE_ROOT. Kubernetes: KUBECONFIG if
+    set, else the pod's service account.
+    """
+    if not namespaces and os.environ.get("JOBLEASE_NAMESPACES"):
+        namespaces = tuple(n.strip() for n in os.environ["JOBLEASE_NAMESPACES"].split(",")
+                           if n.strip())
+    if all_namespaces and namespaces:
+        raise click.UsageError("--all-namespaces and --namespace exclude each other")
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = OperatorConfig(namespaces=namespaces, metrics_port=metrics_port,
+                            metrics_host=metrics_host, server_timeout=watch_timeout,
+                            result_limit=result_limit)
+    asyncio.run(run_operator(config))

@@ -1,0 +1,483 @@
+"""The operator as a real process against a real kube-apiserver and a real etcd.
+
+etcd is the source of truth; each JobLease's status must follow it, may lag,
+and must never move backwards. Every wait is a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from joblease import EtcdConfig, JobLeaseClient, JobRef, StaleTokenError
+from joblease.errors import HeldError, NotRegisteredError
+from joblease.lease import LeaseState
+from tests.support.controlplane import ControlPlane, free_port
+
+pytestmark = pytest.mark.kube
+T = TypeVar("T")
+
+
+# ----------------------------------------------------------------------------- helpers
+async def wait_for(what: str, probe: Callable[[], Awaitable[T | None]], timeout: float = 30.0,
+                   interval: float = 0.1) -> T:
+    """Poll ``probe`` until it returns something truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = await probe()
+        except (AssertionError, KeyError, subprocess.SubprocessError) as exc:
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; "
+                                 f"last: {last!r}")
+        await asyncio.sleep(interval)
+
+
+def joblease(name: str, spec: dict[str, Any]) -> str:
+    return json.dumps({"apiVersion": "joblease.io/v1alpha1", "kind": "JobLease",
+                       "metadata": {"name": name}, "spec": spec})
+
+
+class Kube:
+    """kubectl in a thread, so the test's event loop keeps renewing its leases."""
+
+    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+        self.cp, self.ns = cp, namespace
+
+    async def run(self, *args: str, input: str | None = None
+                  ) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(self.cp.kubectl, "-n", self.ns, *args, input=input)
+
+    async def apply(self, name: str, spec: dict[str, Any]) -> None:
+        r = await self.run("apply", "-f", "-", input=joblease(name, spec))
+        assert r.returncode == 0, r.stderr
+
+    async def get(self, name: str) -> dict[str, Any] | None:
+        r = await self.run("get", "jl", name, "-o", "json")
+        if r.returncode != 0:
+            assert "NotFound" in r.stderr, r.stderr
+            return None
+        obj: dict[str, Any] = json.loads(r.stdout)
+        return obj
+
+    async def status(self, name: str) -> dict[str, Any]:
+        obj = await self.get(name)
+        return dict((obj or {}).get("status") or {})
+
+    async def status_where(self, name: str, what: str, check: Callable[[dict[str, Any]], bool],
+                           timeout: float = 30.0) -> dict[str, Any]:
+        async def probe() -> dict[str, Any] | None:
+            s = await self.status(name)
+            return s if s and check(s) else None
+        return await wait_for(f"{self.ns}/{name} status {what}", probe, timeout)
+
+    async def event_reasons(self, name: str) -> list[str]:
+        r = await self.run("get", "events", "-o", "json",
+                           "--field-selector", f"involvedObject.name={name}")
+        items = json.loads(r.stdout)["items"] if r.returncode == 0 else []
+        return [e["reason"] for e in sorted(items, key=lambda e: e["metadata"]["name"])]
+
+
+class OperatorProcess:
+    """``python -m joblease.operator`` with its log in a file (attached on failure)."""
+
+    def __init__(self, cp: ControlPlane, etcd: EtcdConfig, namespace: str, log: Path) -> None:
+        self.cp, self.etcd, self.namespace, self.log = cp, etcd, namespace, log
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> OperatorProcess:
+        env = dict(os.environ, KUBECONFIG=str(self.cp.kubeconfig),
+                   JOBLEASE_ETCD_ENDPOINTS=",".join(self.etcd.endpoints),
+                   JOBLEASE_ROOT=self.etcd.root, PYTHONUNBUFFERED="1")
+        self.starts += 1
+        with self.log.open("ab") as out:
+            out.write(f"===== operator start #{self.starts} =====\n".encode())
+            out.flush()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "joblease.operator", "--namespace", self.namespace,
+                 "--metrics-host", "127.0.0.1", "--metrics-port", str(self.port),
+                 "--watch-timeout", "60"],
+                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return self
+
+    def _get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}",
+                                        timeout=2) as r:
+                return r.status, r.read().decode()
+        except OSError as exc:
+            return getattr(exc, "code", 0) or 0, str(exc)
+
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        async def probe() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, "operator exited"
+            return (await asyncio.to_thread(self._get, "/readyz"))[0] == 200
+        await wait_for("operator /readyz", probe, timeout, interval=0.2)
+
+    def probe(self, path: str) -> int:
+        return self._get(path)[0]
+
+    def metrics(self) -> str:
+        return self._get("/metrics")[1]
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self, lines: int = 150) -> str:
+        text = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+        return "\n".join(text[-lines:])
+
+
+@pytest.fixture
+def kube(crds_installed: ControlPlane, namespace: str) -> Kube:
+    return Kube(crds_installed, namespace)
+
+
+@pytest.fixture
+async def operator(crds_installed: ControlPlane, namespace: str, etcd_config: EtcdConfig,
+                   tmp_path: Path, request: pytest.FixtureRequest
+                   ) -> AsyncIterator[OperatorProcess]:
+    op = OperatorProcess(crds_installed, etcd_config, namespace, tmp_path / "operator.log")
+    op.start()
+    try:
+        await op.wait_ready()
+        yield op
+    finally:
+        op.stop()
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and (rep.failed or os.environ.get("JOBLEASE_TEST_OPERATOR_LOG")):
+            rep.sections.append(("operator log", op.log_tail()))
+
+
+def stat(status: dict[str, Any], *keys: str) -> tuple[Any, ...]:
+    return tuple(status.get(k) for k in keys)
+
+
+# ----------------------------------------------------------------------------- tests
+async def test_claim_and_completion_are_mirrored_into_status(
+        kube: Kube, operator: OperatorProcess, client: JobLeaseClient) -> None:
+    job = JobRef(kube.ns, "report")
+    await kube.apply("report", {"leaseDurationSeconds": 6, "maxAttempts": 3,
+                                "parameters": {"day": "2025-01-01"}})
+
+    async def registered() -> bool:
+        return (await client.get(job)).registered
+    await wait_for("registration in etcd", registered)
+    await kube.status_where("report", "Pending and observed", lambda s: (
+        s["phase"] == "Pending" and s.get("observedGeneration") == 1))
+
+    # A spec change is registered again and observed under the new generation.
+    await kube.apply("report", {"leaseDurationSeconds": 7, "maxAttempts": 3,
+                                "parameters": {"day": "2025-01-02"}})
+
+    async def reregistered() -> bool:
+        spec = (await client.get(job)).spec
+        return spec is not None and spec.lease_duration_seconds == 7
+    await wait_for("new spec in etcd", reregistered)
+    await kube.status_where("report", "observedGeneration 2",
+                            lambda s: s.get("observedGeneration") == 2)
+
+    lease = await client.claim(job, "worker-a")
+    claimed_at = time.monotonic()
+    s = await kube.status_where("report", "Claimed by worker-a",
+                                lambda s: s["phase"] == "Claimed", timeout=15)
+    lag = time.monotonic() - claimed_at
+    assert stat(s, "holderIdentity", "generation", "fencingToken") == (
+        "worker-a", lease.generation, lease.token)
+    assert s["attempts"] == 1 and "leaseExpiryTime" in s
+
+    await lease.complete({"rows": 42})
+    s = await kube.status_where("report", "Completed", lambda s: s["phase"] == "Completed")
+    assert s["result"] == {"rows": 42} and s["resultTruncated"] is False
+    assert s["fencingToken"] == lease.token and s["holderIdentity"] == ""
+    conds = {c["type"]: c["status"] for c in s["conditions"]}
+    assert conds == {"Registered": "True", "Claimed": "False", "Completed": "True",
+                     "Failed": "False"}
+    await wait_for("Claimed and Completed events",
+                   lambda: _reasons(kube, "report", {"Claimed", "Completed"}))
+    assert "joblease_operator_watch_events_total" in operator.metrics()
+    assert operator.probe("/healthz") == 200 and operator.probe("/readyz") == 200
+    print(f"status lag claim->visible via kubectl polling: {lag:.3f}s")
+    lag_line = [line for line in operator.metrics().splitlines()
+                if line.startswith("joblease_operator_status_lag_seconds_")]
+    print("\n".join(lag_line))
+
+
+async def _reasons(kube: Kube, name: str, wanted: set[str]) -> list[str] | None:
+    reasons = await kube.event_reasons(name)
+    return reasons if wanted <= set(reasons) else None
+
+
+async def test_expired_holder_shows_pending_then_failed_when_attempts_run_out(
+        kube: Kube, operator: OperatorProcess, etcd_config: EtcdConfig,
+        client: JobLeaseClient) -> None:
+    job = JobRef(kube.ns, "flaky")
+    await kube.apply("flaky", {"leaseDurationSeconds": 2, "maxAttempts": 2})
+    await kube.status_where("flaky", "Pending", lambda s: s["phase"] == "Pending")
+
+    for attempt in (1, 2):
+        async with JobLeaseClient(etcd_config) as worker:
+            lease = await worker.claim(job, f"worker-{attempt}")
+            await kube.status_where("flaky", f"claim {attempt}", lambda s, t=lease.token: (
+                s.get("fencingToken") == t and s["phase"] == "Claimed"))
+            await worker.close(revoke=False)  # the worker dies: no keep-alive, no release
+        if attempt == 1:
+            s = await kube.status_where("flaky", "Pending again after expiry", lambda s: (
+                s["phase"] == "Pending" and s["attempts"] == 1), timeout=20)
+            assert s["holderIdentity"] == ""
+    s = await kube.status_where("flaky", "Failed", lambda s: s["phase"] == "Failed",
+                                timeout=20)
+    assert s["attempts"] == 2 and s["generation"] == 2
+    assert {c["type"]: c["status"] for c in s["conditions"]}["Failed"] == "True"
+    assert (await client.get(job)).phase.value == "Failed"
+    await wait_for("Expired and Failed events",
+                   lambda: _reasons(kube, "flaky", {"Claimed", "Expired", "Failed"}))
+
+
+CLAIMER = """
+import asyncio, json, sys
+from joblease import JobLeaseClient, JobRef, JobLeaseError
+async def main():
+    async with JobLeaseClient() as c:
+        lease = await c.claim(JobRef(sys.argv[1], sys.argv[2]), "worker-a")
+        print(json.dumps({"token": lease.token, "generation": lease.generation}), flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+        try:
+            await lease.complete({"by": "a"})
+            print(json.dumps({"completed": True}), flush=True)
+        except JobLeaseError as e:
+            print(json.dumps(e.to_dict()), flush=True)
+asyncio.run(main())
+"""
+
+
+async def test_seed_example_paused_holder_is_replaced_and_its_late_completion_rejected(
+        kube: Kube, operator: OperatorProcess, etcd_config: EtcdConfig,
+        client: JobLeaseClient) -> None:
+    job = JobRef(kube.ns, "seed")
+    await kube.apply("seed", {"leaseDurationSeconds": 2, "maxAttempts": 5})
+    await kube.status_where("seed", "Pending", lambda s: s["phase"] == "Pending")
+    env = dict(os.environ, JOBLEASE_ETCD_ENDPOINTS=",".join(etcd_config.endpoints),
+               JOBLEASE_ROOT=etcd_config.root)
+    a = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CLAIMER, job.namespace, job.name, env=env,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert a.stdout is not None and a.stdin is not None
+    try:
+        a_claim = json.loads(await asyncio.wait_for(a.stdout.readline(), 30))
+        await kube.status_where("seed", "A holds", lambda s: s.get("fencingToken") == a_claim[
+            "token"])
+        a.send_signal(signal.SIGSTOP)  # A pauses beyond its lease
+
+        async def b_claims() -> Any:
+            try:
+                return await client.claim(job, "worker-b")
+            except HeldError:
+                return None
+        b = await wait_for("B's claim after A's lease expired", b_claims, timeout=20,
+                           interval=0.2)
+        assert b.token > a_claim["token"] and b.generation == a_claim["generation"] + 1
+        await kube.status_where("seed", "B holds with the larger token", lambda s: (
+            stat(s, "holderIdentity", "fencingToken", "generation") == (
+                "worker-b", b.token, b.generation)))
+
+        a.send_signal(signal.SIGCONT)  # A resumes and tries to complete
+        a.stdin.write(b"complete\n")
+        await a.stdin.drain()
+        a_outcome = json.loads(await asyncio.wait_for(a.stdout.readline(), 30))
+        assert a_outcome["error"] == "stale", a_outcome
+        assert a_outcome["currentToken"] == b.token
+        with pytest.raises(StaleTokenError):
+            await client.lease_for(job, "worker-a", a_claim["token"])  # from elsewhere too
+    finally:
+        if a.returncode is None:
+            a.send_signal(signal.SIGCONT)
+            a.kill()
+        await a.wait()
+    s = await kube.status(job.name)
+    assert stat(s, "holderIdentity", "fencingToken") == ("worker-b", b.token)
+    await b.complete({"by": "b"})
+    s = await kube.status_where("seed", "Completed by B", lambda s: s["phase"] == "Completed")
+    assert s["fencingToken"] == b.token and s["result"] == {"by": "b"}
+
+
+class StatusHistory:
+    """Every JobLease object the API server shows, via ``kubectl get -w -o json``."""
+
+    def __init__(self, kube: Kube) -> None:
+        from tests.support.binaries import kubectl_binary
+        self.seen: list[dict[str, Any]] = []
+        self.proc = subprocess.Popen(
+            [kubectl_binary(), "--kubeconfig", str(kube.cp.kubeconfig), "-n", kube.ns,
+             "get", "jl", "-w", "-o", "json"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        decoder, buffer = json.JSONDecoder(), ""
+        for line in self.proc.stdout:
+            buffer += line
+            while buffer.strip():
+                try:
+                    obj, end = decoder.raw_decode(buffer.lstrip())
+                except ValueError:
+                    break
+                self.seen.append(obj)
+                buffer = buffer.lstrip()[end:]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+    def regressions(self) -> list[str]:
+        """Any status whose etcdRevision or generation is below an earlier one."""
+        best: dict[str, tuple[int, int]] = {}
+        problems = []
+        for obj in self.seen:
+            name, s = obj["metadata"]["name"], obj.get("status") or {}
+            if "etcdRevision" not in s:
+                continue
+            now = (int(s["etcdRevision"]), int(s.get("generation", 0)))
+            before = best.get(name, (0, 0))
+            if now[0] < before[0] or now[1] < before[1]:
+                problems.append(f"{name}: {before} -> {now}")
+            best[name] = max(before, now)
+        return problems
+
+
+def test_history_checker_flags_a_regression() -> None:
+    h = StatusHistory.__new__(StatusHistory)
+    h.seen = [{"metadata": {"name": "j"}, "status": {"etcdRevision": r, "generation": g}}
+              for r, g in ((5, 1), (9, 2), (7, 2))]
+    assert h.regressions() == ["j: (9, 2) -> (7, 2)"]
+    h.seen = h.seen[:2]
+    assert h.regressions() == []
+
+
+async def test_status_converges_after_operator_is_killed_mid_run_and_never_regresses(
+        kube: Kube, operator: OperatorProcess, client: JobLeaseClient) -> None:
+    names = [f"busy-{i}" for i in range(3)]  # claimed and released over and over
+    finished = [f"done-{i}" for i in range(4)]  # completed one by one during the kills
+    for name in names + finished:
+        await kube.apply(name, {"leaseDurationSeconds": 5, "maxAttempts": 0})
+    for name in names + finished:
+        await kube.status_where(name, "Pending", lambda s: s["phase"] == "Pending")
+    history = StatusHistory(kube)
+    stop = asyncio.Event()
+
+    async def workload() -> int:
+        rounds = 0
+        while not stop.is_set():
+            for name in names:
+                lease = await client.claim(JobRef(kube.ns, name), f"w{rounds}")
+                await lease.release()
+            if rounds % 5 == 0 and rounds // 5 < len(finished):
+                name = finished[rounds // 5]
+                lease = await client.claim(JobRef(kube.ns, name), f"w{rounds}")
+                await lease.complete({"name": name})
+            rounds += 1
+            await asyncio.sleep(0.05)
+        return rounds
+
+    work = asyncio.create_task(workload())
+    try:
+        for _ in range(2):
+            await wait_for("the workload to move the status", lambda: _moved(kube, names[0]))
+            operator.kill()  # SIGKILL mid-run
+            await asyncio.sleep(0.5)  # claims continue while no operator runs
+            operator.start()
+            await operator.wait_ready()
+        await asyncio.sleep(1.0)
+    finally:
+        stop.set()
+        rounds = await work
+    assert rounds > 2
+    for name in names:  # completions continue too
+        lease = await client.claim(JobRef(kube.ns, name), "finisher")
+        await lease.complete({"name": name})
+    for name in finished[(rounds + 4) // 5:]:  # the workload was too quick for these
+        lease = await client.claim(JobRef(kube.ns, name), "late")
+        await lease.complete({"name": name})
+    for name in names + finished:
+        truth = await client.get(JobRef(kube.ns, name))
+        s = await kube.status_where(name, "converged to etcd", lambda s, t=truth: (
+            s["phase"] == "Completed" and s["generation"] == t.generation
+            and s["fencingToken"] == t.token and s["etcdRevision"] >= t.mod_revision))
+        assert s["result"] == {"name": name}
+    await asyncio.sleep(0.5)  # let the watcher print the last objects
+    history.stop()
+    assert len(history.seen) > len(names + finished) * 3, "too little history to judge"
+    assert history.regressions() == []
+
+
+async def _moved(kube: Kube, name: str) -> bool:
+    return int((await kube.status(name)).get("generation", 0)) > 0
+
+
+async def test_delete_while_held_removes_etcd_keys_and_holder_learns_it_lost(
+        kube: Kube, operator: OperatorProcess, client: JobLeaseClient) -> None:
+    job = JobRef(kube.ns, "doomed")
+    await kube.apply("doomed", {"leaseDurationSeconds": 3})
+    await kube.status_where("doomed", "Pending", lambda s: s["phase"] == "Pending")
+    obj = await kube.get("doomed")
+    assert obj is not None and "joblease.io/finalizer" in obj["metadata"]["finalizers"]
+    lease = await client.claim(job, "holder")
+    r = await kube.run("delete", "jl", "doomed", "--wait=false")
+    assert r.returncode == 0, r.stderr
+
+    async def unregistered() -> bool:
+        return not (await client.get(job)).registered
+    await wait_for("etcd keys removed", unregistered)
+    assert await asyncio.wait_for(lease.wait_done(), timeout=10) is LeaseState.LOST
+    assert "deleted" in (lease.lost_reason or "")
+
+    async def gone() -> bool:
+        return await kube.get("doomed") is None
+    await wait_for("finalizer released and object gone", gone)
+    with pytest.raises(NotRegisteredError):
+        await client.claim(job, "late")
+
+
+INVALID = [
+    ({"leaseDurationSeconds": 1}, "at least 2"),
+    ({"maxAttempts": 2}, "spec.leaseDurationSeconds: Required value"),
+    ({"leaseDurationSeconds": 10, "maxAttempts": -1}, "greater than or equal to 0"),
+]
+
+
+async def test_invalid_joblease_is_refused_by_the_server_with_a_clear_message(
+        kube: Kube) -> None:
+    for spec, message in INVALID:
+        r = await kube.run("apply", "-f", "-", input=joblease("bad", spec))
+        assert r.returncode != 0 and message in r.stderr, (spec, r.stderr)
+        assert await kube.get("bad") is None

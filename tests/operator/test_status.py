@@ -1,0 +1,255 @@
+"""The status mirror's logic: etcd state -> status, never backwards (no I/O)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from typing import Any, cast
+
+import pytest
+
+from joblease.errors import InvalidInputError
+from joblease.keys import JobRef
+from joblease.operator.events import derive_events
+from joblease.operator.metrics import OperatorMetrics
+from joblease.operator.mirror import Mirror
+from joblease.operator.registration import spec_from_resource, spec_matches
+from joblease.operator.status import (
+    bounded_result,
+    same_facts,
+    should_apply,
+    status_from_state,
+)
+from joblease.records import Holder, JobSpec, JobState, ResultRecord
+
+JOB = JobRef("ns", "job")
+T0 = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+SPEC = JobSpec(lease_duration_seconds=10, max_attempts=2)
+
+
+def state(revision: int, *, generation: int = 0, holder: tuple[str, int] | None = None,
+          result: Any = ..., spec: JobSpec | None = SPEC) -> JobState:
+    h = None
+    if holder is not None:
+        h = Holder(owner=holder[0], claim_id="c", token=holder[1], generation=generation,
+                   lease_id=7, claimed_at=T0.timestamp())
+    r = None
+    if result is not ...:
+        r = ResultRecord(owner="a", claim_id="c", token=40, generation=generation,
+                         result=result, completed_at=T0.timestamp() + 5, revision=revision)
+    return JobState(job=JOB, revision=revision, spec=spec, spec_revision=3 if spec else 0,
+                    holder=h, generation=generation, last_claim_owner=None, result=r)
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_pending_job_is_registered_and_claimable() -> None:
+    s = status_from_state(state(5), 1, None, T0)
+    assert s["phase"] == "Pending"
+    assert s["holderIdentity"] == ""
+    assert s["generation"] == 0 and s["attempts"] == 0
+    assert s["etcdRevision"] == 5 and s["observedGeneration"] == 1
+    assert "fencingToken" not in s
+    c = conditions(s)
+    assert c["Registered"]["status"] == "True"
+    assert c["Claimed"]["status"] == "False"
+    assert all(x["observedGeneration"] == 1 for x in c.values())
+    assert all(x["lastTransitionTime"] == "2025-01-01T12:00:00Z" for x in c.values())
+
+
+def test_claimed_status_carries_holder_generation_and_token() -> None:
+    s = status_from_state(state(9, generation=1, holder=("worker-a", 9)), 1, None, T0,
+                          lease_remaining=8)
+    assert s["phase"] == "Claimed"
+    assert (s["holderIdentity"], s["generation"], s["fencingToken"]) == ("worker-a", 1, 9)
+    assert s["claimTime"] == "2025-01-01T12:00:00Z"
+    assert s["leaseExpiryTime"] == "2025-01-01T12:00:08Z"
+    assert s["renewTime"] == "2025-01-01T11:59:58Z"  # 10 s TTL, 8 s left
+    assert conditions(s)["Claimed"]["status"] == "True"
+
+
+def test_completed_status_carries_result_and_completer_token() -> None:
+    s = status_from_state(state(41, generation=1, result={"rows": 3}), 1, None, T0)
+    assert s["phase"] == "Completed"
+    assert s["result"] == {"rows": 3} and s["resultTruncated"] is False
+    assert s["fencingToken"] == 40
+    assert s["completionTime"] == "2025-01-01T12:00:05Z"
+    c = conditions(s)
+    assert c["Completed"]["status"] == "True" and c["Claimed"]["status"] == "False"
+
+
+def test_exhausted_attempts_show_failed() -> None:
+    s = status_from_state(state(50, generation=2), 1, None, T0)
+    assert s["phase"] == "Failed" and s["attempts"] == 2
+    assert conditions(s)["Failed"]["status"] == "True"
+    assert conditions(s)["Failed"]["reason"] == "AttemptsExhausted"
+
+
+def test_last_attempt_while_held_is_claimed_not_failed() -> None:
+    assert status_from_state(state(50, generation=2, holder=("b", 50)), 1, None, T0)[
+        "phase"] == "Claimed"
+
+
+def test_unregistered_job_says_so() -> None:
+    s = status_from_state(state(60, spec=None), 0, {"observedGeneration": 3}, T0)
+    assert conditions(s)["Registered"]["status"] == "False"
+    assert s["observedGeneration"] == 3  # unknown now: keep what was observed
+
+
+def test_non_object_result_is_wrapped() -> None:
+    assert bounded_result("done") == ({"value": "done"}, False)
+    s = status_from_state(state(41, generation=1, result=[1, 2]), 1, None, T0)
+    assert s["result"] == {"value": [1, 2]}
+
+
+def test_large_result_is_truncated_to_the_limit() -> None:
+    big = {"blob": "é" * 5000}
+    s = status_from_state(state(41, generation=1, result=big), 1, None, T0, result_limit=1000)
+    assert s["resultTruncated"] is True
+    preview = s["result"]["preview"]
+    assert len(preview.encode()) <= 1000
+    assert json.dumps(big, separators=(",", ":"), sort_keys=True).startswith(preview)
+
+
+def test_condition_transition_time_kept_while_status_unchanged() -> None:
+    first = status_from_state(state(9, generation=1, holder=("a", 9)), 1, None, T0)
+    later = T0 + dt.timedelta(minutes=5)
+    # Same condition statuses, different holder: message changes, transition time does not.
+    second = status_from_state(state(20, generation=2, holder=("b", 20)), 1, first, later)
+    c1, c2 = conditions(first), conditions(second)
+    assert c2["Claimed"]["lastTransitionTime"] == c1["Claimed"]["lastTransitionTime"]
+    assert c2["Claimed"]["message"] != c1["Claimed"]["message"]
+    # A flip (held -> completed) moves only the flipped conditions' times.
+    third = status_from_state(state(30, generation=2, result={}), 1, second, later)
+    c3 = conditions(third)
+    stamp = "2025-01-01T12:05:00Z"
+    assert c3["Claimed"]["lastTransitionTime"] == stamp
+    assert c3["Completed"]["lastTransitionTime"] == stamp
+    assert c3["Registered"]["lastTransitionTime"] == c1["Registered"]["lastTransitionTime"]
+
+
+@pytest.mark.parametrize(("stored", "incoming", "apply"),
+                         [(None, 1, True), (10, 11, True), (10, 10, False), (10, 9, False)])
+def test_should_apply_only_strictly_newer_revisions(stored: int | None, incoming: int,
+                                                    apply: bool) -> None:
+    status = None if stored is None else {"etcdRevision": stored}
+    assert should_apply(status, state(incoming)) is apply
+
+
+def test_only_revision_and_estimates_changed_is_not_news() -> None:
+    a = status_from_state(state(9, generation=1, holder=("a", 9)), 1, None, T0,
+                          lease_remaining=9)
+    b = status_from_state(state(12, generation=1, holder=("a", 9)), 1, a,
+                          T0 + dt.timedelta(seconds=3), lease_remaining=7)
+    assert same_facts(a, b)
+    c = status_from_state(state(13, generation=2, holder=("b", 13)), 1, a, T0)
+    assert not same_facts(a, c)
+
+
+def test_spec_validation_and_matching() -> None:
+    assert spec_from_resource({"leaseDurationSeconds": 10, "maxAttempts": 2}) == SPEC
+    assert spec_from_resource({"leaseDurationSeconds": 10}).max_attempts == 3
+    assert spec_matches({"leaseDurationSeconds": 10, "maxAttempts": 2, "suspend": False}, SPEC)
+    assert not spec_matches({"leaseDurationSeconds": 11, "maxAttempts": 2}, SPEC)
+    with pytest.raises(InvalidInputError, match="lease duration"):
+        spec_from_resource({"leaseDurationSeconds": 1})
+    with pytest.raises(InvalidInputError, match="parameters too large"):
+        spec_from_resource({"leaseDurationSeconds": 10, "parameters": {"x": "y" * 70000}})
+
+
+def test_events_follow_consecutive_states() -> None:
+    pending = state(5)
+    held_a = state(9, generation=1, holder=("a", 9))
+    expired = state(15, generation=1)
+    held_b = state(20, generation=2, holder=("b", 20))
+    done = state(30, generation=2, result={})
+    failed = state(40, generation=2)
+    reasons = lambda b, a: [e.reason for e in derive_events(b, a)]  # noqa: E731
+    assert reasons(None, held_a) == []  # no history after a restart: no event
+    assert reasons(pending, held_a) == ["Claimed"]
+    assert reasons(held_a, expired) == ["Expired"]
+    assert reasons(held_a, held_b) == ["Expired", "Claimed"]
+    assert reasons(held_b, done) == ["Completed"]
+    assert reasons(held_b, failed) == ["Expired", "Failed"]
+    assert reasons(held_a, state(16, generation=1, spec=None)) == []  # unregistered
+
+
+# --- the mirror applies the same rule against a (fake) API server ----------------------------
+class FakeKube:
+    """Just enough of KubeApi: resourceVersion-conditional status writes."""
+
+    def __init__(self) -> None:
+        self.obj: dict[str, Any] = {
+            "apiVersion": "joblease.io/v1alpha1", "kind": "JobLease",
+            "metadata": {"name": JOB.name, "namespace": JOB.namespace, "uid": "u1",
+                         "generation": 1, "resourceVersion": "1"},
+            "spec": {"leaseDurationSeconds": 10, "maxAttempts": 2}}
+        self.writes: list[int] = []
+        self.events: list[str] = []
+
+    def bump(self, status: dict[str, Any]) -> None:
+        self.obj = {**self.obj, "status": status, "metadata": {
+            **self.obj["metadata"], "resourceVersion": str(
+                int(self.obj["metadata"]["resourceVersion"]) + 1)}}
+
+    async def get(self, job: JobRef) -> dict[str, Any]:
+        return json.loads(json.dumps(self.obj))
+
+    async def replace_status(self, obj: dict[str, Any], status: dict[str, Any]
+                             ) -> dict[str, Any]:
+        from joblease.operator.kube import ConflictError
+        if obj["metadata"]["resourceVersion"] != self.obj["metadata"]["resourceVersion"]:
+            raise ConflictError(409, "changed")
+        self.bump(status)
+        self.writes.append(status["etcdRevision"])
+        return await self.get(JOB)
+
+    async def post_event(self, obj: dict[str, Any], event: Any) -> None:
+        assert obj["metadata"]["uid"] == "u1"
+        self.events.append(event.reason)
+
+
+class FakeStore:
+    async def time_to_live(self, lease_id: int) -> int:
+        return 5
+
+
+class FakeClient:
+    store = FakeStore()
+
+
+async def settle(mirror: Any) -> None:
+    while mirror._writers:
+        await asyncio.gather(*list(mirror._writers.values()))
+
+
+async def test_mirror_coalesces_and_never_writes_an_older_revision() -> None:
+    kube = FakeKube()
+    mirror = Mirror(cast(Any, FakeClient()), cast(Any, kube), OperatorMetrics())
+    mirror.observe(state(5))
+    mirror.observe(state(9, generation=1, holder=("a", 9)))  # burst: one write
+    await settle(mirror)
+    assert kube.writes == [9]
+    assert kube.obj["status"]["observedGeneration"] == 1
+    assert kube.events == ["Claimed"]
+    mirror.offer(state(7), [])  # a late, older state (e.g. a slow refresh)
+    await settle(mirror)
+    assert kube.writes == [9] and kube.obj["status"]["fencingToken"] == 9
+
+
+async def test_mirror_rereads_on_conflict_and_keeps_a_newer_status() -> None:
+    kube = FakeKube()
+    mirror = Mirror(cast(Any, FakeClient()), cast(Any, kube), OperatorMetrics())
+    mirror.observe(state(5))
+    await settle(mirror)
+    # Another writer (an overlapping operator) stored a newer status meanwhile.
+    newer = status_from_state(state(20, generation=2, holder=("b", 20)), 1, None, T0)
+    kube.bump(newer)
+    mirror.observe(state(15, generation=1, holder=("a", 15)))
+    await settle(mirror)
+    assert kube.writes == [5]
+    assert kube.obj["status"]["etcdRevision"] == 20
+    assert kube.obj["status"]["holderIdentity"] == "b"
