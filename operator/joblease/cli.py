@@ -171,7 +171,7 @@ def register(job: str, namespace: str, lease_duration_seconds: int, max_attempts
         params = json.loads(parameters)
         if not isinstance(params, dict):
             raise ValueError("not an object")
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         click.echo(f"joblease: invalid: --parameters must be a JSON object ({e})", err=True)
         sys.exit(InvalidInputError.exit_code)
 
@@ -287,7 +287,7 @@ def complete(job: str, namespace: str, owner: str, token: int, result: str, outp
     config, ref = split_etcd(kw), job_ref(job, namespace)
     try:
         value = json.loads(result)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         click.echo(f"joblease: invalid: --result is not JSON ({e})", err=True)
         sys.exit(InvalidInputError.exit_code)
 

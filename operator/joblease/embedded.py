@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -68,6 +69,11 @@ class EtcdMember:
     process: subprocess.Popen[bytes] | None = None
     cluster: str = ""
     cluster_state: str = "new"
+    #: ``"https"`` serves the client port with TLS (pass etcd's ``--cert-file``/
+    #: ``--key-file``... in ``extra_args``); the health check then dials with
+    #: ``health_ssl_context`` (trusting the CA, with a client cert under mTLS).
+    client_scheme: str = "http"
+    health_ssl_context: ssl.SSLContext | None = None
     log_path: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -79,7 +85,7 @@ class EtcdMember:
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self.client_scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -115,7 +121,8 @@ class EtcdMember:
 
     def healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(self.client_url + "/health", timeout=1) as resp:
+            with urllib.request.urlopen(self.client_url + "/health", timeout=1,
+                                        context=self.health_ssl_context) as resp:
                 return b'"health":"true"' in resp.read()
         except OSError:
             return False
@@ -151,7 +158,9 @@ class EtcdCluster:
     """``size`` etcd members on loopback, each with free ports and its own data dir."""
 
     def __init__(self, size: int = 1, *, binary: str | None = None, base_dir: str | None = None,
-                 extra_args: Sequence[str] = ("--unsafe-no-fsync",)) -> None:
+                 extra_args: Sequence[str] = ("--unsafe-no-fsync",),
+                 client_scheme: str = "http",
+                 health_ssl_context: ssl.SSLContext | None = None) -> None:
         self.binary = binary or find_etcd_binary()
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="joblease-etcd-"))
@@ -160,7 +169,8 @@ class EtcdCluster:
             name = f"m{i}"
             self.members.append(EtcdMember(
                 name=name, data_dir=self.base_dir / name, client_port=free_port(),
-                peer_port=free_port(), binary=self.binary, extra_args=extra_args))
+                peer_port=free_port(), binary=self.binary, extra_args=extra_args,
+                client_scheme=client_scheme, health_ssl_context=health_ssl_context))
         cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for m in self.members:
             m.cluster = cluster

@@ -286,6 +286,11 @@ class EtcdStore:
         code, details = exc.code(), exc.details() or ""
         if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
             return PermissionDeniedError(f"etcd refused the request: {details}")
+        if "authentication failed" in details or "user name is empty" in details:
+            # etcd answers a wrong user/password, or no credentials while auth is
+            # on, with INVALID_ARGUMENT; it is a credentials problem (exit 12 /
+            # 403), not bad input (exit 2 / 400).
+            return PermissionDeniedError(f"etcd refused the credentials: {details}")
         if "lease not found" in details:
             return LeaseNotFoundError(details)
         if "compacted" in details:

@@ -87,7 +87,7 @@ def json_payload(value: Any, what: str, limit: int) -> bytes:
     """Serialize ``value`` as compact JSON and refuse it above ``limit`` bytes."""
     try:
         data = json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInputError(f"invalid {what}: not JSON-serializable ({exc})") from None
     if len(data) > limit:
         raise InvalidInputError(

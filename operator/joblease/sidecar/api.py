@@ -9,13 +9,24 @@ changes nothing.
 Two apps: the full API for the loopback listener, and a probe-only app
 (``/healthz``, ``/readyz``, ``/metrics``) for the pod-IP listener that
 kubelet's probes reach.
+
+The lease API is rate limited (a token bucket, ``JOBLEASE_SIDECAR_RATE_LIMIT``
+requests per second, default 50, bursts up to one second's worth; ``0`` or
+``off`` disables it): a runaway or hostile worker gets 429 before the bearer
+check, so it can neither hammer etcd through the sidecar nor guess the bearer
+token quickly. The probe endpoints are not limited (kubelet must always get
+an answer).
 """
 
 from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable
+import logging
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -29,6 +40,12 @@ if TYPE_CHECKING:
     from joblease.sidecar.runner import SidecarRunner
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+log = logging.getLogger(__name__)
+
+#: Default request rate limit of the lease API (requests per second).
+DEFAULT_RATE_LIMIT = 50.0
+RATE_LIMIT_ENV = "JOBLEASE_SIDECAR_RATE_LIMIT"
 
 #: Routes accept every method so a wrong one gets our JSON 405, not a bare text one.
 _ALL = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -44,6 +61,56 @@ class BadRequest(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse({"error": self.error, "message": self.message}, self.status)
+
+
+class RateLimiter:
+    """A token bucket: ``rate`` requests per second, bursts of up to ``burst``.
+
+    The sidecar serves on one event loop, so no lock is needed.
+    """
+
+    def __init__(self, rate: float, burst: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not rate > 0 or math.isinf(rate):
+            raise ValueError(f"rate must be a positive finite number, got {rate!r}")
+        self.rate = rate
+        self.burst = max(1.0, rate if burst is None else burst)
+        self._clock = clock
+        self._tokens = self.burst
+        self._last = clock()
+
+    def take(self) -> float:
+        """0.0 if the request may go ahead, else the seconds until it could."""
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return 0.0
+        return (1.0 - self._tokens) / self.rate
+
+
+def rate_limit_from_env(environ: Mapping[str, str] | None = None) -> float | None:
+    """``JOBLEASE_SIDECAR_RATE_LIMIT`` as requests/s; ``None`` when disabled.
+
+    An unusable value is logged and the default is used (a typo must not
+    turn the limit off, nor stop the sidecar after it has claimed).
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(RATE_LIMIT_ENV, "").strip().lower()
+    if raw == "":
+        return DEFAULT_RATE_LIMIT
+    if raw in ("0", "off", "none", "false"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        log.error("invalid rate limit; using the default", extra={
+            "variable": RATE_LIMIT_ENV, "value": raw, "default": DEFAULT_RATE_LIMIT})
+        return DEFAULT_RATE_LIMIT
+    return value
 
 
 def _reply(outcome: Outcome) -> JSONResponse:
@@ -72,7 +139,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 def _parse(body: bytes) -> dict[str, Any]:
     try:
         obj = json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise BadRequest(400, "invalid", f"request body is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise BadRequest(400, "invalid", "request body must be a JSON object")
@@ -101,11 +168,19 @@ def _result(obj: dict[str, Any], limit: int) -> Any:
 
 
 def _guard(runner: SidecarRunner, methods: tuple[str, ...], handler: Handler,
-           *, auth: bool) -> Handler:
-    """Bearer check (constant time) then method check, in that order, as JSON."""
+           *, auth: bool, limiter: RateLimiter | None = None) -> Handler:
+    """Rate limit, bearer check (constant time), then method check, in that order, as JSON."""
     expected = runner.config.api_token
 
     async def guarded(request: Request) -> Response:
+        if limiter is not None:
+            wait = limiter.take()
+            if wait > 0:
+                return JSONResponse(
+                    {"error": "rate_limited",
+                     "message": f"more than {limiter.rate:g} requests per second; "
+                                f"retry in {wait:.2f} s"},
+                    429, headers={"Retry-After": str(max(1, math.ceil(wait)))})
         if auth and expected is not None:
             header = request.headers.get("authorization", "")
             scheme, _, given = header.partition(" ")
@@ -148,10 +223,16 @@ def _probe_routes(runner: SidecarRunner) -> list[Route]:
     ]
 
 
-def build_app(runner: SidecarRunner) -> Starlette:
-    """The loopback API: lease, complete, release, plus the probe endpoints."""
+def build_app(runner: SidecarRunner, *, rate_limit: float | str | None = "env") -> Starlette:
+    """The loopback API: lease, complete, release, plus the probe endpoints.
+
+    ``rate_limit``: requests/s for ``/v1/*``; ``None`` disables the limit;
+    ``"env"`` (default) reads ``JOBLEASE_SIDECAR_RATE_LIMIT``.
+    """
     cfg = runner.config
     body_limit = cfg.max_result_bytes + _ENVELOPE_BYTES
+    rate = rate_limit_from_env() if rate_limit == "env" else rate_limit
+    limiter = RateLimiter(float(rate)) if rate is not None else None
 
     async def lease(request: Request) -> Response:
         return _reply(runner.lease_view())
@@ -167,9 +248,12 @@ def build_app(runner: SidecarRunner) -> Starlette:
         return _reply(await runner.release(_token(obj)))
 
     routes = [
-        Route("/v1/lease", _guard(runner, ("GET", "HEAD"), lease, auth=True), methods=_ALL),
-        Route("/v1/complete", _guard(runner, ("POST",), complete, auth=True), methods=_ALL),
-        Route("/v1/release", _guard(runner, ("POST",), release, auth=True), methods=_ALL),
+        Route("/v1/lease", _guard(runner, ("GET", "HEAD"), lease, auth=True, limiter=limiter),
+              methods=_ALL),
+        Route("/v1/complete", _guard(runner, ("POST",), complete, auth=True, limiter=limiter),
+              methods=_ALL),
+        Route("/v1/release", _guard(runner, ("POST",), release, auth=True, limiter=limiter),
+              methods=_ALL),
         *_probe_routes(runner),
     ]
     return Starlette(routes=routes)

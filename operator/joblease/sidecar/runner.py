@@ -299,6 +299,8 @@ class SidecarRunner:
                 # Nothing known to be written (read-back found the holder still ours,
                 # or could not read): the worker may retry the same request safely.
                 return Outcome(503, exc.to_dict())
+            except JobLeaseError as exc:  # e.g. permission denied after a rotation
+                return Outcome(exc.http_status, exc.to_dict())
             self.result = record
             self._set_phase(Phase.COMPLETED)
             self._drop_token_files()
@@ -328,6 +330,8 @@ class SidecarRunner:
                 return await self._stale(token, str(exc), exc.current_token, known=True)
             except StoreUnavailableError as exc:
                 return Outcome(503, exc.to_dict())
+            except JobLeaseError as exc:
+                return Outcome(exc.http_status, exc.to_dict())
             self._set_phase(Phase.RELEASED)
             self._drop_token_files()
             log.info("lease released by the worker", extra={"token": token})

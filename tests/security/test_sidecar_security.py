@@ -1,0 +1,137 @@
+"""The sidecar as a real process (``python -m joblease.sidecar``) with a tenant's
+etcd credentials over TLS: it works on its namespace's job, exits with a clear
+permission error on another namespace's job, and never logs a secret."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from joblease import JobLeaseClient, JobRef, JobSpec
+from joblease.errors import PermissionDeniedError
+from joblease.tenancy import TenantCredentials
+from tests.security.conftest import Tenants
+from tests.sidecar.conftest import Sidecar, poll
+
+
+class Sidecars:
+    def __init__(self, tmp: Path, t: Tenants) -> None:
+        self.tmp, self.t = tmp, t
+        self.started: list[Sidecar] = []
+
+    def start(self, name: str, job: JobRef, creds: TenantCredentials | None,
+              **extra: str) -> Sidecar:
+        workdir = self.tmp / name
+        workdir.mkdir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEASE_")}
+        env.update({
+            "PYTHONUNBUFFERED": "1",
+            "JOBLEASE_ETCD_ENDPOINTS": ",".join(self.t.base.endpoints),
+            "JOBLEASE_ETCD_CA_FILE": str(self.t.base.ca_file),
+            "JOBLEASE_ROOT": self.t.root,
+            "JOBLEASE_JOB_NAME": job.name, "JOBLEASE_JOB_NAMESPACE": job.namespace,
+            "POD_NAME": f"pod-{name}", "POD_UID": uuid.uuid4().hex[:8],
+            "JOBLEASE_SIDECAR_PORT": "0", "JOBLEASE_SIDECAR_PORT_FILE": str(workdir / "port"),
+            "JOBLEASE_SIDECAR_PROBE_PORT": "off",
+            "JOBLEASE_TOKEN_FILE": str(workdir / "token"),
+            "JOBLEASE_SIDECAR_ON_LOSS": "none",
+            "JOBLEASE_SIDECAR_REGISTRATION_WAIT": "2",
+        })
+        if creds is not None:
+            pw = workdir / "etcd-password"
+            pw.write_text(creds.password + "\n")
+            env.update({"JOBLEASE_ETCD_USERNAME": creds.username,
+                        "JOBLEASE_ETCD_PASSWORD_FILE": str(pw)})
+        env.update(extra)
+        s = Sidecar(name, workdir, env)
+        self.started.append(s)
+        return s
+
+
+@pytest.fixture
+def sidecars(tmp_path: Path, tenants: Tenants, request: pytest.FixtureRequest
+             ) -> Iterator[Sidecars]:
+    s = Sidecars(tmp_path, tenants)
+    yield s
+    for p in s.started:
+        p.stop()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        rep.sections.append(("sidecar logs", "\n".join(
+            f"===== {p.name}\n{p.output()}" for p in s.started)))
+
+
+async def test_sidecar_with_tenant_credentials(sidecars: Sidecars, tenants: Tenants) -> None:
+    t = tenants
+    job_a, job_b = JobRef(t.ns_a, "etl"), JobRef(t.ns_b, "etl")
+    async with JobLeaseClient(t.root_config) as root:
+        await root.register(job_a, JobSpec(lease_duration_seconds=5))
+        await root.register(job_b, JobSpec(lease_duration_seconds=5))
+
+        bearer = "bearer-" + uuid.uuid4().hex
+        secret = sidecars.tmp / "api-token"
+        secret.write_text(bearer + "\n")
+        good = sidecars.start("a", job_a, t.a, JOBLEASE_SIDECAR_API_TOKEN_FILE=str(secret),
+                              JOBLEASE_LOG_LEVEL="DEBUG")
+        good.api_token = bearer
+        await good.started()
+        lease = await good.held()
+        r = await good.request("POST", "/v1/complete",
+                               json={"token": lease["token"], "result": {"n": 1}})
+        assert r.status_code == 200, r.text
+        state = await root.get(job_a)
+        assert state.result is not None and state.result.token == lease["token"]
+
+        before = await root.get(job_b)
+        bad = sidecars.start("b", job_b, t.a)
+        assert await bad.wait_exit(30) == PermissionDeniedError.exit_code, bad.output()
+        errors = [r for r in bad.log_records() if r.get("level") == "error"]
+        assert errors and "permission denied" in errors[0].get("reason", ""), bad.output()
+        assert "Traceback" not in bad.output()
+        after = await root.get(job_b)
+        assert after.revision == before.revision and after.holder is None
+
+        # SIGTERM: clean exit, then no secret in any log line
+        good.signal(15)
+        assert await good.wait_exit(20) == 0
+        for s in (good, bad):
+            out = s.output()
+            assert t.a.password not in out, s.name
+            assert bearer not in out, s.name
+        assert good.log_records(), "the sidecar logs JSON lines"
+
+
+async def test_sidecar_with_a_wrong_password_exits_clearly(sidecars: Sidecars,
+                                                           tenants: Tenants) -> None:
+    t = tenants
+    job_a = JobRef(t.ns_a, "etl")
+    wrong = TenantCredentials(t.ns_a, t.a.username, "wrong-" + uuid.uuid4().hex, t.a.role,
+                              t.a.key_prefix)
+    s = sidecars.start("w", job_a, wrong, JOBLEASE_LOG_LEVEL="DEBUG")
+    assert await s.wait_exit(30) == PermissionDeniedError.exit_code, s.output()
+    assert "authentication failed" in s.output()
+    assert wrong.password not in s.output()
+
+
+async def test_sidecar_rate_limit(sidecars: Sidecars, tenants: Tenants) -> None:
+    """JOBLEASE_SIDECAR_RATE_LIMIT: over the limit the API answers 429 + JSON."""
+    t = tenants
+    job_a = JobRef(t.ns_a, "limited")
+    async with JobLeaseClient(t.root_config) as root:
+        await root.register(job_a, JobSpec(lease_duration_seconds=5))
+    s = sidecars.start("r", job_a, t.a, JOBLEASE_SIDECAR_RATE_LIMIT="2")
+    await s.started()
+    await poll(lambda: s.token_file.exists(), 30, "the lease")
+    async with httpx.AsyncClient(base_url=s.url, timeout=10) as http:
+        codes = [(await http.get("/v1/lease")) for _ in range(8)]
+    limited = [r for r in codes if r.status_code == 429]
+    assert limited, [r.status_code for r in codes]
+    body = limited[0].json()
+    assert body["error"] == "rate_limited" and "2 requests per second" in body["message"]
+    assert int(limited[0].headers["retry-after"]) >= 1
+    assert all(r.status_code in (200, 429) for r in codes)
