@@ -1,0 +1,96 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "joblease-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: the release name, with the chart name unless it already contains it. */}}
+{{- define "joblease-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Cluster-scoped objects are shared by every release: qualify them with the namespace. */}}
+{{- define "joblease-operator.clusterName" -}}
+{{- printf "%s-%s" (include "joblease-operator.fullname" .) .Release.Namespace | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "joblease-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels: stable for the life of a release (a Deployment's selector is immutable). */}}
+{{- define "joblease-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "joblease-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The recommended app.kubernetes.io/* labels. */}}
+{{- define "joblease-operator.labels" -}}
+helm.sh/chart: {{ include "joblease-operator.chart" . }}
+{{ include "joblease-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: joblease
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "joblease-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "joblease-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "joblease-operator.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator's namespaces. The schema already demands one for scope namespaced;
+this also guards `--set scope=namespaced` on a values file without the schema.
+*/}}
+{{- define "joblease-operator.namespaces" -}}
+{{- if eq .Values.scope "namespaced" }}
+{{- if not .Values.watchNamespaces }}
+{{- fail "scope: namespaced needs at least one namespace in watchNamespaces" }}
+{{- end }}
+{{- toJson .Values.watchNamespaces }}
+{{- else }}
+{{- toJson list }}
+{{- end }}
+{{- end }}
+
+{{/*
+RBAC rules on JobLeases, shared by the ClusterRole (scope cluster) and each Role
+(scope namespaced). Every verb is used; docs/helm.md maps each to its caller.
+*/}}
+{{- define "joblease-operator.jobleaseRules" -}}
+# kopf lists and watches JobLeases and patches them (finalizer, handler
+# progress annotations); the status mirror reads one before writing its status.
+- apiGroups: ["joblease.io"]
+  resources: ["jobleases"]
+  verbs: ["get", "list", "watch", "patch"]
+# The status mirror replaces the status subresource (a resourceVersion-conditional PUT).
+- apiGroups: ["joblease.io"]
+  resources: ["jobleases/status"]
+  verbs: ["update"]
+# Events: Claimed/Expired/Completed/Failed from the mirror, handler failures from kopf.
+# Both post core/v1 Events; neither uses events.k8s.io.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}

@@ -1,0 +1,277 @@
+"""The Helm chart against the real API server and the real helm binary.
+
+What is guaranteed: the chart lints strictly; every documented values variant
+renders to objects the API server accepts (server-side dry run, so admission
+and schema validation run); an install creates the Deployment, RBAC and an
+Established CRD; values.schema.json refuses bad values with a message that
+names the field; ``helm uninstall`` leaves the CRD and existing JobLeases.
+No kubelet runs here, so pods never start; that is expected.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.binaries import REPO_ROOT
+from tests.support.controlplane import ControlPlane
+
+pytestmark = pytest.mark.kube
+
+CHART = REPO_ROOT / "charts" / "joblease-operator"
+CRD_NAME = "jobleases.joblease.io"
+
+# A minimal stand-in for prometheus-operator's ServiceMonitor CRD: enough for the
+# API server to accept (and dry-run) a ServiceMonitor object.
+SERVICE_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com", "scope": "Namespaced",
+        "names": {"kind": "ServiceMonitor", "listKind": "ServiceMonitorList",
+                  "plural": "servicemonitors", "singular": "servicemonitor"},
+        "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+            "openAPIV3Schema": {"type": "object", "properties": {"spec": {
+                "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}}}],
+    },
+}
+
+
+# ----------------------------------------------------------------------------- helpers
+def release_name(namespace: str) -> str:
+    """Unique per test (the namespace ends in a digest of the test id)."""
+    return f"jl-{namespace[-6:]}"
+
+
+def set_args(values: dict[str, Any]) -> list[str]:
+    """``--set-json`` arguments for a flat {dotted.key: value} mapping."""
+    args: list[str] = []
+    for key, value in values.items():
+        args += ["--set-json", f"{key}={json.dumps(value)}"]
+    return args
+
+
+def helm_ok(cp: ControlPlane, *args: str, timeout: float = 120) -> str:
+    result = cp.helm(*args, timeout=timeout)
+    assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def render(cp: ControlPlane, namespace: str, values: dict[str, Any], *extra: str
+           ) -> list[dict[str, Any]]:
+    out = helm_ok(cp, "template", release_name(namespace), str(CHART), "-n", namespace,
+                  *set_args(values), *extra)
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def deployment_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = by_kind(docs, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def wait_until(what: str, check: Any, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)  # poll interval of a condition wait, not synchronisation
+
+
+def install(cp: ControlPlane, namespace: str, values: dict[str, Any]) -> str:
+    """``helm install`` without --wait: no kubelet runs, pods never become ready."""
+    release = release_name(namespace)
+    helm_ok(cp, "install", release, str(CHART), "-n", namespace, *set_args(values))
+    return release
+
+
+@pytest.fixture
+def helm_release(control_plane: ControlPlane, namespace: str) -> Iterator[list[str]]:
+    """Releases installed by the test are uninstalled afterwards (cluster-scoped RBAC too)."""
+    releases: list[str] = []
+    yield releases
+    for release in releases:
+        control_plane.helm("uninstall", release, "-n", namespace)
+
+
+# ----------------------------------------------------------------------------- variants
+def variants(namespace: str) -> dict[str, dict[str, Any]]:
+    return {
+        "default": {},
+        "namespaced": {"scope": "namespaced", "watchNamespaces": [namespace, "default"]},
+        "tls-and-auth": {"etcd.endpoints": ["https://etcd-0.etcd:2379", "https://etcd-1.etcd:2379"],
+                         "etcd.tls.secretName": "etcd-client-tls",
+                         "etcd.auth.secretName": "etcd-credentials",
+                         "etcd.serverName": "etcd.example.internal"},
+        "service-monitor": {"metrics.serviceMonitor.enabled": True,
+                            "metrics.serviceMonitor.labels": {"release": "prometheus"}},
+        "existing-service-account-no-rbac": {"serviceAccount.create": False,
+                                             "serviceAccount.name": "ops-sa",
+                                             "rbac.create": False},
+    }
+
+
+VARIANTS = list(variants("x"))
+
+
+# ----------------------------------------------------------------------------- tests
+def test_chart_lints_clean_in_strict_mode(control_plane: ControlPlane) -> None:
+    for values in variants("some-namespace").values():
+        out = helm_ok(control_plane, "lint", "--strict", str(CHART), *set_args(values))
+        assert "1 chart(s) linted, 0 chart(s) failed" in out, out
+        assert "[WARNING]" not in out and "[ERROR]" not in out, out
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rendered_variant_is_accepted_by_the_api_server(
+        crds_installed: ControlPlane, namespace: str, variant: str) -> None:
+    cp = crds_installed
+    values = variants(namespace)[variant]
+    docs = render(cp, namespace, values, "--include-crds")
+    kinds = sorted(d["kind"] for d in docs)
+    if variant == "service-monitor":
+        cp.kubectl("apply", "-f", "-", input=json.dumps(SERVICE_MONITOR_CRD), check=True)
+        cp.kubectl("wait", "--for=condition=Established",
+                   "crd/servicemonitors.monitoring.coreos.com", "--timeout=60s", check=True)
+        assert "ServiceMonitor" in kinds
+    else:
+        assert "ServiceMonitor" not in kinds, "rendered although not enabled"
+    stream = "\n---\n".join(yaml.safe_dump(d) for d in docs)
+    applied = cp.kubectl("apply", "--dry-run=server", "-f", "-", input=stream)
+    assert applied.returncode == 0, f"{applied.stderr}\n--- rendered ---\n{stream}"
+    # the dry run saw each object (a typo in a kind would have failed above)
+    assert applied.stdout.count("(server dry run)") == len(docs), applied.stdout
+
+
+def test_deployment_runs_restricted_with_the_operator_flags(control_plane: ControlPlane,
+                                                            namespace: str) -> None:
+    docs = render(control_plane, namespace, variants(namespace)["tls-and-auth"])
+    (deployment,) = by_kind(docs, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    c = deployment_container(docs)
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert isinstance(sc["runAsUser"], int) and sc["runAsUser"] != 0
+    assert isinstance(sc["runAsGroup"], int) and sc["runAsGroup"] != 0
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+    assert c["args"][0] == "operator" and "--all-namespaces" in c["args"]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["JOBLEASE_ETCD_ENDPOINTS"]["value"] == (
+        "https://etcd-0.etcd:2379,https://etcd-1.etcd:2379")
+    assert env["JOBLEASE_ETCD_CA_FILE"]["value"].startswith("/etc/joblease/etcd-tls/")
+    assert env["JOBLEASE_ETCD_PASSWORD_FILE"]["value"] == "/etc/joblease/etcd-auth/password"
+    assert "JOBLEASE_ETCD_PASSWORD" not in env, "the password must come as a file"
+    assert env["JOBLEASE_ETCD_USERNAME"]["valueFrom"]["secretKeyRef"] == {
+        "name": "etcd-credentials", "key": "username"}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"etcd-tls": "etcd-client-tls", "etcd-auth": "etcd-credentials"}
+    for doc in docs:  # recommended labels on every object
+        labels = doc["metadata"]["labels"]
+        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance",
+                    "app.kubernetes.io/version", "app.kubernetes.io/managed-by"):
+            assert key in labels, (doc["kind"], key)
+
+
+def test_operator_flags_in_the_chart_are_accepted_by_the_operator_cli(
+        control_plane: ControlPlane, namespace: str) -> None:
+    """The args the chart passes parse with the real ``joblease operator`` command."""
+    from joblease.operator.command import operator_command
+
+    for variant in ("default", "namespaced"):
+        args = deployment_container(render(control_plane, namespace,
+                                           variants(namespace)[variant]))["args"]
+        assert args[0] == "operator"
+        ctx = operator_command.make_context("operator", list(args[1:]))
+        assert ctx.params["metrics_port"] == 8080
+        if variant == "namespaced":
+            assert ctx.params["namespaces"] == (namespace, "default")
+        else:
+            assert ctx.params["all_namespaces"] is True
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"metrics.port": -1}, "at '/metrics/port': minimum: got -1, want 1"),
+    ({"metrics.service.port": 70000}, "at '/metrics/service/port': maximum"),
+    ({"scope": "galaxy"}, "at '/scope': value must be one of 'cluster', 'namespaced'"),
+    ({"scope": "namespaced"}, "at '/watchNamespaces': minItems: got 0, want 1"),
+    ({"watchNamespaces": ["team-*"]}, "at '/watchNamespaces/0'"),
+    ({"etcd.endpoints": []}, "at '/etcd/endpoints': minItems"),
+    ({"replicaCount": 2}, "additional properties 'replicaCount' not allowed"),
+], ids=["negative-port", "port-too-large", "unknown-scope", "namespaced-without-namespaces",
+        "glob-namespace", "no-etcd-endpoint", "unknown-key"])
+def test_values_schema_refuses_bad_values(control_plane: ControlPlane, values: dict[str, Any],
+                                          message: str) -> None:
+    result = control_plane.helm("template", "bad", str(CHART), *set_args(values))
+    assert result.returncode != 0, result.stdout
+    assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
+    assert message in result.stderr, result.stderr
+
+
+def test_install_creates_the_operator_and_an_established_crd(
+        control_plane: ControlPlane, namespace: str, helm_release: list[str]) -> None:
+    cp = control_plane
+    release = install(cp, namespace, {})
+    helm_release.append(release)
+    fullname = f"{release}-joblease-operator"
+    deployment = json.loads(cp.kubectl("get", "deployment", fullname, "-n", namespace,
+                                       "-o", "json", check=True).stdout)
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == fullname
+    for kind, name in (("serviceaccount", fullname), ("service", f"{fullname}-metrics")):
+        cp.kubectl("get", kind, name, "-n", namespace, check=True)
+    cluster_name = f"{fullname}-{namespace}"[:63].rstrip("-")
+    for kind in ("clusterrole", "clusterrolebinding"):
+        cp.kubectl("get", kind, cluster_name, check=True)
+    waited = cp.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}",
+                        "--timeout=60s")
+    assert waited.returncode == 0, waited.stderr
+    served = json.loads(cp.kubectl("get", "crd", CRD_NAME, "-o", "json", check=True).stdout)
+    chart_crd = yaml.safe_load((CHART / "crds" / f"{CRD_NAME}.yaml").read_text())
+    assert served["spec"]["versions"][0]["name"] == chart_crd["spec"]["versions"][0]["name"]
+    status = json.loads(helm_ok(cp, "status", release, "-n", namespace, "-o", "json"))
+    assert status["info"]["status"] == "deployed"
+    notes = helm_ok(cp, "get", "notes", release, "-n", namespace)
+    assert f"rollout status deployment/{fullname}" in notes, notes
+    assert "kubectl apply --server-side" in notes and "Scope: cluster" in notes, notes
+
+
+def test_uninstall_leaves_the_crd_and_existing_jobleases(
+        control_plane: ControlPlane, namespace: str, tmp_path: Path) -> None:
+    cp = control_plane
+    release = install(cp, namespace, {})
+    cp.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s",
+               check=True)
+    joblease = {"apiVersion": "joblease.io/v1alpha1", "kind": "JobLease",
+                "metadata": {"name": "survivor", "namespace": namespace},
+                "spec": {"leaseDurationSeconds": 10}}
+    cp.kubectl("apply", "-f", "-", input=json.dumps(joblease), check=True)
+
+    helm_ok(cp, "uninstall", release, "-n", namespace, "--wait", "--timeout", "60s")
+
+    fullname = f"{release}-joblease-operator"
+    wait_until("the Deployment to be gone", lambda: "NotFound" in cp.kubectl(
+        "get", "deployment", fullname, "-n", namespace).stderr)
+    assert cp.kubectl("get", "crd", CRD_NAME).returncode == 0, "helm uninstall removed the CRD"
+    kept = cp.kubectl("get", "jobleases", "survivor", "-n", namespace, "-o", "json")
+    assert kept.returncode == 0, kept.stderr
+    assert json.loads(kept.stdout)["spec"]["leaseDurationSeconds"] == 10
