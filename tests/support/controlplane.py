@@ -43,7 +43,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tests.support.binaries import (
     etcd_binary,
@@ -80,11 +80,11 @@ def _die_with_parent() -> None:
 
 # --------------------------------------------------------------------- PKI
 def _pem_key(key: Any) -> bytes:
-    return key.private_bytes(
+    return bytes(key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
-    )
+    ))
 
 
 def _cert(
@@ -113,9 +113,9 @@ def _cert(
             x509.KeyUsage(True, False, False, False, False, True, True, False, False), True
         )
     else:
-        usages = [x509.ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
         if server_names:
-            usages.append(x509.ExtendedKeyUsageOID.SERVER_AUTH)
+            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
             sans: list[x509.GeneralName] = []
             for name in server_names:
                 try:
@@ -180,7 +180,7 @@ def _wait_until(what: str, check: Any, deadline_s: float, proc: subprocess.Popen
             return
         if time.monotonic() > deadline:
             raise ControlPlaneError(f"{what}: not ready after {deadline_s:.0f}s")
-        threading.Event().wait(delay)  # poll interval, not synchronisation
+        time.sleep(delay)  # poll interval between checks; the deadline bounds the wait
         delay = min(delay * 1.5, 0.5)
 
 
@@ -340,7 +340,7 @@ class ControlPlane:
         """Create ServiceAccount ``name`` (if absent), get a TokenRequest token for it
         and write a kubeconfig that authenticates as that identity."""
         created = self.kubectl("create", "serviceaccount", name, "-n", namespace)
-        if created.returncode != 0 and "AlreadyExists" not in created.stderr:
+        if created.returncode != 0 and "already exists" not in created.stderr.lower():
             raise ControlPlaneError(f"create serviceaccount: {created.stderr}")
         token = self.kubectl("create", "token", name, "-n", namespace,
                              f"--duration={duration}", check=True).stdout.strip()
@@ -383,10 +383,10 @@ def main() -> int:
         print(f"try:        kubectl --kubeconfig {cp.kubeconfig} get ns")
         print("Ctrl-C to stop.", flush=True)
         stopped = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-        with contextlib.suppress(KeyboardInterrupt):
-            while not stopped.wait(1):
-                pass
+        for signum in (signal.SIGINT, signal.SIGTERM):  # even if inherited as ignored
+            signal.signal(signum, lambda *_: stopped.set())
+        while not stopped.wait(1):
+            pass
     return 0
 
 
