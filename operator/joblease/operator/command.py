@@ -26,10 +26,20 @@ from joblease.operator.main import OperatorConfig, run_operator
               help="Seconds the API server keeps a kopf watch open before it re-lists.")
 @click.option("--result-limit", type=int, default=4096, show_default=True,
               help="Bytes of result JSON copied into status.result (the rest is truncated).")
+@click.option("--tenant-credentials/--no-tenant-credentials", default=False, show_default=True,
+              envvar="JOBLEASE_TENANT_CREDENTIALS",
+              help="Give each namespace with JobLeases its own etcd user (access to its own "
+                   "keys only) in the Secret joblease-etcd-credentials; needs etcd root. "
+                   "Env: JOBLEASE_TENANT_CREDENTIALS=1.")
+@click.option("--tenant-resync-interval", type=float, default=60.0, show_default=True,
+              envvar="JOBLEASE_TENANT_RESYNC_INTERVAL",
+              help="Seconds between re-checks of the tenant Secrets (repairs them and "
+                   "performs rotations requested with joblease.io/rotate=true; 0 disables).")
 @click.option("--log-level", default=lambda: os.environ.get("JOBLEASE_LOG_LEVEL", "INFO"),
               show_default="INFO")
 def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, metrics_port: int,
                      metrics_host: str, watch_timeout: int, result_limit: int,
+                     tenant_credentials: bool, tenant_resync_interval: float,
                      log_level: str) -> None:
     """Register JobLeases in etcd and mirror etcd's decisions into their status.
 
@@ -46,5 +56,6 @@ def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, metrics_
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = OperatorConfig(namespaces=namespaces, metrics_port=metrics_port,
                             metrics_host=metrics_host, server_timeout=watch_timeout,
-                            result_limit=result_limit)
+                            result_limit=result_limit, tenant_credentials=tenant_credentials,
+                            tenant_resync_interval=tenant_resync_interval)
     asyncio.run(run_operator(config))

@@ -17,8 +17,10 @@ import kopf
 from joblease.client import JobLeaseClient
 from joblease.errors import InvalidInputError, JobLeaseError, StoreUnavailableError
 from joblease.operator import registration
+from joblease.operator.kube import KubeApiError
 from joblease.operator.mirror import Mirror
 from joblease.operator.registration import GROUP, PLURAL, VERSION
+from joblease.operator.tenants import ForeignSecretError, TenantManager
 
 #: Seconds before kopf retries a handler that could not reach etcd.
 RETRY_DELAY = 5.0
@@ -32,9 +34,25 @@ def _kopf_error(exc: JobLeaseError) -> Exception:
     return kopf.TemporaryError(str(exc), delay=RETRY_DELAY)
 
 
+#: Seconds before retrying when a foreign Secret blocks the tenant credentials.
+FOREIGN_SECRET_DELAY = 60.0
+
+
+def _tenant_error(exc: Exception) -> Exception:
+    if isinstance(exc, JobLeaseError):
+        return _kopf_error(exc)
+    if isinstance(exc, ForeignSecretError):
+        return kopf.TemporaryError(str(exc), delay=FOREIGN_SECRET_DELAY)
+    return kopf.TemporaryError(f"Kubernetes API: {exc}", delay=RETRY_DELAY)
+
+
 def build_registry(client: JobLeaseClient, mirror: Mirror,
-                   login: Callable[[], kopf.ConnectionInfo]) -> kopf.OperatorRegistry:
-    """A fresh kopf registry whose handlers close over this operator's parts."""
+                   login: Callable[[], kopf.ConnectionInfo],
+                   tenants: TenantManager | None = None) -> kopf.OperatorRegistry:
+    """A fresh kopf registry whose handlers close over this operator's parts.
+
+    ``tenants``: per-namespace etcd credentials (``--tenant-credentials``), or None.
+    """
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
 
@@ -76,5 +94,36 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
         except JobLeaseError as exc:
             raise _kopf_error(exc) from exc
         logger.info("removed %s/%s from etcd (revision %d)", namespace, name, revision)
+        if tenants is not None and namespace:
+            # After the keys are gone: if this was the namespace's last JobLease, its
+            # etcd user, role and Secret go too (the finalizer waits for that).
+            try:
+                if await tenants.remove_if_unused(namespace, deleting=name):
+                    logger.info("last JobLease of %s deleted: etcd tenant credentials removed",
+                                namespace)
+            except (JobLeaseError, KubeApiError) as exc:
+                raise _tenant_error(exc) from exc
+
+    if tenants is not None:
+        manager = tenants
+
+        async def _ensure_tenant(namespace: str | None, logger: Any) -> None:
+            if not namespace:
+                return
+            try:
+                outcome = await manager.ensure(namespace)
+            except (JobLeaseError, KubeApiError, ForeignSecretError) as exc:
+                raise _tenant_error(exc) from exc
+            logger.info("etcd tenant credentials of namespace %s: %s", namespace, outcome)
+
+        # A separate handler id: a failure here is retried on its own and does not
+        # hold back the registration.
+        @kopf.on.create(*resource, id="tenant", registry=registry)
+        async def tenant_on_create(namespace: str | None, logger: Any, **_: Any) -> None:
+            await _ensure_tenant(namespace, logger)
+
+        @kopf.on.resume(*resource, id="tenant", registry=registry)
+        async def tenant_on_resume(namespace: str | None, logger: Any, **_: Any) -> None:
+            await _ensure_tenant(namespace, logger)
 
     return registry

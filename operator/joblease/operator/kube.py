@@ -1,4 +1,4 @@
-"""The few Kubernetes API calls the mirror makes, over aiohttp.
+"""The few Kubernetes API calls the mirror (and the tenant credentials) make, over aiohttp.
 
 kopf's own API client is private, so the mirror keeps a small one of its own
 built from the *same* credentials kopf uses: a :class:`kopf.ConnectionInfo`
@@ -154,3 +154,39 @@ class KubeApi:
             "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
         }
         await self._request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body)
+
+    # -- JobLease listing and the tenant credentials Secret (joblease.operator.tenants) -----
+
+    async def list_jobleases(self, namespace: str) -> list[dict[str, Any]]:
+        data = await self._request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/"
+                                          f"{PLURAL}")
+        items: list[dict[str, Any]] = data.get("items") or []
+        return items
+
+    @staticmethod
+    def _secret_path(namespace: str, name: str = "") -> str:
+        return f"/api/v1/namespaces/{namespace}/secrets" + (f"/{name}" if name else "")
+
+    async def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Secret, or None if it does not exist."""
+        try:
+            return await self._request("GET", self._secret_path(namespace, name))
+        except NotFoundError:
+            return None
+
+    async def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._request("POST", self._secret_path(namespace), body)
+
+    async def replace_secret(self, namespace: str, name: str, body: dict[str, Any]
+                             ) -> dict[str, Any]:
+        """PUT; conditional on ``body.metadata.resourceVersion`` (409 if it changed)."""
+        return await self._request("PUT", self._secret_path(namespace, name), body)
+
+    async def delete_secret(self, namespace: str, name: str, *, uid: str) -> bool:
+        """Delete the Secret with this uid; False if it was already gone."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        try:
+            await self._request("DELETE", self._secret_path(namespace, name), body)
+        except NotFoundError:
+            return False
+        return True

@@ -28,13 +28,19 @@ import kopf
 
 from joblease.client import JobLeaseClient
 from joblease.errors import JobLeaseError
-from joblease.etcd_store import EtcdConfig
+from joblease.etcd_store import EtcdConfig, EtcdStore
 from joblease.operator.handlers import build_registry
 from joblease.operator.kube import KubeApi, login
 from joblease.operator.metrics import OperatorMetrics, serve
 from joblease.operator.mirror import Mirror
 from joblease.operator.registration import FINALIZER, GROUP
 from joblease.operator.status import DEFAULT_RESULT_LIMIT
+from joblease.operator.tenants import (
+    DEFAULT_RESYNC_INTERVAL,
+    TenantManager,
+    supervise,
+    warn_if_auth_disabled,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +57,9 @@ class OperatorConfig:
     client_timeout_margin: int = 30
     result_limit: int = DEFAULT_RESULT_LIMIT
     concurrency: int = 8
+    #: Per-namespace etcd users + Secret ``joblease-etcd-credentials`` (operator.tenants).
+    tenant_credentials: bool = False
+    tenant_resync_interval: float = DEFAULT_RESYNC_INTERVAL  # <= 0: no periodic resync
 
     @property
     def clusterwide(self) -> bool:
@@ -90,7 +99,16 @@ async def run_operator(config: OperatorConfig) -> None:
     async with JobLeaseClient(etcd) as client:
         mirror = Mirror(client, kube, metrics, namespaces=config.namespaces,
                         concurrency=config.concurrency, result_limit=config.result_limit)
-        registry = build_registry(client, mirror, credentials)
+        tenants = None
+        tenants_task: asyncio.Task[None] | None = None
+        if config.tenant_credentials:
+            if not isinstance(client.store, EtcdStore):
+                raise TypeError("tenant credentials need the etcd store")
+            tenants = TenantManager(client.store, etcd.root, kube,
+                                    resync_interval=config.tenant_resync_interval)
+            await warn_if_auth_disabled(client.store)
+            tenants_task = asyncio.create_task(supervise(tenants), name="joblease-tenants")
+        registry = build_registry(client, mirror, credentials, tenants)
         ready_flag, stop_flag = asyncio.Event(), asyncio.Event()
         mirror_task = asyncio.create_task(mirror.run(), name="joblease-mirror")
 
@@ -110,8 +128,9 @@ async def run_operator(config: OperatorConfig) -> None:
         if config.metrics_port:
             runner = await serve(metrics, config.metrics_host, config.metrics_port,
                                  healthy=healthy, ready=ready)
-        log.info("joblease operator: etcd %s root %s, %s", ",".join(etcd.endpoints), etcd.root,
-                 "all namespaces" if config.clusterwide else f"namespaces {config.namespaces}")
+        log.info("joblease operator: etcd %s root %s, %s%s", ",".join(etcd.endpoints), etcd.root,
+                 "all namespaces" if config.clusterwide else f"namespaces {config.namespaces}",
+                 ", per-namespace tenant credentials" if tenants is not None else "")
         kopf_task = asyncio.create_task(kopf.operator(
             registry=registry, settings=settings, standalone=True,
             clusterwide=config.clusterwide, namespaces=list(config.namespaces),
@@ -129,9 +148,10 @@ async def run_operator(config: OperatorConfig) -> None:
             else:
                 kopf_task.result()
         finally:
-            for task in (mirror_task, kopf_task):
+            tasks = [mirror_task, kopf_task] + ([tenants_task] if tenants_task else [])
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(mirror_task, kopf_task, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             await mirror.close()
             await kube.close()
             if runner is not None:
