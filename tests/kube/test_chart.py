@@ -118,6 +118,8 @@ def variants(namespace: str) -> dict[str, dict[str, Any]]:
                          "etcd.serverName": "etcd.example.internal"},
         "service-monitor": {"metrics.serviceMonitor.enabled": True,
                             "metrics.serviceMonitor.labels": {"release": "prometheus"}},
+        "tenant-credentials": {"tenantCredentials.enabled": True,
+                               "etcd.auth.secretName": "etcd-root-credentials"},
         "existing-service-account-no-rbac": {"serviceAccount.create": False,
                                              "serviceAccount.name": "ops-sa",
                                              "rbac.create": False},

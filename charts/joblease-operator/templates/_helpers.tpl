@@ -93,4 +93,15 @@ RBAC rules on JobLeases, shared by the ClusterRole (scope cluster) and each Role
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.tenantCredentials.enabled }}
+# Tenant credentials: the operator creates one Secret per namespace and only
+# ever reads, replaces or deletes that name (create cannot be name-restricted).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: ["joblease-etcd-credentials"]
+  verbs: ["get", "update", "delete"]
+{{- end }}
 {{- end }}
