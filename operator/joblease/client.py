@@ -165,7 +165,8 @@ class JobLeaseClient:
             if session is None or not session.alive or session.remaining() < 0.5:
                 if session is not None:
                     self._drop_session(session, "replaced by a fresh session")
-                session = await Session(self.store, ttl, margin=self._margin).start()
+                session = await Session(self.store, ttl, margin=self._margin,
+                                        check_holders=Lease.check_all).start()
                 self._sessions[ttl] = session
             return session
 

@@ -44,6 +44,7 @@ class Session:
         *,
         margin: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        check_holders: Callable[[list[object]], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.ttl = ttl
@@ -56,7 +57,8 @@ class Session:
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
         self._listeners: list[LossCallback] = []
-        self._after_renew: list[Callable[[], Awaitable[None]]] = []
+        self._holders: set[object] = set()
+        self._check_holders = check_holders
         self._lost = asyncio.Event()
 
     @property
@@ -91,13 +93,12 @@ class Session:
         with contextlib.suppress(ValueError):
             self._listeners.remove(callback)
 
-    def after_renew(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Run ``hook`` after each successful keep-alive (holders re-check their key)."""
-        self._after_renew.append(hook)
+    def attach(self, holder: object) -> None:
+        """Re-check ``holder`` after each successful keep-alive (see ``check_holders``)."""
+        self._holders.add(holder)
 
-    def remove_after_renew(self, hook: Callable[[], Awaitable[None]]) -> None:
-        with contextlib.suppress(ValueError):
-            self._after_renew.remove(hook)
+    def detach(self, holder: object) -> None:
+        self._holders.discard(holder)
 
     async def wait_lost(self) -> str:
         await self._lost.wait()
@@ -142,8 +143,8 @@ class Session:
                     break
                 self.deadline = max(self.deadline, sent + ttl - self.margin)
                 self.last_renewal = sent
-                for hook in list(self._after_renew):
-                    await hook()
+                if self._check_holders is not None and self._holders:
+                    await self._check_holders(list(self._holders))
         finally:
             await stream.close()
 

@@ -155,3 +155,22 @@ async def test_list_returns_every_job_from_one_snapshot(client: JobLeaseClient) 
     every = await client.list()
     assert len(every) == 5 and len({s.revision for s in every}) == 1
     assert {s.job.name for s in await client.list("ns-a")} == {"job-1", "job-3"}
+
+
+async def test_batched_holder_checks_find_exactly_the_lost_holder(
+    client: JobLeaseClient,
+) -> None:
+    """Many holders on one session are re-checked in chunks after each
+    keep-alive; a failing chunk is narrowed down to the handle that lost."""
+    jobs = [JobRef("default", f"many-{i}") for i in range(70)]  # two chunks of <= 64
+    for job in jobs:
+        await client.register(job, JobSpec(3, 0))
+    leases = [await client.claim(job, "w") for job in jobs]
+    await client.unregister(jobs[65])
+    state = await asyncio.wait_for(leases[65].wait_done(), timeout=5)
+    assert state is LeaseState.LOST
+    renewed = leases[0].last_renewal
+    async with asyncio.timeout(5):  # another keep-alive and its holder checks pass
+        while leases[0].last_renewal == renewed:
+            await asyncio.sleep(0.05)
+    assert [i for i, lease in enumerate(leases) if not lease.valid] == [65]
