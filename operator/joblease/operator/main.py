@@ -56,7 +56,7 @@ class OperatorConfig:
     server_timeout: int = 300  # whole seconds: the API server refuses "60.0"
     client_timeout_margin: int = 30
     result_limit: int = DEFAULT_RESULT_LIMIT
-    concurrency: int = 8
+    concurrency: int = 32
     #: Per-namespace etcd users + Secret ``joblease-etcd-credentials`` (operator.tenants).
     tenant_credentials: bool = False
     tenant_resync_interval: float = DEFAULT_RESYNC_INTERVAL  # <= 0: no periodic resync

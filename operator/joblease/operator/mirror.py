@@ -81,7 +81,7 @@ class Mirror:
         metrics: OperatorMetrics,
         *,
         namespaces: Sequence[str] = (),
-        concurrency: int = 8,
+        concurrency: int = 32,
         result_limit: int = DEFAULT_RESULT_LIMIT,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
@@ -176,22 +176,31 @@ class Mirror:
             self._writers[state.job] = task
 
     async def _drain(self, job: JobRef) -> None:
+        """Write ``job``'s newest pending state, one write at a time per job.
+
+        The pending entry is taken only once a write slot is free, so every
+        change that arrives while this job waits merges into the one write.
+        """
         backoff = 0.2
         try:
-            while (entry := self._pending.pop(job, None)) is not None:
-                try:
-                    async with self._limit:
+            while job in self._pending:
+                async with self._limit:
+                    entry = self._pending.pop(job, None)
+                    if entry is None:
+                        break
+                    try:
                         await self._write(job, entry)
-                    backoff = 0.2
-                except _TRANSIENT as exc:
-                    self.metrics.status_patches.labels("error").inc()
-                    log.warning("status of %s not written (%s); retrying in %.1fs",
-                                job, exc, backoff)
-                    newer = self._pending.get(job)
-                    self._pending[job] = entry.merge(newer) if newer else entry
-                    self._objects.pop(job, None)
-                    await asyncio.sleep(backoff)
-                    backoff = min(10.0, backoff * 2)
+                        backoff = 0.2
+                        continue
+                    except _TRANSIENT as exc:
+                        self.metrics.status_patches.labels("error").inc()
+                        log.warning("status of %s not written (%s); retrying in %.1fs",
+                                    job, exc, backoff)
+                        newer = self._pending.get(job)
+                        self._pending[job] = entry.merge(newer) if newer else entry
+                        self._objects.pop(job, None)
+                await asyncio.sleep(backoff)  # outside the slot: others keep writing
+                backoff = min(10.0, backoff * 2)
         finally:
             self._writers.pop(job, None)
 
@@ -253,7 +262,15 @@ class Mirror:
             self._objects[job] = obj
         else:
             self._objects.pop(job, None)
-        for event in entry.events:
+        if entry.events:
+            # Events are informational: post them without holding a write slot.
+            task = asyncio.create_task(self._post_events(job, obj, entry.events))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _post_events(self, job: JobRef, obj: dict[str, Any],
+                           events: list[JobEvent]) -> None:
+        for event in events:
             try:
                 await self.kube.post_event(obj, event)
                 self.metrics.events_posted.labels(event.reason).inc()
