@@ -59,6 +59,20 @@ log = logging.getLogger(__name__)
 _TRANSIENT = (KubeApiError, aiohttp.ClientError, TimeoutError, StoreUnavailableError)
 
 
+_KEPT_METADATA = ("name", "namespace", "uid", "resourceVersion", "generation",
+                  "deletionTimestamp")
+
+
+def _slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """What the mirror needs of a cached resource: identity, resourceVersion (the
+    status write is conditional on it), generation, spec and status. Dropping
+    managedFields and annotations keeps memory per JobLease small."""
+    meta = obj.get("metadata", {})
+    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+            "metadata": {k: meta[k] for k in _KEPT_METADATA if k in meta},
+            "spec": obj.get("spec", {}), "status": obj.get("status", {})}
+
+
 @dataclass
 class _Pending:
     state: JobState
@@ -259,7 +273,7 @@ class Mirror:
             self._objects.pop(job, None)
             return
         if state.registered:
-            self._objects[job] = obj
+            self._objects[job] = _slim(obj)
         else:
             self._objects.pop(job, None)
         if entry.events:
