@@ -1,0 +1,420 @@
+"""Operator status lag and resident memory, against a real kube-apiserver and etcd.
+
+Issue: "Status lag (etcd change -> visible in the resource's status) p50/p99 with
+1,000 JobLeases under a steady claim/complete load, and operator resident memory at
+1,000 and 10,000 JobLeases. Goals: p99 lag <= 1 s at 1,000; memory <= 300 MiB at
+10,000."
+
+What runs (all real processes on this machine):
+
+- a ControlPlane (its own etcd + kube-apiserver, tests/support/controlplane.py) with
+  the CRD from crds/ applied, and a *separate* etcd for joblease (EtcdCluster);
+- the operator as ``python -m joblease.operator --namespace <ns>`` (the
+  OperatorProcess helper of tests/kube/test_operator.py);
+- N JobLeases created by direct REST POSTs (httpx, admin client cert), then a wait
+  until every one is registered in etcd and carries a status (``settled``);
+- a steady claim+complete load through JobLeaseClient (``--rate`` cycles/s, paced)
+  while a Kubernetes WATCH on jobleases, in its own process so it does not share
+  the load generator's event loop or GIL, stamps each status it sees.
+
+Lag of one etcd change = (wall time the watch delivered a status of that JobLease
+with ``status.etcdRevision >=`` the change's revision) - (wall time the etcd
+transaction returned to the worker). The claim's revision is the fencing token
+(create revision of the holder key), the completion's is ``ResultRecord.revision``.
+A claim whose status was coalesced into the completion's counts as visible when the
+completion's status is (the status then already reflects a newer state).
+
+Memory: VmRSS (and VmHWM, the peak) of the operator process from /proc/<pid>/status
+once settled at each N in ``--sizes`` (default 1000,10000).
+
+    python bench/operator_lag.py [--sizes 1000,10000] [--rate 30] [--duration 30]
+                                 [--lag-at-each-size] [--json bench/results/operator_lag.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import ssl
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from bench.claims import pct  # noqa: E402
+from joblease import EtcdConfig, JobLeaseClient, JobRef  # noqa: E402
+from joblease.embedded import EtcdCluster  # noqa: E402
+
+GROUP_PATH = "/apis/joblease.io/v1alpha1"
+
+
+def loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def proc_memory(pid: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = round(int(value.split()[0]) / 1024, 1)  # kB -> MiB
+    return out
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def ssl_context(pki: Path) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    return ctx
+
+
+# --------------------------------------------------------------------------- the watcher
+def watch_statuses(server: str, pki: str, namespace: str, out_path: str, ready_path: str
+                   ) -> None:
+    """Child process: LIST, then WATCH jobleases from that resourceVersion; append one
+    line per event: ``time name etcdRevision phase generation``."""
+    import httpx
+
+    ctx = ssl_context(Path(pki))
+    base = f"{server}{GROUP_PATH}/namespaces/{namespace}/jobleases"
+    with httpx.Client(verify=ctx, timeout=httpx.Timeout(30, read=None)) as http, \
+            open(out_path, "w", buffering=1) as out:
+        rv = http.get(base, params={"limit": 1}).json()["metadata"]["resourceVersion"]
+        params = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "3600"}
+        with http.stream("GET", base, params=params) as resp:
+            resp.raise_for_status()
+            Path(ready_path).write_text("ready")
+            for line in resp.iter_lines():
+                now = time.time()
+                if not line:
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                status = obj.get("status") or {}
+                name = obj.get("metadata", {}).get("name", "")
+                out.write(f"{now:.6f} {name} {int(status.get('etcdRevision') or 0)} "
+                          f"{status.get('phase', '-')} {int(status.get('generation') or 0)}\n")
+
+
+# --------------------------------------------------------------------------- the bench
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        from tests.kube.test_operator import OperatorProcess
+        from tests.support.controlplane import ControlPlane
+
+        self.args = args
+        self.tmp = Path(tempfile.mkdtemp(prefix="joblease-oplag-"))
+        self.cp = ControlPlane().start()
+        try:
+            from tests.support.binaries import etcd_binary
+
+            binary: str | None = etcd_binary()
+        except Exception:
+            binary = None
+        self.etcd = EtcdCluster(1, binary=binary).start()
+        self.ns = f"bench-{uuid.uuid4().hex[:6]}"
+        self.config = EtcdConfig(endpoints=self.etcd.endpoints, root="/joblease/v1")
+        self.cp.kubectl("apply", "-f", str(HERE.parent / "crds"), check=True)
+        self.cp.kubectl("wait", "--for=condition=Established", "crd/jobleases.joblease.io",
+                        "--timeout=60s", check=True)
+        self.cp.kubectl("create", "namespace", self.ns, check=True)
+        self.pki = self.cp.tmp / "pki"
+        self.ssl = ssl_context(self.pki)
+        self.base = f"{self.cp.server}{GROUP_PATH}/namespaces/{self.ns}/jobleases"
+        self.op = OperatorProcess(self.cp, self.config, self.ns, self.tmp / "operator.log")
+        self.created = 0
+
+    def close(self) -> None:
+        self.op.stop()
+        self.etcd.stop()
+        self.cp.stop()
+
+    @property
+    def pid(self) -> int:
+        assert self.op.proc is not None
+        return self.op.proc.pid
+
+    async def create(self, upto: int) -> float:
+        """POST JobLeases ``job-<created>`` .. ``job-<upto-1>``; return seconds taken."""
+        import httpx
+
+        start = time.perf_counter()
+        names = [f"job-{i}" for i in range(self.created, upto)]
+        sem = asyncio.Semaphore(32)
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+        async with httpx.AsyncClient(verify=self.ssl, limits=limits, timeout=60) as http:
+            async def one(name: str) -> None:
+                async with sem:
+                    for attempt in range(5):
+                        r = await http.post(self.base, json={
+                            "apiVersion": "joblease.io/v1alpha1", "kind": "JobLease",
+                            "metadata": {"name": name},
+                            "spec": {"leaseDurationSeconds": 30, "maxAttempts": 3}})
+                        if r.status_code in (201, 409):
+                            return
+                        await asyncio.sleep(0.5 * (attempt + 1))
+                    r.raise_for_status()
+
+            await asyncio.gather(*(one(n) for n in names))
+        self.created = upto
+        return time.perf_counter() - start
+
+    async def registered_in_etcd(self, client: JobLeaseClient) -> int:
+        _, kvs = await client.store.get(client.keys.namespace_prefix(self.ns), prefix=True,
+                                        keys_only=True)
+        return sum(1 for kv in kvs if kv.key.endswith(b"/spec"))
+
+    async def with_status(self) -> int:
+        import httpx
+
+        n, cont = 0, ""
+        async with httpx.AsyncClient(verify=self.ssl, timeout=120) as http:
+            while True:
+                params = {"limit": "2000", **({"continue": cont} if cont else {})}
+                body = (await http.get(self.base, params=params)).json()
+                n += sum(1 for o in body["items"] if (o.get("status") or {}).get("phase"))
+                cont = body["metadata"].get("continue") or ""
+                if not cont:
+                    return n
+
+    async def settle(self, client: JobLeaseClient, n: int, timeout: float) -> dict[str, float]:
+        """Wait until ``n`` jobs are registered in etcd and ``n`` statuses exist."""
+        start = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        registered_s = None
+        while True:
+            assert self.op.proc is not None and self.op.proc.poll() is None, "operator exited"
+            if registered_s is None and await self.registered_in_etcd(client) >= n:
+                registered_s = time.perf_counter() - start
+            if registered_s is not None and await self.with_status() >= n:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not settled at {n} JobLeases after {timeout:.0f}s; "
+                                   f"etcd {await self.registered_in_etcd(client)}, "
+                                   f"status {await self.with_status()}")
+            await asyncio.sleep(2)
+        return {"registered_s": round(registered_s, 2),
+                "statuses_s": round(time.perf_counter() - start, 2)}
+
+    async def lag_run(self, client: JobLeaseClient, first: int, last: int
+                      ) -> dict[str, Any]:
+        """Paced claim+complete on jobs first..last-1 while a watch stamps statuses."""
+        rate, duration = self.args.rate, self.args.duration
+        count = min(last - first, int(rate * duration))
+        jobs = [JobRef(self.ns, f"job-{i}") for i in range(first, first + count)]
+        for j in jobs:  # the spec read a long-lived worker has cached already
+            await client._spec(j, client.keys.job(j))
+        out_path = self.tmp / f"watch-{first}.txt"
+        ready_path = self.tmp / f"watch-{first}.ready"
+        proc = mp.get_context("spawn").Process(
+            target=watch_statuses, daemon=True,
+            args=(self.cp.server, str(self.pki), self.ns, str(out_path), str(ready_path)))
+        proc.start()
+        while not ready_path.exists():
+            assert proc.is_alive(), "watcher exited"
+            await asyncio.sleep(0.05)
+        changes: list[tuple[str, str, int, float]] = []  # kind, name, revision, t
+        errors = 0
+        sem = asyncio.Semaphore(self.args.concurrency)
+
+        async def cycle(job: JobRef) -> None:
+            nonlocal errors
+            async with sem:
+                try:
+                    lease = await client.claim(job, "bench-worker")
+                    changes.append(("claim", job.name, lease.token, time.time()))
+                    rec = await lease.complete({"ok": True})
+                    changes.append(("complete", job.name, rec.revision, time.time()))
+                except Exception:
+                    errors += 1
+
+        cpu0 = proc_cpu_seconds(self.pid)
+        load_before = loadavg()
+        start = time.monotonic()
+        tasks = []
+        for i, job in enumerate(jobs):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(cycle(job)))
+        await asyncio.gather(*tasks)
+        elapsed = time.monotonic() - start
+        load_during = loadavg()
+        cpu = proc_cpu_seconds(self.pid) - cpu0
+        # let the last statuses arrive, then stop the watcher
+        last_rev = {name: rev for kind, name, rev, _ in changes if kind == "complete"}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            seen = parse_watch(out_path)
+            if all(any(r >= rev for _, r in seen.get(n, [])) for n, rev in last_rev.items()):
+                break
+            await asyncio.sleep(0.5)
+        proc.terminate()
+        proc.join(5)
+        seen = parse_watch(out_path)
+        lags: dict[str, list[float]] = {"claim": [], "complete": []}
+        missing = 0
+        for kind, name, rev, t in changes:
+            visible = next((ts for ts, r in seen.get(name, []) if r >= rev), None)
+            if visible is None:
+                missing += 1
+            else:
+                lags[kind].append(visible - t)
+        both = lags["claim"] + lags["complete"]
+        return {
+            "jobleases": self.created, "cycles": len(jobs) - errors, "errors": errors,
+            "target_rate": rate, "achieved_rate": round((len(jobs) - errors) / elapsed, 1),
+            "seconds": round(elapsed, 1), "changes": len(changes), "never_visible": missing,
+            "lag_ms": summarize(both), "claim_lag_ms": summarize(lags["claim"]),
+            "complete_lag_ms": summarize(lags["complete"]),
+            "operator_cpu_s": round(cpu, 2),
+            "operator_cpu_share": round(cpu / elapsed, 2),
+            "loadavg_before": load_before, "loadavg_after": load_during,
+            "operator_metrics": operator_metrics(self.op.metrics()),
+        }
+
+
+def summarize(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"count": 0}
+    return {"count": len(values), "p50": round(pct(values, 0.5) * 1000, 1),
+            "p99": round(pct(values, 0.99) * 1000, 1), "max": round(max(values) * 1000, 1),
+            "min": round(min(values) * 1000, 1)}
+
+
+def parse_watch(path: Path) -> dict[str, list[tuple[float, int]]]:
+    seen: dict[str, list[tuple[float, int]]] = {}
+    if not path.exists():
+        return seen
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 5:
+            seen.setdefault(parts[1], []).append((float(parts[0]), int(parts[2])))
+    return seen
+
+
+def operator_metrics(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(("joblease_operator_status_patches_total{",
+                            "joblease_operator_status_lag_seconds_sum",
+                            "joblease_operator_status_lag_seconds_count",
+                            "joblease_operator_watch_events_total ")):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    bench = Bench(args)
+    report: dict[str, Any] = {"benchmark": "operator_lag", "sizes": [], "lag": []}
+    try:
+        bench.op.start()
+        await bench.op.wait_ready(120)
+        await asyncio.sleep(3)
+        report["operator_idle"] = {**proc_memory(bench.pid), "loadavg": loadavg()}
+        async with JobLeaseClient(bench.config) as client:
+            lag_jobs_start = 0
+            for i, n in enumerate(args.sizes):
+                created_s = await bench.create(n)
+                settled = await bench.settle(client, n, timeout=args.settle_timeout)
+                await asyncio.sleep(args.settle_extra)
+                row = {"jobleases": n, "create_s": round(created_s, 2), **settled,
+                       **proc_memory(bench.pid), "loadavg": loadavg()}
+                report["sizes"].append(row)
+                print(f"N={n}: created in {row['create_s']} s, registered {row['registered_s']}"
+                      f" s, statuses {row['statuses_s']} s, RSS {row['VmRSS']} MiB "
+                      f"(peak {row['VmHWM']}), load {row['loadavg']}", flush=True)
+                if i == 0 or args.lag_at_each_size:
+                    lag = await bench.lag_run(client, lag_jobs_start, n)
+                    lag_jobs_start = n
+                    lag.update({f"after_{k}": v for k, v in proc_memory(bench.pid).items()})
+                    report["lag"].append(lag)
+                    print_lag(lag)
+    finally:
+        bench.close()
+    report["goals"] = goals(report)
+    report["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                         "uname": " ".join(os.uname())}
+    return report
+
+
+def goals(report: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    at_1000 = next((r for r in report["lag"] if r["jobleases"] == 1000), None)
+    if at_1000 and at_1000["lag_ms"].get("count"):
+        p99 = at_1000["lag_ms"]["p99"]
+        out["p99_lag_at_1000_ms"] = p99
+        out["p99_lag_goal_met"] = p99 <= 1000
+    at_10000 = next((r for r in report["sizes"] if r["jobleases"] == 10000), None)
+    if at_10000:
+        out["rss_at_10000_mib"] = at_10000["VmRSS"]
+        out["rss_goal_met"] = at_10000["VmRSS"] <= 300
+    return out
+
+
+def print_lag(lag: dict[str, Any]) -> None:
+    print(f"\nlag at {lag['jobleases']} JobLeases, {lag['cycles']} cycles at "
+          f"{lag['achieved_rate']}/s (target {lag['target_rate']}), errors {lag['errors']}, "
+          f"never visible {lag['never_visible']}, load {lag['loadavg_after']}")
+    print(f"{'change':<10} {'count':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for label, key in (("claim", "claim_lag_ms"), ("complete", "complete_lag_ms"),
+                       ("all", "lag_ms")):
+        s = lag[key]
+        print(f"{label:<10} {s.get('count', 0):>6} {s.get('p50', '-'):>8} "
+              f"{s.get('p99', '-'):>8} {s.get('max', '-'):>8}")
+    print(f"operator CPU {lag['operator_cpu_s']} s ({lag['operator_cpu_share']} core), "
+          f"RSS after {lag.get('after_VmRSS')} MiB", flush=True)
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"\n{'JobLeases':>9} {'create s':>9} {'etcd reg s':>10} {'status s':>9} "
+          f"{'RSS MiB':>8} {'peak MiB':>8}  loadavg")
+    idle = report.get("operator_idle", {})
+    print(f"{0:>9} {'-':>9} {'-':>10} {'-':>9} {idle.get('VmRSS', '-'):>8} "
+          f"{idle.get('VmHWM', '-'):>8}  {idle.get('loadavg')}")
+    for r in report["sizes"]:
+        print(f"{r['jobleases']:>9} {r['create_s']:>9} {r['registered_s']:>10} "
+              f"{r['statuses_s']:>9} {r['VmRSS']:>8} {r['VmHWM']:>8}  {r['loadavg']}")
+    for lag in report["lag"]:
+        print_lag(lag)
+    print("\ngoals:", json.dumps(report["goals"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[1000, 10000], help="JobLease counts, ascending")
+    parser.add_argument("--rate", type=float, default=30.0, help="claim+complete cycles/s")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of load")
+    parser.add_argument("--concurrency", type=int, default=16,
+                        help="cycles in flight at most")
+    parser.add_argument("--lag-at-each-size", action="store_true",
+                        help="also measure lag at every size, not only the first")
+    parser.add_argument("--settle-timeout", type=float, default=1800.0)
+    parser.add_argument("--settle-extra", type=float, default=5.0,
+                        help="seconds to wait after settling before reading RSS")
+    parser.add_argument("--json", default=str(HERE / "results" / "operator_lag.json"))
+    args = parser.parse_args()
+    report = asyncio.run(run(args))
+    report["args"] = {k: v for k, v in vars(args).items() if k != "json"}
+    print_table(report)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    print(f"\nJSON: {args.json}")
+
+
+if __name__ == "__main__":
+    main()
