@@ -153,7 +153,17 @@ class _Server(uvicorn.Server):
 def bind(host: str, port: int) -> socket.socket:
     """Bind before serving, so port 0 resolves to a known port up front."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, reuse_port=False)
+    # proto must say TCP explicitly: asyncio sets TCP_NODELAY on accepted
+    # connections only when the socket's proto is IPPROTO_TCP, and without it
+    # Nagle plus delayed ACKs add ~40 ms to every response.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
     sock.set_inheritable(False)
     return sock
 
