@@ -1,0 +1,542 @@
+"""Run a fleet of workers against a 3-member etcd and three fenced destinations
+while the nemesis injects faults; then check the merged history.
+
+    python -m tests.chaos.runner [--duration 60 | --trials 1000] [--pg DSN] [--out DIR]
+
+In the test suite: ``tests/chaos/test_chaos.py`` (bounded run; ``--soak`` for
+the long one). The run directory holds ``history-*.jsonl`` (one per worker
+process), ``faults.jsonl``, ``report.json``, ``report.txt`` and the logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
+from joblease.embedded import EtcdCluster
+from joblease.errors import JobLeaseError
+from joblease.fencing.destination import create_app
+from joblease.fencing.sql import ensure_schema
+from tests.chaos import checker, history
+from tests.chaos.nemesis import (
+    FAULT_TYPES,
+    ChaosProxy,
+    FaultLog,
+    Nemesis,
+    ProxyGroup,
+    Target,
+)
+from tests.chaos.workload import SQL_TABLE, ledger_name
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "chaos"
+
+
+def _libfaketime() -> str | None:
+    for c in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+              "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+              "/usr/lib/faketime/libfaketime.so.1"):
+        if os.path.exists(c):
+            return c
+    return None
+
+
+def faketime_env(spec: str | None) -> dict[str, str]:
+    """libfaketime preloaded into the process itself (never the forking wrapper)."""
+    if not spec:
+        return {}
+    lib = _libfaketime()
+    if lib is None:
+        raise RuntimeError("libfaketime missing: apt-get install faketime")
+    return {"LD_PRELOAD": lib, "FAKETIME": spec, "FAKETIME_NO_CACHE": "1"}
+
+
+@dataclass
+class ChaosConfig:
+    workers: int = 4                  # library workers
+    sidecar_pairs: int = 1            # sidecar + HTTP worker pairs
+    open_jobs: int = 6                # jobs kept open while faults run
+    ttl: int = 2
+    effects: int = 4                  # effects per claim: ledger, SQLite, PostgreSQL, ...
+    step_delay: float = 0.5           # max pause before each effect (jobs take ~1-2 s)
+    fault_interval: float = 1.0
+    duration: float = 60.0            # seconds of faults (ends early at ``trials``)
+    trials: int = 0                   # stop after this many faults (0: duration only)
+    liveness_bound: float = 60.0      # after faults stop, every job completes within
+    unchecked: float = 0.1
+    rogue: float = 0.8               # a lost lease still sends late effects
+    complete_anyway: float = 0.3
+    # libfaketime specs per library worker (cycled) and for the sidecars
+    worker_clocks: tuple[str | None, ...] = (None, "-5h", "+3h x2", "-2h x0.5")
+    sidecar_clock: str | None = "+1d x0.5"
+    seed: int = 0
+    pg_dsn: str | None = None
+
+
+@dataclass
+class Report:
+    config: dict[str, Any]
+    run_dir: str
+    wall_seconds: float = 0.0
+    fault_seconds: float = 0.0
+    trials: int = 0
+    faults_by_type: dict[str, int] = field(default_factory=dict)
+    faults_skipped: dict[str, int] = field(default_factory=dict)
+    jobs_registered: int = 0
+    jobs_completed: int = 0
+    operations: dict[str, dict[str, int]] = field(default_factory=dict)
+    destination_entries: dict[str, int] = field(default_factory=dict)
+    violations: list[dict[str, Any]] = field(default_factory=list)
+    recovery_seconds: float | None = None
+    etcd_member_recovery_seconds: dict[str, float] = field(default_factory=dict)
+    next_completion_after_fault: dict[str, dict[str, float]] = field(default_factory=dict)
+    worker_restarts: int = 0
+    sidecar_claims: int = 0
+    unexpected_exits: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [
+            f"chaos run in {self.run_dir}",
+            f"  wall {self.wall_seconds:.0f}s, faults for {self.fault_seconds:.0f}s, "
+            f"trials (faults injected): {self.trials}",
+            "  faults by type: " + ", ".join(f"{k}={v}" for k, v in
+                                            sorted(self.faults_by_type.items())),
+            f"  jobs: {self.jobs_registered} registered, {self.jobs_completed} completed",
+        ]
+        for kind, counts in self.operations.items():
+            lines.append(f"  {kind}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+        lines.append("  destination entries: " + ", ".join(
+            f"{k}={v}" for k, v in self.destination_entries.items()))
+        rec = "n/a" if self.recovery_seconds is None else f"{self.recovery_seconds:.1f}s"
+        lines.append(f"  recovery (faults stopped -> every job completed): {rec}")
+        if self.etcd_member_recovery_seconds:
+            lines.append("  etcd member kill -> healthy again: " + ", ".join(
+                f"{k}={v:.1f}" for k, v in self.etcd_member_recovery_seconds.items()))
+        for kind, s in sorted(self.next_completion_after_fault.items()):
+            lines.append(f"  after {kind}: next job completion in mean {s['mean']:.2f}s, "
+                         f"max {s['max']:.2f}s")
+        lines.append(f"  claims through sidecars: {self.sidecar_claims}")
+        lines.append(f"  worker restarts: {self.worker_restarts}; unexpected exits: "
+                     f"{len(self.unexpected_exits)}")
+        lines.append(f"  VIOLATIONS: {len(self.violations)}")
+        lines += [f"    [{v['kind']}] {v['job'] or v['resource']}: {v['message']}"
+                  for v in self.violations[:20]]
+        return "\n".join(lines)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Served:
+    """The example ledger (FencingMiddleware + MemoryGate) under uvicorn, in a thread."""
+
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off",
+            backlog=512))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> Served:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+class Proc:
+    """One worker slot: restarted (new pid, new history file) after a kill."""
+
+    def __init__(self, runner: ChaosRunner, wid: str, mode: str, clock: str | None,
+                 proxies: ProxyGroup, ledger: ChaosProxy) -> None:
+        self.runner, self.wid, self.mode, self.clock = runner, wid, mode, clock
+        self.proxies, self.ledger = proxies, ledger
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        r = self.runner
+        cmd = [sys.executable, "-m", "tests.chaos.workload", "--id", self.wid,
+               "--dir", str(r.dir), "--endpoints", self.proxies.endpoints, "--root", r.root,
+               "--ledger-url", f"http://{self.ledger.endpoint}",
+               "--sqlite", str(r.sqlite_path),
+               "--mode", self.mode, "--effects", str(r.cfg.effects),
+               "--step-delay", str(r.cfg.step_delay),
+               "--unchecked", str(r.cfg.unchecked), "--rogue", str(r.cfg.rogue),
+               "--complete-anyway", str(r.cfg.complete_anyway),
+               "--seed", str(r.rng.randrange(1, 2**31))]
+        if r.cfg.pg_dsn:
+            cmd += ["--pg", r.cfg.pg_dsn]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        if self.mode == "sidecar":
+            cmd += ["--sidecar-env", json.dumps(faketime_env(r.cfg.sidecar_clock))]
+        else:
+            env.update(faketime_env(self.clock))
+        log = open(r.dir / f"{self.wid}.log", "ab")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log,
+                                     stdin=subprocess.DEVNULL)
+        log.close()
+        self.starts += 1
+        if self.clock and self.mode == "worker":
+            now = time.monotonic()
+            r.faults.log("clock-skew", self.wid, now, now, faketime=self.clock)
+
+    def restart(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            self.proc.wait()
+        self.runner.restarts += 1
+        self.start()
+
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def sidecar_pid(self) -> int | None:
+        try:
+            pid = int((self.runner.dir / f"{self.wid}.sidecar.pid").read_text())
+        except (OSError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return None
+        return pid
+
+
+class ChaosRunner:
+    def __init__(self, cfg: ChaosConfig, run_dir: Path | None = None) -> None:
+        self.cfg = cfg
+        self.dir = run_dir or Path(tempfile.mkdtemp(prefix="joblease-chaos-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rng = random.Random(cfg.seed or None)
+        self.root = f"/chaos/{os.urandom(4).hex()}"
+        self.sqlite_path = self.dir / "effects.sqlite"
+        self.faults = FaultLog(self.dir / "faults.jsonl")
+        self.restarts = 0
+        self.jobs: list[str] = []
+        self.completed_at: dict[str, float] = {}
+        self.next_job = 0
+        self.cluster: EtcdCluster | None = None
+        self.ledger: Served
+        self.procs: list[Proc] = []
+        self.unexpected: list[str] = []
+
+    # -- setup ---------------------------------------------------------------------------
+
+    def _setup_sql(self) -> None:
+        conn = sqlite3.connect(self.sqlite_path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        ensure_schema(conn)
+        conn.execute(SQL_TABLE.format(serial="INTEGER"))  # INTEGER PRIMARY KEY = rowid
+        conn.close()
+        if self.cfg.pg_dsn:
+            import psycopg
+
+            with psycopg.connect(self.cfg.pg_dsn, autocommit=True) as pg:
+                ensure_schema(pg)
+                pg.execute(SQL_TABLE.format(serial="BIGSERIAL"))
+                pg.execute("TRUNCATE chaos_effects, joblease_fence, joblease_effects")
+
+    async def _register(self, client: JobLeaseClient, n: int) -> None:
+        for _ in range(n):
+            self.next_job += 1
+            job = f"{NAMESPACE}/j{self.next_job}"
+            await client.register(JobRef.parse(job), JobSpec(self.cfg.ttl, 0))
+            self.jobs.append(job)
+
+    def _write_jobs(self) -> None:
+        open_jobs = [j for j in self.jobs if j not in self.completed_at]
+        tmp = self.dir / "jobs.txt.tmp"
+        tmp.write_text("\n".join(open_jobs) + "\n")
+        tmp.replace(self.dir / "jobs.txt")
+
+    async def _poll(self, client: JobLeaseClient) -> None:
+        try:
+            states = await client.list(NAMESPACE)
+        except JobLeaseError:
+            return
+        now = time.monotonic()
+        for s in states:
+            job = str(s.job)
+            if s.result is not None and job not in self.completed_at:
+                self.completed_at[job] = now
+
+    # -- the run -------------------------------------------------------------------------
+
+    async def run(self) -> Report:
+        began = time.monotonic()
+        cfg = self.cfg
+        (self.dir / "etcd").mkdir(exist_ok=True)
+        self.cluster = EtcdCluster(3, binary=_etcd_binary(),
+                                   base_dir=str(self.dir / "etcd"))
+        await asyncio.to_thread(self.cluster.start)
+        self.ledger = Served(create_app()).start()
+        self._setup_sql()
+        config = EtcdConfig(endpoints=self.cluster.endpoints, root=self.root,
+                            request_timeout=2.0)
+        groups: list[ProxyGroup] = []
+        ledger_proxies: list[ChaosProxy] = []
+        report = Report(config=asdict(cfg) | {"pg_dsn": bool(cfg.pg_dsn)},
+                        run_dir=str(self.dir))
+        nemesis: Nemesis | None = None
+        try:
+            async with JobLeaseClient(config) as client:
+                await self._register(client, cfg.open_jobs)
+                self._write_jobs()
+                targets: list[Target] = []
+                for i in range(cfg.workers + cfg.sidecar_pairs):
+                    g = await ProxyGroup(self.cluster).start()
+                    groups.append(g)
+                    lp = await ChaosProxy(("127.0.0.1", self.ledger.port)).start()
+                    ledger_proxies.append(lp)
+                    if i < cfg.workers:
+                        p = Proc(self, f"w{i}", "worker",
+                                 cfg.worker_clocks[i % len(cfg.worker_clocks)]
+                                 if cfg.worker_clocks else None, g, lp)
+                        targets.append(Target(p.wid, "worker", p.pid, p.restart, g, lp))
+                    else:
+                        p = Proc(self, f"s{i - cfg.workers}", "sidecar", None, g, lp)
+                        targets.append(Target(p.wid, "pair", p.pid, None, None, lp))
+                        targets.append(Target(p.wid + ".sidecar", "sidecar", p.sidecar_pid,
+                                              None, g))
+                    self.procs.append(p)
+                    p.start()
+                if cfg.sidecar_pairs and cfg.sidecar_clock:
+                    now = time.monotonic()
+                    self.faults.log("clock-skew", "sidecars", now, now,
+                                    faketime=cfg.sidecar_clock)
+                nemesis = Nemesis(self.cluster, targets, self.faults, ttl=cfg.ttl,
+                                  interval=cfg.fault_interval, rng=self.rng)
+                fault_start = time.monotonic()
+
+                def faults_over() -> bool:
+                    if cfg.trials and self._trials() >= cfg.trials:
+                        return True
+                    return time.monotonic() - fault_start >= cfg.duration
+
+                nem_task = asyncio.create_task(nemesis.run(faults_over))
+                while not nem_task.done():
+                    await self._poll(client)
+                    open_now = [j for j in self.jobs if j not in self.completed_at]
+                    if len(open_now) < cfg.open_jobs:
+                        await self._register(client, cfg.open_jobs - len(open_now))
+                    self._write_jobs()
+                    self._check_alive()
+                    await asyncio.sleep(0.3)
+                await nem_task
+                nemesis.heal_all()
+                stopped = time.monotonic()
+                report.fault_seconds = stopped - fault_start
+                self._write_jobs()
+                while time.monotonic() - stopped < cfg.liveness_bound + 5:
+                    await self._poll(client)
+                    self._write_jobs()
+                    self._check_alive()
+                    if all(j in self.completed_at for j in self.jobs):
+                        break
+                    await asyncio.sleep(0.3)
+                done_at = max((self.completed_at.get(j, float("inf")) for j in self.jobs),
+                              default=stopped)
+                report.recovery_seconds = (max(0.0, done_at - stopped)
+                                           if done_at != float("inf") else None)
+                await self._stop_workers()
+                final = await self._final(client)
+            destinations = await self._destinations()
+            ops = history.merge(self.dir.glob("history-*.jsonl"))
+            violations = checker.check(
+                ops, final=final, destinations=destinations, jobs=self.jobs,
+                liveness=checker.Liveness(stopped, cfg.liveness_bound, self.completed_at))
+            report.violations = [v.to_dict() for v in violations]
+            report.operations = checker.summarize(ops)
+            report.destination_entries = self._entry_counts(destinations)
+            report.trials = self._trials()
+            report.faults_by_type = dict(sorted(self.faults.counts.items()))
+            report.faults_skipped = dict(nemesis.skipped)
+            report.jobs_registered = len(self.jobs)
+            report.jobs_completed = sum(1 for j in self.jobs if final.get(j) and
+                                        final[j].result_token is not None)
+            report.etcd_member_recovery_seconds = _stats(nemesis.member_recovery)
+            report.next_completion_after_fault = self._progress_after_faults()
+            report.worker_restarts = self.restarts
+            report.sidecar_claims = sum(1 for o in history.pair(ops) if o.kind == "claim"
+                                        and o.phase == "ok" and o.invoke.process[0] == "s")
+            report.unexpected_exits = self.unexpected
+            report.wall_seconds = time.monotonic() - began
+            (self.dir / "report.json").write_text(json.dumps(asdict(report), indent=2))
+            (self.dir / "report.txt").write_text(report.summary() + "\n")
+            return report
+        finally:
+            if nemesis is not None:
+                nemesis.heal_all()
+            await self._stop_workers()
+            for g in groups:
+                await g.close()
+            for lp in ledger_proxies:
+                await lp.close()
+            self.ledger.stop()
+            await asyncio.to_thread(self.cluster.stop)
+
+    def _trials(self) -> int:
+        return sum(v for k, v in self.faults.counts.items() if k != "clock-skew")
+
+    def _check_alive(self) -> None:
+        """A worker that exits by itself (not killed by the nemesis) is a finding."""
+        for p in self.procs:
+            if p.proc is not None and p.proc.poll() not in (None, -signal.SIGKILL):
+                tail = (self.dir / f"{p.wid}.log").read_text(errors="replace")[-2000:]
+                self.unexpected.append(f"{p.wid} exited {p.proc.returncode}: {tail}")
+                p.restart()
+
+    async def _stop_workers(self) -> None:
+        (self.dir / "stop").touch()
+        deadline = time.monotonic() + 15
+        for p in self.procs:
+            if p.proc is None:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                p.proc.send_signal(signal.SIGCONT)
+            while p.proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            if p.proc.poll() is None:
+                p.proc.kill()
+                p.proc.wait()
+            pid = p.sidecar_pid()
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    async def _final(self, client: JobLeaseClient) -> dict[str, checker.FinalJob]:
+        for attempt in range(20):
+            try:
+                states = await client.list(NAMESPACE)
+                break
+            except JobLeaseError:
+                if attempt == 19:
+                    raise
+                await asyncio.sleep(0.5)
+        return {str(s.job): checker.FinalJob(
+            generation=s.generation,
+            result_token=s.result.token if s.result else None,
+            result_generation=s.result.generation if s.result else None,
+            result_owner=s.result.owner if s.result else None) for s in states}
+
+    async def _destinations(self) -> dict[str, list[checker.Entry]]:
+        out: dict[str, list[checker.Entry]] = defaultdict(list)
+        async with httpx.AsyncClient(base_url=self.ledger.url, timeout=10) as http:
+            for job in self.jobs:
+                r = await http.get(f"/resources/{ledger_name(job)}")
+                r.raise_for_status()
+                res = f"http/ledger/{ledger_name(job)}"
+                out[res] = [checker.Entry(e["seq"], e["token"], e["data"].get("key"),
+                                          e["job"], e["data"].get("generation"))
+                            for e in r.json()["entries"]]
+        rows: list[tuple[Any, ...]] = []
+        conn = sqlite3.connect(self.sqlite_path)
+        rows += [("sqlite", *r) for r in conn.execute(
+            "SELECT seq, resource, token, key, job, generation FROM chaos_effects")]
+        conn.close()
+        if self.cfg.pg_dsn:
+            import psycopg
+
+            with psycopg.connect(self.cfg.pg_dsn) as pg:
+                rows += [("pg", *r) for r in pg.execute(
+                    "SELECT seq, resource, token, key, job, generation FROM chaos_effects")]
+        for _, seq, resource, token, key, job, gen in rows:
+            out[resource].append(checker.Entry(int(seq), int(token), key, job, int(gen)))
+        return dict(out)
+
+    @staticmethod
+    def _entry_counts(destinations: dict[str, list[checker.Entry]]) -> dict[str, int]:
+        counts: dict[str, int] = defaultdict(int)
+        for resource, entries in destinations.items():
+            counts[resource.split("/", 1)[0]] += len(entries)
+        return dict(counts)
+
+    def _progress_after_faults(self) -> dict[str, dict[str, float]]:
+        """Per fault type: from the fault's end to the next job completion anywhere."""
+        completions = sorted(self.completed_at.values())
+        per: dict[str, list[float]] = defaultdict(list)
+        for rec in self.faults.records:
+            if rec["type"] == "clock-skew":
+                continue
+            end = self.faults.started + rec["end"]
+            nxt = next((c for c in completions if c >= end), None)
+            if nxt is not None:
+                per[rec["type"]].append(nxt - end)
+        return {k: {"mean": sum(v) / len(v), "max": max(v)} for k, v in per.items()}
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {"mean": sum(values) / len(values), "max": max(values), "count": len(values)}
+
+
+def _etcd_binary() -> str | None:
+    try:
+        from tests.support.binaries import etcd_binary
+        return etcd_binary()
+    except Exception:
+        return None
+
+
+async def run(cfg: ChaosConfig, run_dir: Path | None = None) -> Report:
+    return await ChaosRunner(cfg, run_dir).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.chaos.runner")
+    p.add_argument("--duration", type=float, default=60.0)
+    p.add_argument("--trials", type=int, default=0)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--sidecar-pairs", type=int, default=1)
+    p.add_argument("--open-jobs", type=int, default=6)
+    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--pg", default=None, help="PostgreSQL conninfo (else SQLite only)")
+    p.add_argument("--out", default=None, help="run directory (default: a temp dir)")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    cfg = ChaosConfig(workers=a.workers, sidecar_pairs=a.sidecar_pairs, open_jobs=a.open_jobs,
+                      fault_interval=a.interval, duration=a.duration, trials=a.trials,
+                      seed=a.seed, pg_dsn=a.pg)
+    report = asyncio.run(run(cfg, Path(a.out) if a.out else None))
+    print(report.summary())
+    return 1 if report.violations else 0
+
+
+__all__ = ["FAULT_TYPES", "ChaosConfig", "Report", "run"]
+
+if __name__ == "__main__":
+    sys.exit(main())
