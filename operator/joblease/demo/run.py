@@ -187,7 +187,8 @@ def run_demo(echo: bool = True) -> dict[str, Any]:
                     raise RuntimeError("etcd did not expire A's lease")
                 time.sleep(0.05)
             timeline.add("etcd", "lease of worker-a expired",
-                         f"after {time.monotonic() - paused:.1f}s (TTL {TTL}s)")
+                         f"{time.monotonic() - paused:.1f}s after the pause (TTL {TTL}s "
+                         "from A's last keep-alive)")
 
             b = Worker(endpoints, "worker-b")
             workers.append(b)
