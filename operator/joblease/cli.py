@@ -230,14 +230,20 @@ def claim(job: str, namespace: str, owner: str, hold: bool, wait_seconds: float,
         client = JobLeaseClient(config)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_seconds
+        shown: tuple[str, int] | None = None
         try:
             while True:
                 try:
                     lease = await client.claim(ref, owner)
                     break
-                except HeldError:
+                except HeldError as held:
                     if loop.time() >= deadline:
                         raise
+                    if shown != (held.owner, held.token):  # progress, once per holder
+                        shown = (held.owner, held.token)
+                        left = deadline - loop.time()
+                        click.echo(f"waiting: {ref} is held by {held.owner!r} (token "
+                                   f"{held.token}); retrying for up to {left:.0f}s", err=True)
                     await asyncio.sleep(0.2)
             emit(lease.to_dict(), output, lease_rows, LEASE_HEADERS)
             sys.stdout.flush()

@@ -90,6 +90,29 @@ def test_held_completed_stale_and_exhausted_have_their_own_codes(
     jl(etcd_config, "claim", "done", "--owner", "b", check=5)
 
 
+def test_claim_wait_shows_progress_then_succeeds_after_release(
+    etcd_config: EtcdConfig,
+) -> None:
+    jl(etcd_config, "register", "queued", "--ttl", "10")
+    first = as_json(jl(etcd_config, "claim", "queued", "--owner", "a", "-o", "json"))
+    env = {**os.environ, "JOBLEASE_ETCD_ENDPOINTS": ",".join(etcd_config.endpoints),
+           "JOBLEASE_ROOT": etcd_config.root}
+    waiter = subprocess.Popen([sys.executable, "-m", "joblease.cli", "claim", "queued",
+                               "--owner", "b", "--wait", "30", "-o", "json"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert waiter.stderr is not None
+        line = waiter.stderr.readline()
+        assert line.startswith("waiting: default/queued is held by 'a'"), line
+        jl(etcd_config, "release", "queued", "--owner", "a", "--token", str(first["token"]))
+        out, _ = waiter.communicate(timeout=30)
+        assert waiter.returncode == 0
+        assert json.loads(out)["generation"] == 2
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+
+
 def test_unreachable_store_exits_10(etcd_config: EtcdConfig) -> None:
     from joblease.embedded import free_port
 
