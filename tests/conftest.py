@@ -40,6 +40,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="run long soak variants of the fault tests")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Soak tests run only when asked for (``--soak`` or ``JOBLEASE_SOAK=1``); otherwise
+    they are deselected, not skipped: the default run is the bounded one."""
+    if config.getoption("--soak") or os.environ.get("JOBLEASE_SOAK") == "1":
+        return
+    keep = [item for item in items if item.get_closest_marker("soak") is None]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     outcome = yield

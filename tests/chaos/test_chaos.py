@@ -50,9 +50,9 @@ async def test_bounded_chaos_run_has_no_violations(tmp_path: Path, pg_dsn: str) 
 
 
 @pytest.mark.timeout(7200)
+@pytest.mark.soak
 async def test_soak(soak: bool, tmp_path: Path, pg_dsn: str) -> None:
-    if not soak:
-        pytest.skip("soak run: pass --soak (or JOBLEASE_SOAK=1)")
+    assert soak  # collected only with --soak (or JOBLEASE_SOAK=1): see tests/conftest.py
     cfg = ChaosConfig(workers=5, sidecar_pairs=1, open_jobs=8, ttl=2, fault_interval=1.0,
                       duration=3 * 3600.0, trials=1000, liveness_bound=90.0, pg_dsn=pg_dsn)
     report = await run(cfg, _run_dir(tmp_path, "soak"))
