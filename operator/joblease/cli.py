@@ -62,16 +62,22 @@ def output_option(fn: F) -> F:
 def make_config(endpoints: str, ca_file: str | None, cert_file: str | None,
                 key_file: str | None, server_name: str | None, user: str | None,
                 password_file: str | None, root: str, request_timeout: float) -> EtcdConfig:
+    """The options (click already folded in their environment variables) read the
+    same way every other component reads its environment: ``EtcdConfig.from_env``."""
     import os
 
-    password = os.environ.get("JOBLEASE_ETCD_PASSWORD")
-    if password_file:
-        with open(password_file) as f:
-            password = f.read().strip()
-    return EtcdConfig(
-        endpoints=tuple(e.strip() for e in endpoints.split(",") if e.strip()),
-        ca_file=ca_file, cert_file=cert_file, key_file=key_file, server_name=server_name,
-        username=user, password=password, root=root, request_timeout=request_timeout)
+    options = {
+        "JOBLEASE_ETCD_ENDPOINTS": endpoints, "JOBLEASE_ETCD_CA_FILE": ca_file,
+        "JOBLEASE_ETCD_CERT_FILE": cert_file, "JOBLEASE_ETCD_KEY_FILE": key_file,
+        "JOBLEASE_ETCD_SERVER_NAME": server_name, "JOBLEASE_ETCD_USERNAME": user,
+        "JOBLEASE_ETCD_PASSWORD_FILE": password_file, "JOBLEASE_ROOT": root,
+        # a password file given as an option wins over a password in the environment
+        "JOBLEASE_ETCD_PASSWORD": None if password_file else os.environ.get(
+            "JOBLEASE_ETCD_PASSWORD"),
+    }
+    environ = {k: v for k, v in options.items() if v}
+    environ.update(JOBLEASE_ETCD_ENDPOINTS=endpoints, JOBLEASE_ROOT=root)  # even if empty
+    return EtcdConfig.from_env(environ, request_timeout=request_timeout)
 
 
 ETCD_KEYS = ("endpoints", "ca_file", "cert_file", "key_file", "server_name", "user",

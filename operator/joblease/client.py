@@ -266,7 +266,7 @@ class JobLeaseClient:
         any late copy fail (a put bound to a revoked lease is refused), after
         which "not claimed" is final. Returns the lease, or ``None`` to retry.
         """
-        fields = await self._read_back(keys)
+        fields = await self._read_back(job)
         holder = fields.get("holder")
         if holder is not None and holder.value == holder_value:
             claims = fields.get("claims")
@@ -284,10 +284,9 @@ class JobLeaseClient:
             raise LeaseLostError(str(job), 0, "the claim committed but its lease is already gone")
         return None
 
-    async def _read_back(self, keys: JobKeys) -> dict[str, KeyValue]:
+    async def _read_back(self, job: JobRef) -> dict[str, KeyValue]:
         async def read() -> dict[str, KeyValue]:
-            _, kvs = await self.store.get(keys.prefix, prefix=True)
-            return {kv.key[len(keys.prefix):].decode(): kv for kv in kvs}
+            return (await self._read_job(job))[1]
         return await self._retry_read(read)
 
     async def _retry_read(self, fn: Callable[[], Awaitable[T]], timeout: float = 30.0) -> T:
@@ -304,44 +303,42 @@ class JobLeaseClient:
 
     # -- acting on someone's behalf ----------------------------------------------------------
 
-    async def _held_by(self, job: JobRef, owner: str, token: int) -> tuple[JobKeys, bytes]:
-        """The holder value if ``owner`` holds ``job`` with ``token``, else StaleTokenError."""
-        validation.job_ref(job)
-        validation.owner(owner)
-        validation.token(token)
-        keys = self.keys.job(job)
-        state = await self.get(job)
-        if not state.registered:
-            raise NotRegisteredError(str(job))
-        h = state.holder
-        if h is None or h.token != token or h.owner != owner:
-            current = state.token
-            current_owner = h.owner if h else (state.result.owner if state.result else None)
-            raise StaleTokenError(str(job), token, current, current_owner)
-        _, kvs = await self.store.get(keys.holder)
-        if not kvs or kvs[0].create_revision != token:
-            raise StaleTokenError(str(job), token, kvs[0].create_revision if kvs else None)
-        return keys, kvs[0].value
-
     async def lease_for(self, job: JobRef, owner: str, token: int) -> Lease:
         """A handle on an existing claim held by ``owner`` with ``token``, to
         complete or release it from another process (same condition as the
-        holder's). The handle does not renew: the claimer's process does."""
-        keys, value = await self._held_by(job, owner, token)
-        holder = Holder.decode_value(value)
-        state = await self.get(job)
+        holder's). The handle does not renew: the claimer's process does.
+
+        Raises StaleTokenError unless ``owner`` holds ``job`` with ``token``
+        now; the holder's exact value comes from the same read, and etcd
+        re-checks it (create revision and value) when the handle acts.
+        """
+        validation.job_ref(job)
+        validation.owner(owner)
+        validation.token(token)
+        keys, fields, state = await self._read_job(job)
+        if not state.registered:
+            raise NotRegisteredError(str(job))
+        h, holder_kv = state.holder, fields.get("holder")
+        if h is None or holder_kv is None or h.token != token or h.owner != owner:
+            current_owner = h.owner if h else (state.result.owner if state.result else None)
+            raise StaleTokenError(str(job), token, state.token, current_owner)
+        holder = Holder.decode_value(holder_kv.value)
         return Lease(store=self.store, session=None, job=job, keys=keys, owner=owner,
-                     claim_id=str(holder.get("claimId")), token=token,
-                     generation=state.generation, ttl=int(holder.get("ttl", 0)),
-                     holder_value=value)
+                     claim_id=h.claim_id, token=token, generation=state.generation,
+                     ttl=int(holder.get("ttl", 0)), holder_value=holder_kv.value)
 
     # -- inspection --------------------------------------------------------------------------
 
     async def get(self, job: JobRef) -> JobState:
         validation.job_ref(job)
+        return (await self._read_job(job))[2]
+
+    async def _read_job(self, job: JobRef) -> tuple[JobKeys, dict[str, KeyValue], JobState]:
+        """One linearizable read of every key of ``job``: the raw fields and the state."""
         keys = self.keys.job(job)
         revision, kvs = await self.store.get(keys.prefix, prefix=True)
-        return assemble(job, {kv.key[len(keys.prefix):].decode(): kv for kv in kvs}, revision)
+        fields = {kv.key[len(keys.prefix):].decode(): kv for kv in kvs}
+        return keys, fields, assemble(job, fields, revision)
 
     async def list(self, namespace: str | None = None) -> list[JobState]:
         """Every job (optionally of one namespace), from one consistent snapshot."""

@@ -156,9 +156,13 @@ def run_demo(echo: bool = True) -> dict[str, Any]:
                     lease = await c.claim(job, f"earlier-{i + 1}")
                     await lease.release()
 
-        async def holder_gone() -> bool:
+        async def wait_for_expiry(paused: float) -> None:
+            """Poll etcd (one client) until it has deleted A's holder key."""
             async with JobLeaseClient(config) as c:
-                return (await c.get(job)).holder is None
+                while (await c.get(job)).holder is not None:
+                    if time.monotonic() - paused > TTL + 10:
+                        raise RuntimeError("etcd did not expire A's lease")
+                    await asyncio.sleep(0.05)
 
         async def final_state() -> dict[str, Any]:
             async with JobLeaseClient(config) as c:
@@ -170,34 +174,29 @@ def run_demo(echo: bool = True) -> dict[str, Any]:
 
         with Destination() as dest:
             resource = f"{dest.url}/resources/report"
-            a = Worker(endpoints, "worker-a")
-            workers.append(a)
-            ca = a.next("claim")
-            timeline.add("worker-a", "claim", "granted", ca["generation"], ca["token"])
-            a.send('write ' + resource + ' {"line": "A: partial report"}')
-            wa = a.next("write")
-            timeline.add("worker-a", "write to destination", f"HTTP {wa['status']} accepted",
-                         ca["generation"], ca["token"])
+            def claim_and_write(owner: str, line: str) -> tuple[Worker, dict[str, Any]]:
+                """Start a worker process; it claims, then writes ``line`` once."""
+                worker = Worker(endpoints, owner)
+                workers.append(worker)
+                claimed = worker.next("claim")
+                timeline.add(owner, "claim", "granted", claimed["generation"], claimed["token"])
+                worker.send("write " + resource + " " + json.dumps({"line": line}))
+                wrote = worker.next("write")
+                timeline.add(owner, "write to destination", f"HTTP {wrote['status']} accepted",
+                             claimed["generation"], claimed["token"])
+                return worker, claimed
+
+            a, ca = claim_and_write("worker-a", "A: partial report")
 
             a.proc.send_signal(signal.SIGSTOP)
             paused = time.monotonic()
             timeline.add("worker-a", "paused (SIGSTOP)", "stops renewing")
-            while not asyncio.run(holder_gone()):
-                if time.monotonic() - paused > TTL + 10:
-                    raise RuntimeError("etcd did not expire A's lease")
-                time.sleep(0.05)
+            asyncio.run(wait_for_expiry(paused))
             timeline.add("etcd", "lease of worker-a expired",
                          f"{time.monotonic() - paused:.1f}s after the pause (TTL {TTL}s "
                          "from A's last keep-alive)")
 
-            b = Worker(endpoints, "worker-b")
-            workers.append(b)
-            cb = b.next("claim")
-            timeline.add("worker-b", "claim", "granted", cb["generation"], cb["token"])
-            b.send('write ' + resource + ' {"line": "B: full report"}')
-            wb = b.next("write")
-            timeline.add("worker-b", "write to destination", f"HTTP {wb['status']} accepted",
-                         cb["generation"], cb["token"])
+            b, cb = claim_and_write("worker-b", "B: full report")
 
             a.proc.send_signal(signal.SIGCONT)
             timeline.add("worker-a", "resumed (SIGCONT)", "still has its old token",
