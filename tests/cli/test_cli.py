@@ -7,12 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
 
 from joblease import EtcdConfig
-from tests.core.procs import wait_until
+from tests.waiting import wait_until
 
 
 def jl(config: EtcdConfig, *args: str, check: int | None = 0, timeout: float = 60
@@ -135,8 +136,6 @@ def test_claim_hold_keeps_the_lease_until_interrupted(etcd_config: EtcdConfig) -
             lines.append(proc.stdout.readline())
         token = json.loads("".join(lines))["token"]
         # still held well past the TTL: the process keeps it alive
-        import time
-        time.sleep(0)
         wait_until(lambda: as_json(jl(etcd_config, "get", "held", "-o", "json"))["holder"],
                    5, "holder visible")
         t_end = time.monotonic() + 4  # two TTLs

@@ -1,4 +1,4 @@
-"""Real worker processes for the core tests, and a deadline-based wait helper."""
+"""Real worker processes for the core tests."""
 
 from __future__ import annotations
 
@@ -10,26 +10,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from joblease import EtcdConfig, JobRef
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
-               interval: float = 0.02) -> Any:
-    """Poll ``predicate`` until truthy; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 class WorkerProc:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 
 from joblease import JobLeaseClient, JobRef, JobSpec, Phase
-from tests.core.procs import WorkerProc, wait_until
+from tests.core.procs import WorkerProc
+from tests.waiting import claim_when_free, wait_until
 
 TTL = 2
 
@@ -77,28 +78,13 @@ async def test_killed_holder_loses_the_job_within_ttl_plus_one_second(
         a.next_event("renewed")  # at least one keep-alive went out
         a.kill()
         last_renewal = a.last_renewal()
-        b = await wait_until_claimed(client, job, "worker-b", timeout=TTL + 5)
+        b = await claim_when_free(client, job, "worker-b", timeout=TTL + 5)
         elapsed = time.monotonic() - last_renewal
         assert elapsed <= TTL + 1.0, f"job was claimable only {elapsed:.2f}s after last renewal"
         assert b.generation == 2
         await b.release()
     finally:
         a.stop()
-
-
-async def wait_until_claimed(client: JobLeaseClient, job: JobRef, owner: str, timeout: float):  # type: ignore[no-untyped-def]
-    import asyncio
-
-    from joblease import HeldError
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return await client.claim(job, owner)
-        except HeldError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.02)
 
 
 def test_wait_until_helper_fails_loudly() -> None:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from examples.destination import create_app
-from joblease import EtcdConfig, HeldError, JobLeaseClient, JobRef, JobSpec, StaleTokenError
+from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec, StaleTokenError
 from joblease.fencing.http import (
     HEADER_IDEMPOTENCY_KEY,
     HEADER_JOB,
@@ -23,9 +23,9 @@ from joblease.fencing.http import (
     FencingAuth,
     fencing_headers,
 )
-from joblease.lease import Lease
 from tests.fencing.conftest import HoldingProxy, Served, free_port
 from tests.fencing.test_gates import check_fenced_history
+from tests.waiting import claim_when_free
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,19 +36,6 @@ def headers(token: int | str, key: str | None = None, job: str = "default/ledger
     if key is not None:
         h[HEADER_IDEMPOTENCY_KEY] = key
     return h
-
-
-async def claim_when_free(client: JobLeaseClient, job: JobRef, owner: str,
-                          timeout: float = 20.0) -> Lease:
-    """Claim as soon as etcd has expired the previous holder (deadline, not a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return await client.claim(job, owner)
-        except HeldError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
 
 
 async def test_delayed_write_from_old_holder_is_rejected(
@@ -67,7 +54,7 @@ async def test_delayed_write_from_old_holder_is_rejected(
     served = serve(create_app())
     async with JobLeaseClient(etcd_config) as worker_b, \
             HoldingProxy(served.port) as proxy, httpx.AsyncClient(timeout=30) as http:
-        lease_b = await claim_when_free(worker_b, job, "worker-b")
+        lease_b = await claim_when_free(worker_b, job, "worker-b", interval=0.1)
         assert lease_b.token > lease_a.token
         assert lease_b.generation == lease_a.generation + 1
 

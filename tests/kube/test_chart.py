@@ -11,7 +11,6 @@ No kubelet runs here, so pods never start; that is expected.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import yaml
 
 from tests.support.binaries import REPO_ROOT
 from tests.support.controlplane import ControlPlane
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.kube
 
@@ -78,17 +78,6 @@ def deployment_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
     (deployment,) = by_kind(docs, "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     return dict(container)
-
-
-def wait_until(what: str, check: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)  # poll interval of a condition wait, not synchronisation
 
 
 def install(cp: ControlPlane, namespace: str, values: dict[str, Any]) -> str:
@@ -271,8 +260,9 @@ def test_uninstall_leaves_the_crd_and_existing_jobleases(
     helm_ok(cp, "uninstall", release, "-n", namespace, "--wait", "--timeout", "60s")
 
     fullname = f"{release}-joblease-operator"
-    wait_until("the Deployment to be gone", lambda: "NotFound" in cp.kubectl(
-        "get", "deployment", fullname, "-n", namespace).stderr)
+    wait_until(lambda: "NotFound" in cp.kubectl(
+        "get", "deployment", fullname, "-n", namespace).stderr, 30.0,
+        "the Deployment to be gone", interval=0.2)
     assert cp.kubectl("get", "crd", CRD_NAME).returncode == 0, "helm uninstall removed the CRD"
     kept = cp.kubectl("get", "jobleases", "survivor", "-n", namespace, "-o", "json")
     assert kept.returncode == 0, kept.stderr

@@ -22,9 +22,10 @@ from typing import Any, TypeVar
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef, StaleTokenError
-from joblease.errors import HeldError, NotRegisteredError
+from joblease.errors import NotRegisteredError
 from joblease.lease import LeaseState
 from tests.support.controlplane import ControlPlane, free_port
+from tests.waiting import claim_when_free
 
 pytestmark = pytest.mark.kube
 T = TypeVar("T")
@@ -103,10 +104,14 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
+    def environment(self) -> dict[str, str]:
+        """The operator's environment; subclasses add etcd TLS/auth or feature flags."""
+        return dict(os.environ, KUBECONFIG=str(self.cp.kubeconfig),
+                    JOBLEASE_ETCD_ENDPOINTS=",".join(self.etcd.endpoints),
+                    JOBLEASE_ROOT=self.etcd.root, PYTHONUNBUFFERED="1")
+
     def start(self) -> OperatorProcess:
-        env = dict(os.environ, KUBECONFIG=str(self.cp.kubeconfig),
-                   JOBLEASE_ETCD_ENDPOINTS=",".join(self.etcd.endpoints),
-                   JOBLEASE_ROOT=self.etcd.root, PYTHONUNBUFFERED="1")
+        env = self.environment()
         self.starts += 1
         with self.log.open("ab") as out:
             out.write(f"===== operator start #{self.starts} =====\n".encode())
@@ -297,13 +302,7 @@ async def test_seed_example_paused_holder_is_replaced_and_its_late_completion_re
             "token"])
         a.send_signal(signal.SIGSTOP)  # A pauses beyond its lease
 
-        async def b_claims() -> Any:
-            try:
-                return await client.claim(job, "worker-b")
-            except HeldError:
-                return None
-        b = await wait_for("B's claim after A's lease expired", b_claims, timeout=20,
-                           interval=0.2)
+        b = await claim_when_free(client, job, "worker-b", timeout=20, interval=0.2)
         assert b.token > a_claim["token"] and b.generation == a_claim["generation"] + 1
         await kube.status_where("seed", "B holds with the larger token", lambda s: (
             stat(s, "holderIdentity", "fencingToken", "generation") == (

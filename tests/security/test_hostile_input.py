@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from joblease import validation as v
 from joblease.cli import main
-from joblease.embedded import EtcdCluster
+from joblease.embedded import EtcdCluster, free_port
 from joblease.errors import InvalidInputError
 from joblease.sidecar.api import RateLimiter, build_app, rate_limit_from_env
 from joblease.sidecar.config import SidecarConfig
@@ -123,7 +123,7 @@ def test_rate_limit_setting() -> None:
 
 def _app_runner(**env: str) -> SidecarRunner:
     config = SidecarConfig.from_env({"JOBLEASE_JOB_NAME": "j", "JOBLEASE_OWNER": "o",
-                                     "JOBLEASE_ETCD_ENDPOINTS": "127.0.0.1:1", **env})
+                                     "JOBLEASE_ETCD_ENDPOINTS": f"127.0.0.1:{free_port()}", **env})
     return SidecarRunner(config)
 
 
@@ -238,7 +238,8 @@ def test_cli_deeply_nested_json_is_exit_2() -> None:
     runner = CliRunner()
     for args in (["register", "j", "--ttl", "5", "--parameters", '{"a":' + nested + "}"],
                  ["complete", "j", "--owner", "o", "--token", "5", "--result", nested]):
-        r = runner.invoke(main, [*args, "--endpoints", "127.0.0.1:1", "--timeout", "1"])
+        r = runner.invoke(main, [*args, "--endpoints", f"127.0.0.1:{free_port()}",
+                                 "--timeout", "1"])
         assert r.exit_code == 2, (args[0], r.exit_code, r.exception)
 
 
