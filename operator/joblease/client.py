@@ -30,6 +30,7 @@ from joblease.errors import (
     AlreadyCompletedError,
     AttemptsExhaustedError,
     CompactedError,
+    CorruptRecordError,
     HeldError,
     LeaseLostError,
     LeaseNotFoundError,
@@ -41,7 +42,7 @@ from joblease.errors import (
 from joblease.etcd_store import EtcdConfig, EtcdStore
 from joblease.keys import JobKeys, JobRef, KeySpace
 from joblease.lease import Lease
-from joblease.records import Holder, JobSpec, JobState, ResultRecord
+from joblease.records import Holder, JobSpec, JobState, ResultRecord, decoding
 from joblease.session import Session
 from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, TxnResult
 
@@ -50,29 +51,53 @@ T = TypeVar("T")
 
 
 def assemble(job: JobRef, fields: dict[str, KeyValue], revision: int) -> JobState:
-    """Build a :class:`JobState` from a job's keys (``spec``/``holder``/``claims``/``result``)."""
+    """Build a :class:`JobState` from a job's keys (``spec``/``holder``/``claims``/``result``).
+
+    Never raises for stored data: a record that cannot be decoded is left empty
+    and named in ``JobState.corrupt`` (phase ``Corrupt``), so one bad job never
+    stops a reader (list, watch, the operator) of every other job.
+    """
     spec_kv, holder_kv = fields.get("spec"), fields.get("holder")
     claims_kv, result_kv = fields.get("claims"), fields.get("result")
     generation = claims_kv.version if claims_kv else 0
-    holder = None
-    if holder_kv is not None:
-        value = Holder.decode_value(holder_kv.value)
-        holder = Holder(owner=str(value.get("owner")), claim_id=str(value.get("claimId")),
-                        token=holder_kv.create_revision, generation=generation,
-                        lease_id=holder_kv.lease, claimed_at=float(value.get("claimedAt", 0)))
+    problems: list[str] = []
+    spec = holder = result = None
     last_owner = None
-    if claims_kv is not None:
-        last_owner = json.loads(claims_kv.value).get("owner")
+    try:
+        spec = JobSpec.decode(spec_kv.value) if spec_kv else None
+    except CorruptRecordError as exc:
+        problems.append(str(exc))
+    try:
+        if holder_kv is not None:
+            value = Holder.decode_value(holder_kv.value)
+            holder = Holder(owner=value["owner"], claim_id=value["claimId"],
+                            token=holder_kv.create_revision, generation=generation,
+                            lease_id=holder_kv.lease,
+                            claimed_at=float(value.get("claimedAt", 0)))
+    except CorruptRecordError as exc:
+        problems.append(str(exc))
+    try:
+        if claims_kv is not None:
+            with decoding("claims"):
+                owner = json.loads(claims_kv.value).get("owner")
+                last_owner = owner if isinstance(owner, str) else None
+    except CorruptRecordError as exc:
+        problems.append(str(exc))
+    try:
+        result = ResultRecord.decode(result_kv.value, result_kv.mod_revision) if result_kv else None
+    except CorruptRecordError as exc:
+        problems.append(str(exc))
     return JobState(
         job=job,
         revision=revision,
-        spec=JobSpec.decode(spec_kv.value) if spec_kv else None,
+        spec=spec,
         spec_revision=spec_kv.mod_revision if spec_kv else 0,
         holder=holder,
         generation=generation,
         last_claim_owner=last_owner,
-        result=ResultRecord.decode(result_kv.value, result_kv.mod_revision) if result_kv else None,
+        result=result,
         mod_revision=max((kv.mod_revision for kv in fields.values()), default=0),
+        corrupt="; ".join(problems) or None,
     )
 
 

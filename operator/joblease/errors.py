@@ -177,6 +177,25 @@ class PermissionDeniedError(JobLeaseError):
     http_status = 403
 
 
+class CorruptRecordError(JobLeaseError):
+    """A value stored under a job's prefix cannot be decoded (not JSON, wrong shape).
+
+    Tenants can write their own prefix, so a malformed value is input like any
+    other: it is reported for that one job and never stops readers of other jobs.
+    """
+
+    reason = "corrupt"
+    exit_code = 14
+    http_status = 500
+
+    def __init__(self, record: str, why: str) -> None:
+        super().__init__(f"stored {record} record cannot be decoded: {why}")
+        self.record, self.why = record, why
+
+    def details(self) -> dict[str, Any]:
+        return {"record": self.record, "why": self.why}
+
+
 class CompactedError(JobLeaseError):
     """A watch asked for revisions etcd has compacted away; resync from a snapshot."""
 

@@ -8,17 +8,53 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from joblease.errors import CorruptRecordError
 from joblease.keys import JobRef
 
 
 class Phase(enum.StrEnum):
+    NOT_REGISTERED = "NotRegistered"  # etcd has no registration for the job
     PENDING = "Pending"  # registered, claimable
     CLAIMED = "Claimed"  # a live holder exists
     COMPLETED = "Completed"  # a result was accepted
     FAILED = "Failed"  # maxAttempts claims used without a result
+    CORRUPT = "Corrupt"  # a stored record cannot be decoded (see JobState.corrupt)
+
+
+@contextmanager
+def decoding(record: str) -> Iterator[None]:
+    """Turn any decode failure of a stored value into :class:`CorruptRecordError`.
+
+    Stored data is input: a tenant can write anything under its own prefix, so
+    a bad value must surface as the project's error for that record, never as a
+    stray ``KeyError``/``TypeError`` that kills a reader of every job.
+    """
+    try:
+        yield
+    except CorruptRecordError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        raise CorruptRecordError(record, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _loads_object(data: bytes) -> dict[str, Any]:
+    obj = json.loads(data)
+    if not isinstance(obj, dict):
+        raise TypeError(f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _typed(obj: dict[str, Any], key: str, kind: Callable[[Any], Any], *types: type) -> Any:
+    """``obj[key]`` converted by ``kind``, refusing values of the wrong JSON type."""
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise TypeError(f"{key!r} must be {' or '.join(t.__name__ for t in types)}")
+    return kind(value)
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:
@@ -42,12 +78,16 @@ class JobSpec:
 
     @classmethod
     def decode(cls, data: bytes) -> JobSpec:
-        obj = json.loads(data)
-        return cls(
-            lease_duration_seconds=int(obj["leaseDurationSeconds"]),
-            max_attempts=int(obj.get("maxAttempts", 0)),
-            parameters=dict(obj.get("parameters") or {}),
-        )
+        with decoding("spec"):
+            obj = _loads_object(data)
+            parameters = obj.get("parameters") or {}
+            if not isinstance(parameters, dict):
+                raise TypeError("'parameters' must be an object")
+            return cls(
+                lease_duration_seconds=_typed(obj, "leaseDurationSeconds", int, int),
+                max_attempts=_typed(obj, "maxAttempts", int, int) if "maxAttempts" in obj else 0,
+                parameters=dict(parameters),
+            )
 
 
 @dataclass(frozen=True)
@@ -67,8 +107,14 @@ class Holder:
 
     @staticmethod
     def decode_value(data: bytes) -> dict[str, Any]:
-        obj: dict[str, Any] = json.loads(data)
-        return obj
+        """The holder key's JSON object, with ``owner`` and ``claimId`` checked to be strings."""
+        with decoding("holder"):
+            obj = _loads_object(data)
+            _typed(obj, "owner", str, str)
+            _typed(obj, "claimId", str, str)
+            if "claimedAt" in obj:
+                _typed(obj, "claimedAt", float, int, float)
+            return obj
 
 
 @dataclass(frozen=True)
@@ -92,12 +138,16 @@ class ResultRecord:
 
     @classmethod
     def decode(cls, data: bytes, revision: int = 0) -> ResultRecord:
-        obj = json.loads(data)
-        return cls(
-            owner=obj["owner"], claim_id=obj["claimId"], token=int(obj["token"]),
-            generation=int(obj["generation"]), result=obj.get("result"),
-            completed_at=float(obj.get("completedAt", 0.0)), revision=revision,
-        )
+        with decoding("result"):
+            obj = _loads_object(data)
+            return cls(
+                owner=_typed(obj, "owner", str, str), claim_id=_typed(obj, "claimId", str, str),
+                token=_typed(obj, "token", int, int),
+                generation=_typed(obj, "generation", int, int), result=obj.get("result"),
+                completed_at=(_typed(obj, "completedAt", float, int, float)
+                              if "completedAt" in obj else 0.0),
+                revision=revision,
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {"owner": self.owner, "claimId": self.claim_id, "token": self.token,
@@ -118,6 +168,9 @@ class JobState:
     last_claim_owner: str | None
     result: ResultRecord | None
     mod_revision: int = 0  # newest mod revision among the job's keys
+    # Why a stored record of this job could not be decoded (the undecodable
+    # fields are left empty); None when every record decoded.
+    corrupt: str | None = None
 
     @property
     def registered(self) -> bool:
@@ -129,6 +182,10 @@ class JobState:
 
     @property
     def phase(self) -> Phase:
+        if self.corrupt is not None:
+            return Phase.CORRUPT
+        if self.spec is None:
+            return Phase.NOT_REGISTERED
         if self.result is not None:
             return Phase.COMPLETED
         if self.holder is not None:
@@ -167,4 +224,5 @@ class JobState:
             },
             "token": self.token,
             "result": None if self.result is None else self.result.to_dict(),
+            "corrupt": self.corrupt,
         }
