@@ -23,19 +23,20 @@ MAX_PARAMETERS_BYTES = 64 * 1024
 MAX_OWNER_LENGTH = 253
 
 # RFC 1123 DNS subdomain for names (Kubernetes object names), label for namespaces.
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_OWNER = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII without spaces
+# Always applied with ``fullmatch``: ``$`` would also match before a final "\n".
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_OWNER = re.compile(r"[\x21-\x7e]+")  # printable ASCII without spaces
 
 
 def job_ref(ref: JobRef) -> JobRef:
     """Kubernetes naming: namespace a DNS label (<= 63), name a DNS subdomain (<= 253)."""
-    if not (0 < len(ref.namespace) <= 63 and _DNS_LABEL.match(ref.namespace)):
+    if not (0 < len(ref.namespace) <= 63 and _DNS_LABEL.fullmatch(ref.namespace)):
         raise InvalidInputError(
             f"invalid namespace {ref.namespace!r}: must be a DNS label "
             "(lowercase letters, digits and '-', at most 63 characters)"
         )
-    if not (0 < len(ref.name) <= 253 and _DNS_SUBDOMAIN.match(ref.name)):
+    if not (0 < len(ref.name) <= 253 and _DNS_SUBDOMAIN.fullmatch(ref.name)):
         raise InvalidInputError(
             f"invalid job name {ref.name!r}: must be a DNS subdomain "
             "(lowercase letters, digits, '-' and '.', at most 253 characters)"
@@ -70,7 +71,7 @@ def owner(value: object) -> str:
         raise InvalidInputError(
             f"invalid owner {value!r}: must be 1..{MAX_OWNER_LENGTH} characters"
         )
-    if not _OWNER.match(value):
+    if not _OWNER.fullmatch(value):
         raise InvalidInputError(
             f"invalid owner {value!r}: printable ASCII without spaces only"
         )

@@ -89,3 +89,50 @@ async def test_error_types_carry_distinct_exit_codes_and_statuses() -> None:
     assert len(set(codes)) == len(codes)
     assert errors.StaleTokenError.http_status == 409
     assert errors.StaleTokenError.reason == "stale"
+
+
+# A trailing newline: a pattern anchored with ``$`` matches before a final "\n", so
+# these passed validation and were written to etcd (issue 20, defect 13).
+TRAILING_NEWLINE_REFS = [
+    (JobRef("default\n", "job"), "invalid namespace"),
+    (JobRef("default", "job\n"), "invalid job name"),
+    (JobRef("default", "a.b\n"), "invalid job name"),
+]
+
+
+@pytest.mark.parametrize(("job", "message"), TRAILING_NEWLINE_REFS)
+async def test_a_trailing_newline_in_namespace_or_name_is_refused_and_writes_nothing(
+    client: JobLeaseClient, job: JobRef, message: str
+) -> None:
+    before = await snapshot(client)
+    with pytest.raises(InvalidInputError, match=message):
+        await client.register(job, JobSpec(10))
+    with pytest.raises(InvalidInputError, match=message):
+        await client.claim(job, "worker")
+    with pytest.raises(InvalidInputError, match=message):
+        await client.unregister(job)
+    assert await snapshot(client) == before
+
+
+async def test_a_trailing_newline_in_the_owner_is_refused_and_writes_nothing(
+    client: JobLeaseClient,
+) -> None:
+    job = JobRef("default", "owned-newline")
+    await client.register(job, JobSpec(10))
+    before = await snapshot(client)
+    with pytest.raises(InvalidInputError, match="invalid owner"):
+        await client.claim(job, "worker\n")
+    assert await snapshot(client) == before
+    assert (await client.get(job)).holder is None
+
+
+@pytest.mark.parametrize("namespace", ["team-a\n", "team-a\n\n", "\nteam-a"])
+def test_a_tenant_namespace_with_a_newline_is_refused(namespace: str) -> None:
+    """The tenant's etcd user name and key range are derived from the namespace: a
+    namespace the protocol would refuse must not get a user or a range either."""
+    from joblease.tenancy import tenant_key_range, tenant_name
+
+    with pytest.raises(InvalidInputError, match="invalid namespace"):
+        tenant_name(namespace)
+    with pytest.raises(InvalidInputError, match="invalid namespace"):
+        tenant_key_range("/joblease/v1", namespace)
