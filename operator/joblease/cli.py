@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 import click
 
 from joblease.client import JobLeaseClient
-from joblease.errors import InvalidInputError, JobLeaseError
+from joblease.errors import CorruptRecordError, InvalidInputError, JobLeaseError
 from joblease.etcd_store import EtcdConfig
 from joblease.keys import JobRef
 from joblease.lease import LeaseState
-from joblease.records import JobSpec, JobState
+from joblease.records import JobSpec, JobState, Phase
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -128,8 +128,9 @@ STATE_HEADERS = ("JOB", "PHASE", "HOLDER", "GENERATION", "TOKEN", "ATTEMPTS", "T
 def state_rows(states: list[dict[str, Any]]) -> Iterable[list[Any]]:
     for s in states:
         holder = s["holder"]["owner"] if s["holder"] else "-"
-        yield [s["job"], s["phase"] if s["registered"] else "NotRegistered", holder,
-               s["generation"], s["token"] or "-", f'{s["attempts"]}/{s["maxAttempts"] or "∞"}',
+        limit = "-" if s["maxAttempts"] is None else s["maxAttempts"] or "∞"  # None: no spec
+        yield [s["job"], s["phase"], holder,
+               s["generation"], s["token"] or "-", f'{s["attempts"]}/{limit}',
                s["leaseDurationSeconds"] or "-"]
 
 
@@ -337,7 +338,8 @@ def release(job: str, namespace: str, owner: str, token: int, output: str, **kw:
 @etcd_options
 @output_option
 def get(job: str, namespace: str, output: str, **kw: Any) -> None:
-    """Show JOB's state as etcd holds it (exit 3 if it is not registered)."""
+    """Show JOB's state as etcd holds it (exit 3 if it is not registered, 14 if a
+    stored record of it cannot be decoded: what did decode is shown)."""
     config, ref = split_etcd(kw), job_ref(job, namespace)
 
     async def go() -> JobState:
@@ -345,10 +347,15 @@ def get(job: str, namespace: str, output: str, **kw: Any) -> None:
             return await c.get(ref)
 
     state = run(go())
-    if not state.registered:
+    if state.phase is Phase.NOT_REGISTERED:
         click.echo(f"joblease: not_found: job {ref} is not registered", err=True)
         sys.exit(3)
     emit(state.to_dict(), output, lambda d: state_rows([d]), STATE_HEADERS)
+    if state.corrupt is not None:
+        # What did decode is shown above; the exit code says the state is incomplete.
+        click.echo(f"joblease: {CorruptRecordError.reason}: job {ref}: {state.corrupt}",
+                   err=True)
+        sys.exit(CorruptRecordError.exit_code)
 
 
 @main.command("list")
@@ -365,6 +372,10 @@ def list_(namespace: str | None, output: str, **kw: Any) -> None:
 
     states = [s.to_dict() for s in run(go())]
     emit(states, output, state_rows, STATE_HEADERS)
+    for s in states:  # listed with phase Corrupt; say why on stderr, keep exit 0
+        if s["corrupt"] is not None:
+            click.echo(f"joblease: {CorruptRecordError.reason}: job {s['job']}: {s['corrupt']}",
+                       err=True)
 
 
 @main.command()
