@@ -225,7 +225,7 @@ async def test_claim_and_completion_are_mirrored_into_status(
     assert s["fencingToken"] == lease.token and s["holderIdentity"] == ""
     conds = {c["type"]: c["status"] for c in s["conditions"]}
     assert conds == {"Registered": "True", "Claimed": "False", "Completed": "True",
-                     "Failed": "False"}
+                     "Failed": "False", "Corrupt": "False"}
     await wait_for("Claimed and Completed events",
                    lambda: _reasons(kube, "report", {"Claimed", "Completed"}))
     assert "joblease_operator_watch_events_total" in operator.metrics()

@@ -28,8 +28,21 @@ class JobEvent:
 
 def derive_events(before: JobState | None, after: JobState) -> list[JobEvent]:
     """``Claimed`` (new token), ``Expired`` (holder vanished without a result),
-    ``Completed`` and ``Failed`` (attempts exhausted), in that order."""
-    if before is None or not after.registered:
+    ``Completed`` and ``Failed`` (attempts exhausted), in that order.
+
+    ``Corrupt`` (Warning) when a stored record of the job cannot be decoded:
+    posted when the job becomes corrupt or its problem changes, and also for the
+    first state seen after a (re)start, so a restarted operator reports it again.
+    No lifecycle event is derived from or to a corrupt state: an undecodable
+    holder is not an expiry, and its repair is not a claim.
+    """
+    if after.corrupt is not None:
+        if before is not None and before.corrupt == after.corrupt:
+            return []
+        return [JobEvent("Warning", "Corrupt",
+                         f"{after.corrupt}; the job's status shows phase Corrupt until the "
+                         "value is fixed or removed in etcd")]
+    if before is None or before.corrupt is not None or not after.registered:
         return []
     events: list[JobEvent] = []
     old, new = before.holder, after.holder

@@ -38,7 +38,9 @@ class OperatorMetrics:
         self.status_patches = Counter(
             "joblease_operator_status_patches_total",
             "Status writes by result: applied, unchanged, stale (older revision refused), "
-            "conflict (retried), not_found, rejected (422), error.", ["result"], registry=r)
+            "conflict (re-read and re-decided), contended (still conflicting after several "
+            "re-reads: re-queued with backoff), not_found, rejected (422), error.",
+            ["result"], registry=r)
         self.watch_events = Counter(
             "joblease_operator_watch_events_total",
             "Job states received from the etcd watch (snapshot included).", registry=r)
@@ -53,13 +55,24 @@ class OperatorMetrics:
         self.events_posted = Counter(
             "joblease_operator_events_total",
             "Kubernetes Events posted, by reason.", ["reason"], registry=r)
+        self.corrupt_records = Counter(
+            "joblease_operator_corrupt_records_total",
+            "Job states received whose stored records cannot be decoded (the job's status "
+            "shows phase Corrupt; the other jobs are mirrored as usual).", registry=r)
+        self.mirror_errors = Counter(
+            "joblease_operator_mirror_errors_total",
+            "Jobs the mirror skipped or retried after an unexpected error, by stage: "
+            "invalid_name (an etcd key whose job name no JobLease can have), observe, write.",
+            ["stage"], registry=r)
         self.jobs = Gauge(
             "joblease_operator_jobs", "Jobs known from etcd, by phase.", ["phase"], registry=r)
         for phase in Phase:
             self.jobs.labels(phase.value).set(0)
-        for result in ("applied", "unchanged", "stale", "conflict", "not_found", "rejected",
-                       "error"):
+        for result in ("applied", "unchanged", "stale", "conflict", "contended", "not_found",
+                       "rejected", "error"):
             self.status_patches.labels(result)
+        for stage in ("invalid_name", "observe", "write"):
+            self.mirror_errors.labels(stage)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

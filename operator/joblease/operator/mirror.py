@@ -17,6 +17,14 @@ compaction). The mirror:
 The cache of the last object read or written per job (its
 ``status.etcdRevision`` is the "last applied revision") is seeded from the API
 server on first use, so a restarted operator continues where the status is.
+
+Each job is handled on its own: stored values are tenant-writable input, so a
+job whose records cannot be decoded arrives as phase ``Corrupt`` (see
+:func:`joblease.client.assemble`) and gets that status, a Warning Event, a log
+line and a metric; an etcd key whose job name no JobLease can have is skipped;
+an unexpected error while handling one job is logged, counted and retried with
+backoff for that job. None of them stops the watch, so every other job keeps
+being mirrored, and a restart with the bad value still in etcd does the same.
 """
 
 from __future__ import annotations
@@ -32,8 +40,9 @@ from typing import Any
 
 import aiohttp
 
+from joblease import validation
 from joblease.client import JobLeaseClient
-from joblease.errors import JobLeaseError, StoreUnavailableError
+from joblease.errors import InvalidInputError, JobLeaseError, StoreUnavailableError
 from joblease.keys import JobRef
 from joblease.operator.events import JobEvent, derive_events
 from joblease.operator.kube import (
@@ -56,7 +65,17 @@ from joblease.records import JobState, Phase
 
 log = logging.getLogger(__name__)
 
-_TRANSIENT = (KubeApiError, aiohttp.ClientError, TimeoutError, StoreUnavailableError)
+
+class _ContendedError(Exception):
+    """The status write kept conflicting; the entry goes back to the queue."""
+
+
+_TRANSIENT = (KubeApiError, aiohttp.ClientError, TimeoutError, StoreUnavailableError,
+              _ContendedError)
+#: Conditional writes re-read and re-decided in a row before the job is re-queued.
+CONFLICT_RETRIES = 8
+#: Invalid job names remembered (to log each once); beyond that they are only counted.
+_INVALID_NAMES_KEPT = 1024
 
 
 _KEPT_METADATA = ("name", "namespace", "uid", "resourceVersion", "generation",
@@ -112,6 +131,7 @@ class Mirror:
         self._previous: dict[JobRef, JobState] = {}
         self._phases: dict[JobRef, Phase] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._invalid_names: set[JobRef] = set()
         self.states_seen = 0
 
     # -- the watch ---------------------------------------------------------------------------
@@ -134,22 +154,59 @@ class Mirror:
             try:
                 async for state in self.client.watch(self._watch_namespace()):
                     delay = 0.5
-                    self.observe(state)
+                    try:
+                        self.observe(state)
+                    except Exception:  # one job's problem never stops the others
+                        self.metrics.mirror_errors.labels("observe").inc()
+                        log.exception("state of %s at revision %d skipped", state.job,
+                                      state.revision)
             except JobLeaseError as exc:
                 log.warning("etcd watch failed (%s); resyncing in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(30.0, delay * 2)
 
+    def _valid_name(self, job: JobRef) -> bool:
+        """False (logged once, counted) for a key no JobLease can own, e.g. a tenant's
+        ``<root>/<ns>/Bad Name/result``: there is no resource to mirror it into."""
+        try:
+            validation.job_ref(job)
+        except InvalidInputError as exc:
+            self.metrics.mirror_errors.labels("invalid_name").inc()
+            if job not in self._invalid_names and len(self._invalid_names) < _INVALID_NAMES_KEPT:
+                self._invalid_names.add(job)
+                log.warning("etcd keys of %r skipped: %s", str(job), exc)
+            return False
+        return True
+
     def observe(self, state: JobState) -> None:
-        """Take one state from the watch: events, the phase gauge, then a status write."""
+        """Take one state from the watch: events, the phase gauge, then a status write.
+
+        States of one job arrive in revision order (several in a row when one etcd
+        response carries several revisions); one older than the last seen is
+        ignored, so neither events nor the status ever go backwards.
+        """
         job = state.job
-        if not self._selected(job.namespace):
+        if not self._selected(job.namespace) or not self._valid_name(job):
+            return
+        previous = self._previous.get(job)
+        if previous is not None and state.revision < previous.revision:
+            log.debug("state of %s at revision %d is older than %d; ignored", job,
+                      state.revision, previous.revision)
             return
         self.states_seen += 1
         self.metrics.watch_events.inc()
-        events = derive_events(self._previous.get(job), state)
-        self._set_phase(job, state.phase if state.registered else None)
-        if state.registered:
+        if state.corrupt is not None:
+            self.metrics.corrupt_records.inc()
+            if previous is None or previous.corrupt != state.corrupt:
+                log.warning("%s at revision %d: %s; its status shows phase Corrupt, other "
+                            "jobs are not affected", job, state.revision, state.corrupt)
+        elif previous is not None and previous.corrupt is not None:
+            log.info("%s at revision %d: every stored record decodes again", job,
+                     state.revision)
+        events = derive_events(previous, state)
+        known = state.registered or state.corrupt is not None
+        self._set_phase(job, state.phase if known else None)
+        if known:
             self._previous[job] = state
         else:
             self._previous.pop(job, None)
@@ -194,6 +251,9 @@ class Mirror:
 
         The pending entry is taken only once a write slot is free, so every
         change that arrives while this job waits merges into the one write.
+        A write that fails (transiently, by contention, or by a bug) puts its
+        entry back, merged with anything newer that arrived meanwhile, and is
+        retried with backoff: the newest state is never dropped.
         """
         backoff = 0.2
         try:
@@ -207,12 +267,17 @@ class Mirror:
                         backoff = 0.2
                         continue
                     except _TRANSIENT as exc:
-                        self.metrics.status_patches.labels("error").inc()
+                        if not isinstance(exc, _ContendedError):
+                            self.metrics.status_patches.labels("error").inc()
                         log.warning("status of %s not written (%s); retrying in %.1fs",
                                     job, exc, backoff)
-                        newer = self._pending.get(job)
-                        self._pending[job] = entry.merge(newer) if newer else entry
-                        self._objects.pop(job, None)
+                    except Exception:  # a bug must not silently end this job's writer
+                        self.metrics.mirror_errors.labels("write").inc()
+                        log.exception("status of %s not written; retrying in %.1fs",
+                                      job, backoff)
+                    newer = self._pending.get(job)
+                    self._pending[job] = entry.merge(newer) if newer else entry
+                    self._objects.pop(job, None)
                 await asyncio.sleep(backoff)  # outside the slot: others keep writing
                 backoff = min(10.0, backoff * 2)
         finally:
@@ -235,7 +300,7 @@ class Mirror:
             if not state.registered and obj.get("metadata", {}).get("deletionTimestamp"):
                 self._objects.pop(job, None)  # our finalizer unregistered it; it is going
                 return
-            for _ in range(8):
+            for _ in range(CONFLICT_RETRIES):
                 previous = obj.get("status") or {}
                 if not should_apply(previous, state):
                     self.metrics.status_patches.labels("stale").inc()
@@ -268,11 +333,16 @@ class Mirror:
                 log.debug("status of %s: %s at revision %d", job, status["phase"],
                           state.revision)
                 break
+            else:
+                # Someone else keeps changing the object: give the slot back and try
+                # again later with this entry (and anything newer merged into it).
+                self.metrics.status_patches.labels("contended").inc()
+                raise _ContendedError(f"{CONFLICT_RETRIES} conflicting writes in a row")
         except NotFoundError:
             self.metrics.status_patches.labels("not_found").inc()
             self._objects.pop(job, None)
             return
-        if state.registered:
+        if state.registered or state.corrupt is not None:
             self._objects[job] = _slim(obj)
         else:
             self._objects.pop(job, None)

@@ -24,7 +24,10 @@ from joblease.records import JobState, Phase
 #: Bytes of result JSON copied into the status; the full result stays in etcd.
 DEFAULT_RESULT_LIMIT = 4096
 
-CONDITION_TYPES = ("Registered", "Claimed", "Completed", "Failed")
+CONDITION_TYPES = ("Registered", "Claimed", "Completed", "Failed", "Corrupt")
+
+#: The API server's limit on a condition's message (metav1.Condition).
+CONDITION_MESSAGE_LIMIT = 32768
 
 #: Fields that are estimates computed when the status is written, not facts from etcd.
 ESTIMATED_FIELDS = ("renewTime", "leaseExpiryTime")
@@ -60,9 +63,10 @@ def should_apply(previous_status: Mapping[str, Any] | None, state: JobState) -> 
     return state.revision > current
 
 
-def _condition(previous: Mapping[str, Mapping[str, Any]], type_: str, true: bool, reason: str,
-               message: str, observed_generation: int, now: str) -> dict[str, Any]:
-    status = "True" if true else "False"
+def _condition(previous: Mapping[str, Mapping[str, Any]], type_: str, true: bool | None,
+               reason: str, message: str, observed_generation: int, now: str) -> dict[str, Any]:
+    """One condition; ``true`` None means ``Unknown``."""
+    status = "Unknown" if true is None else "True" if true else "False"
     before = previous.get(type_)
     changed = before is None or before.get("status") != status
     transition = now if changed or not before else str(before.get("lastTransitionTime") or now)
@@ -76,19 +80,47 @@ def _condition(previous: Mapping[str, Mapping[str, Any]], type_: str, true: bool
 def conditions_for(state: JobState, observed_generation: int,
                    previous_conditions: list[Mapping[str, Any]] | None,
                    now: str) -> list[dict[str, Any]]:
-    """The four conditions, in a fixed order, keeping unchanged transition times."""
+    """The five conditions, in a fixed order, keeping unchanged transition times.
+
+    A job etcd does not know (``NotRegistered``) is neither claimable nor failed.
+    A job with an undecodable record (``Corrupt``) says so in ``Corrupt``; what
+    its records would mean is ``Unknown`` (the fields that did decode are not
+    enough to say whether it is held, completed or failed).
+    """
     prev = {str(c.get("type")): c for c in previous_conditions or [] if isinstance(c, Mapping)}
     spec, holder, result = state.spec, state.holder, state.result
     phase = state.phase
 
-    def cond(type_: str, true: bool, reason: str, message: str) -> dict[str, Any]:
+    def cond(type_: str, true: bool | None, reason: str, message: str) -> dict[str, Any]:
         return _condition(prev, type_, true, reason, message, observed_generation, now)
 
-    if spec is not None:
-        registered = cond("Registered", True, "Registered",
-                          f"registered in etcd at revision {state.spec_revision}")
-    else:
-        registered = cond("Registered", False, "NotRegistered", "no registration in etcd")
+    if state.corrupt is not None:
+        corrupt = cond("Corrupt", True, "UndecodableRecord",
+                       f"{state.corrupt} (fix or delete the value in etcd; the status "
+                       "follows again with the next change)"[:CONDITION_MESSAGE_LIMIT])
+        if spec is not None:
+            registered = cond("Registered", True, "Registered",
+                              f"registered in etcd at revision {state.spec_revision}")
+        elif state.spec_revision > 0:
+            registered = cond("Registered", None, "Corrupt",
+                              f"a registration exists in etcd (revision {state.spec_revision}) "
+                              "but cannot be decoded")
+        else:
+            registered = cond("Registered", False, "NotRegistered", "no registration in etcd")
+        unknown = "a stored record of this job cannot be decoded; see the Corrupt condition"
+        return [registered, cond("Claimed", None, "Corrupt", unknown),
+                cond("Completed", None, "Corrupt", unknown),
+                cond("Failed", None, "Corrupt", unknown), corrupt]
+
+    corrupt = cond("Corrupt", False, "RecordsDecoded", "every stored record decodes")
+    if phase is Phase.NOT_REGISTERED:
+        why = "no registration in etcd: not claimable"
+        return [cond("Registered", False, "NotRegistered", "no registration in etcd"),
+                cond("Claimed", False, "NotRegistered", why),
+                cond("Completed", False, "NotRegistered", why),
+                cond("Failed", False, "NotRegistered", why), corrupt]
+    registered = cond("Registered", True, "Registered",
+                      f"registered in etcd at revision {state.spec_revision}")
     if holder is not None:
         claimed = cond("Claimed", True, "Held",
                        f"held by {holder.owner} (generation {holder.generation}, "
@@ -113,7 +145,7 @@ def conditions_for(state: JobState, observed_generation: int,
     else:
         failed = cond("Failed", False, "AttemptsLeft" if result is None else "Completed",
                       "attempts left" if result is None else "completed")
-    return [registered, claimed, completed, failed]
+    return [registered, claimed, completed, failed, corrupt]
 
 
 def status_from_state(

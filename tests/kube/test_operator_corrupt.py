@@ -1,0 +1,221 @@
+"""One job's bad etcd data, or a job etcd does not know, against the real operator.
+
+Real etcd, real kube-apiserver, the operator as a real process (the helpers of
+``test_operator``). Tenants may write anything under their own etcd prefix, so
+an undecodable value is input: it must be reported for that one job (status
+phase ``Corrupt`` with a ``Corrupt`` condition, a Warning Event, a metric) while
+every other job, in every namespace, keeps being mirrored, also after a restart
+with the bad value still in etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
+from joblease.operator.kube import KubeApi, login
+from joblease.operator.metrics import OperatorMetrics
+from joblease.operator.mirror import CONFLICT_RETRIES, Mirror
+from joblease.store import Delete, Put
+from tests.kube.test_operator import Kube, OperatorProcess, wait_for
+from tests.support.controlplane import ControlPlane
+
+pytestmark = pytest.mark.kube
+
+SPEC = {"leaseDurationSeconds": 30, "maxAttempts": 3}
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status.get("conditions") or []}
+
+
+def corrupt(status: dict[str, Any]) -> bool:
+    c = conditions(status).get("Corrupt", {})
+    return status.get("phase") == "Corrupt" and c.get("status") == "True"
+
+
+def metric(text: str, name: str) -> float:
+    values = [float(line.split()[-1]) for line in text.splitlines()
+              if line.startswith(name + " ") or line.startswith(name + "{")]
+    return sum(values)
+
+
+@pytest.fixture
+def second_namespace(crds_installed: ControlPlane, namespace: str) -> str:
+    """A second fresh namespace whose name starts with the first one's."""
+    name = f"{namespace}-b"
+    crds_installed.kubectl("create", "namespace", name, check=True)
+    return name
+
+
+@pytest.fixture
+async def two_namespace_operator(crds_installed: ControlPlane, namespace: str,
+                                 second_namespace: str, etcd_config: EtcdConfig,
+                                 tmp_path: Path, request: pytest.FixtureRequest
+                                 ) -> AsyncIterator[OperatorProcess]:
+    """The operator serving both namespaces (one glob: ``<first>*``)."""
+    op = OperatorProcess(crds_installed, etcd_config, f"{namespace}*", tmp_path / "operator.log")
+    op.start()
+    try:
+        await op.wait_ready()
+        yield op
+    finally:
+        op.stop()
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            rep.sections.append(("operator log", op.log_tail()))
+
+
+async def test_one_jobs_undecodable_records_do_not_stop_the_operator_for_other_jobs(
+        crds_installed: ControlPlane, namespace: str, second_namespace: str,
+        two_namespace_operator: OperatorProcess, client: JobLeaseClient) -> None:
+    op = two_namespace_operator
+    a, b = Kube(crds_installed, namespace), Kube(crds_installed, second_namespace)
+    jobs = {(a, "good"): JobRef(namespace, "good"), (a, "bad-result"): JobRef(namespace,
+                                                                             "bad-result"),
+            (b, "good"): JobRef(second_namespace, "good"),
+            (b, "bad-holder"): JobRef(second_namespace, "bad-holder")}
+    for kube, name in jobs:
+        await kube.apply(name, SPEC)
+    for (kube, name), job in jobs.items():
+        async def registered(job: JobRef = job) -> bool:
+            return (await client.get(job)).registered
+        await wait_for(f"{job} registered", registered)
+        await kube.status_where(name, "Pending", lambda s: s["phase"] == "Pending")
+
+    # A tenant writes garbage under its own jobs' prefixes: a non-JSON result in one
+    # namespace, a holder of the wrong shape in the other.
+    bad_result, bad_holder = jobs[(a, "bad-result")], jobs[(b, "bad-holder")]
+    await client.store.txn([], [Put(client.keys.job(bad_result).result, b"{not json")], [])
+    await client.store.txn(
+        [], [Put(client.keys.job(bad_holder).holder, b'{"owner": 42, "claimId": []}')], [])
+
+    # The other jobs keep being mirrored, in both namespaces.
+    good_a = await client.claim(jobs[(a, "good")], "worker-a")
+    good_b = await client.claim(jobs[(b, "good")], "worker-b")
+    for kube, lease in ((a, good_a), (b, good_b)):
+        s = await kube.status_where("good", "Claimed", lambda s: s["phase"] == "Claimed")
+        assert s["fencingToken"] == lease.token and s["holderIdentity"] == lease.owner
+
+    # The bad ones say what is wrong, in their status and in a Warning Event.
+    s = await a.status_where("bad-result", "Corrupt", corrupt)
+    assert "result" in conditions(s)["Corrupt"]["message"]
+    assert conditions(s)["Completed"]["status"] == "Unknown"
+    s = await b.status_where("bad-holder", "Corrupt", corrupt)
+    assert "holder" in conditions(s)["Corrupt"]["message"]
+    assert conditions(s)["Registered"]["status"] == "True"
+    for kube, name in ((a, "bad-result"), (b, "bad-holder")):
+        async def warned(kube: Kube = kube, name: str = name) -> bool:
+            return "Corrupt" in await kube.event_reasons(name)
+        await wait_for(f"Corrupt event for {name}", warned)
+    assert metric(op.metrics(), "joblease_operator_corrupt_records_total") >= 2
+    assert metric(op.metrics(), 'joblease_operator_jobs{phase="Corrupt"}') == 2
+
+    # A restart with the bad values still in etcd: the operator stays up and serves.
+    op.stop()
+    op.start()
+    await op.wait_ready()
+    await good_a.complete({"rows": 1})
+    await good_b.release()
+    await a.status_where("good", "Completed", lambda s: s["phase"] == "Completed")
+    await b.status_where("good", "Pending after release", lambda s: (
+        s["phase"] == "Pending" and s["holderIdentity"] == ""))
+    assert corrupt(await a.status("bad-result")) and corrupt(await b.status("bad-holder"))
+    assert op.proc is not None and op.proc.poll() is None, "the operator exited"
+    assert op.probe("/healthz") == 200 and op.starts == 2
+
+    # Removing the bad value brings the job back to what etcd says.
+    await client.store.txn([], [Delete(client.keys.job(bad_result).result)], [])
+    s = await a.status_where("bad-result", "Pending again", lambda s: s["phase"] == "Pending")
+    assert conditions(s)["Corrupt"]["status"] == "False"
+
+
+async def test_a_joblease_etcd_does_not_know_is_not_registered_not_pending(
+        crds_installed: ControlPlane, namespace: str, etcd_config: EtcdConfig,
+        tmp_path: Path, client: JobLeaseClient) -> None:
+    kube = Kube(crds_installed, namespace)
+    op = OperatorProcess(crds_installed, etcd_config, namespace, tmp_path / "operator.log")
+    op.start()
+    try:
+        await op.wait_ready()
+        job = JobRef(namespace, "orphan")
+        await kube.apply("orphan", SPEC)
+        await kube.status_where("orphan", "Pending", lambda s: s["phase"] == "Pending")
+        await client.unregister(job)  # out of band: the keys go, the resource stays
+        s = await kube.status_where("orphan", "NotRegistered",
+                                    lambda s: s["phase"] == "NotRegistered")
+        c = conditions(s)
+        assert (c["Registered"]["status"], c["Registered"]["reason"]) == ("False",
+                                                                          "NotRegistered")
+        assert (c["Claimed"]["status"], c["Claimed"]["reason"]) == ("False", "NotRegistered")
+        assert c["Failed"]["status"] == "False"
+    except BaseException:
+        print(op.log_tail())
+        raise
+    finally:
+        op.stop()
+
+
+class ContendedKube(KubeApi):
+    """The real API client; before each of its first ``conflicts`` status writes
+    another writer (kubectl, a real write) changes the object, so the API server
+    answers the write with a real 409 Conflict."""
+
+    def __init__(self, cp: ControlPlane, conflicts: int) -> None:
+        super().__init__(login)
+        self.cp, self.conflicts, self.writes = cp, conflicts, 0
+
+    async def replace_status(self, obj: dict[str, Any], status: dict[str, Any]
+                             ) -> dict[str, Any]:
+        self.writes += 1
+        if self.writes <= self.conflicts:
+            meta = obj["metadata"]
+            await asyncio.to_thread(
+                self.cp.kubectl, "-n", meta["namespace"], "annotate", "--overwrite",
+                "jl", meta["name"], f"test.joblease.io/bump={self.writes}", check=True)
+        return await super().replace_status(obj, status)
+
+
+@pytest.fixture
+def kubeconfig_env(crds_installed: ControlPlane) -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KUBECONFIG", str(crds_installed.kubeconfig))
+        yield
+
+
+async def test_a_status_write_that_keeps_conflicting_is_retried_not_dropped(
+        crds_installed: ControlPlane, namespace: str, client: JobLeaseClient,
+        kubeconfig_env: None) -> None:
+    """The mirror in this process (no kopf: the job is registered directly) with the
+    real API client; one more conflict than the mirror re-reads in a row."""
+    kube = Kube(crds_installed, namespace)
+    job = JobRef(namespace, "contended")
+    await kube.apply("contended", SPEC)
+    api = ContendedKube(crds_installed, conflicts=CONFLICT_RETRIES + 1)
+    metrics = OperatorMetrics()
+    mirror = Mirror(client, api, metrics, namespaces=(namespace,))
+    task = asyncio.create_task(mirror.run())
+    try:
+        revision = await client.register(job, JobSpec(30, max_attempts=3))
+        s = await kube.status_where("contended", "Pending after the conflicts",
+                                    lambda s: s.get("phase") == "Pending", timeout=60)
+        assert s["etcdRevision"] >= revision
+        assert api.writes > CONFLICT_RETRIES + 1
+        contended = metrics.status_patches.labels("contended")._value.get()
+        assert contended >= 1
+        # The job's newest state still follows (nothing was left behind).
+        lease = await client.claim(job, "worker")
+        s = await kube.status_where("contended", "Claimed",
+                                    lambda s: s.get("phase") == "Claimed", timeout=30)
+        assert s["fencingToken"] == lease.token
+        await lease.release()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await mirror.close()
+        await api.close()
