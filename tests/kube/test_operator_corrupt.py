@@ -10,17 +10,13 @@ with the bad value still in etcd.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
-from joblease.operator.kube import KubeApi, login
-from joblease.operator.metrics import OperatorMetrics
-from joblease.operator.mirror import CONFLICT_RETRIES, Mirror
+from joblease import EtcdConfig, JobLeaseClient, JobRef
 from joblease.store import Delete, Put
 from tests.kube.test_operator import Kube, OperatorProcess, wait_for
 from tests.support.controlplane import ControlPlane
@@ -159,63 +155,3 @@ async def test_a_joblease_etcd_does_not_know_is_not_registered_not_pending(
         raise
     finally:
         op.stop()
-
-
-class ContendedKube(KubeApi):
-    """The real API client; before each of its first ``conflicts`` status writes
-    another writer (kubectl, a real write) changes the object, so the API server
-    answers the write with a real 409 Conflict."""
-
-    def __init__(self, cp: ControlPlane, conflicts: int) -> None:
-        super().__init__(login)
-        self.cp, self.conflicts, self.writes = cp, conflicts, 0
-
-    async def replace_status(self, obj: dict[str, Any], status: dict[str, Any]
-                             ) -> dict[str, Any]:
-        self.writes += 1
-        if self.writes <= self.conflicts:
-            meta = obj["metadata"]
-            await asyncio.to_thread(
-                self.cp.kubectl, "-n", meta["namespace"], "annotate", "--overwrite",
-                "jl", meta["name"], f"test.joblease.io/bump={self.writes}", check=True)
-        return await super().replace_status(obj, status)
-
-
-@pytest.fixture
-def kubeconfig_env(crds_installed: ControlPlane) -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KUBECONFIG", str(crds_installed.kubeconfig))
-        yield
-
-
-async def test_a_status_write_that_keeps_conflicting_is_retried_not_dropped(
-        crds_installed: ControlPlane, namespace: str, client: JobLeaseClient,
-        kubeconfig_env: None) -> None:
-    """The mirror in this process (no kopf: the job is registered directly) with the
-    real API client; one more conflict than the mirror re-reads in a row."""
-    kube = Kube(crds_installed, namespace)
-    job = JobRef(namespace, "contended")
-    await kube.apply("contended", SPEC)
-    api = ContendedKube(crds_installed, conflicts=CONFLICT_RETRIES + 1)
-    metrics = OperatorMetrics()
-    mirror = Mirror(client, api, metrics, namespaces=(namespace,))
-    task = asyncio.create_task(mirror.run())
-    try:
-        revision = await client.register(job, JobSpec(30, max_attempts=3))
-        s = await kube.status_where("contended", "Pending after the conflicts",
-                                    lambda s: s.get("phase") == "Pending", timeout=60)
-        assert s["etcdRevision"] >= revision
-        assert api.writes > CONFLICT_RETRIES + 1
-        contended = metrics.status_patches.labels("contended")._value.get()
-        assert contended >= 1
-        # The job's newest state still follows (nothing was left behind).
-        lease = await client.claim(job, "worker")
-        s = await kube.status_where("contended", "Claimed",
-                                    lambda s: s.get("phase") == "Claimed", timeout=30)
-        assert s["fencingToken"] == lease.token
-        await lease.release()
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await mirror.close()
-        await api.close()

@@ -41,7 +41,7 @@ from typing import Any
 import aiohttp
 
 from joblease import validation
-from joblease.client import JobLeaseClient
+from joblease.client import JobLeaseClient, assemble
 from joblease.errors import InvalidInputError, JobLeaseError, StoreUnavailableError
 from joblease.keys import JobRef
 from joblease.operator.events import JobEvent, derive_events
@@ -147,11 +147,22 @@ class Mirror:
         return None
 
     async def run(self) -> None:
-        """Watch forever; after an etcd failure start again from a fresh snapshot."""
+        """Watch forever; after an etcd failure start again from a fresh snapshot.
+
+        A new watch's snapshot only has the jobs that exist: a job removed while
+        the watch was down would keep its last status forever. So after a
+        failure, the jobs known before it that are gone from etcd are reported
+        as not registered first (from one read of the keys, at a revision older
+        than the new watch's snapshot, so nothing goes backwards).
+        """
         delay = 0.5
+        gap: set[JobRef] = set()  # jobs known before a failure, not yet re-checked
         while True:
             self.metrics.resyncs.inc()
             try:
+                if gap:
+                    await self._report_vanished(gap)
+                    gap = set()
                 async for state in self.client.watch(self._watch_namespace()):
                     delay = 0.5
                     try:
@@ -161,9 +172,20 @@ class Mirror:
                         log.exception("state of %s at revision %d skipped", state.job,
                                       state.revision)
             except JobLeaseError as exc:
+                gap |= set(self._previous)
                 log.warning("etcd watch failed (%s); resyncing in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(30.0, delay * 2)
+
+    async def _report_vanished(self, known: set[JobRef]) -> None:
+        """Observe "not registered" for each job of ``known`` that has no key now."""
+        namespace = self._watch_namespace()
+        revision, kvs = await self.client.store.get(
+            self.client.keys.namespace_prefix(namespace), prefix=True, keys_only=True)
+        present = {parsed[0] for kv in kvs if (parsed := self.client.keys.parse(kv.key))}
+        for job in sorted(known - present):
+            log.info("%s vanished from etcd while the watch was down", job)
+            self.observe(assemble(job, {}, revision))
 
     def _valid_name(self, job: JobRef) -> bool:
         """False (logged once, counted) for a key no JobLease can own, e.g. a tenant's
