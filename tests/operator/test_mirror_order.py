@@ -1,0 +1,36 @@
+"""The mirror's ordering rules with several states of one job in a row (one etcd
+response can carry several revisions). Uses test_status's fake API server: only
+the ordering logic is under test here; tests/kube runs the real one."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from joblease.operator.metrics import OperatorMetrics
+from joblease.operator.mirror import Mirror
+from tests.operator.test_status import FakeClient, FakeKube, settle, state
+
+
+async def test_states_in_a_row_give_every_event_and_the_newest_status() -> None:
+    kube = FakeKube()
+    mirror = Mirror(cast(Any, FakeClient()), cast(Any, kube), OperatorMetrics())
+    mirror.observe(state(5))
+    await settle(mirror)
+    # A claim and its expiry in one etcd response: two states, two revisions, no await.
+    mirror.observe(state(9, generation=1, holder=("a", 9)))
+    mirror.observe(state(10, generation=1))
+    await settle(mirror)
+    assert kube.writes == [5, 10]
+    assert kube.events == ["Claimed", "Expired"]
+
+
+async def test_a_state_older_than_the_last_seen_changes_nothing() -> None:
+    kube = FakeKube()
+    mirror = Mirror(cast(Any, FakeClient()), cast(Any, kube), OperatorMetrics())
+    mirror.observe(state(9, generation=1, holder=("a", 9)))
+    await settle(mirror)
+    mirror.observe(state(6))  # e.g. a replayed older revision: no Expired, no write
+    mirror.observe(state(12, generation=1, holder=("a", 9)))
+    await settle(mirror)
+    assert kube.writes == [9]  # 12 only changes the revision: not news
+    assert kube.events == []
