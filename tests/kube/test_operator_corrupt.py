@@ -110,6 +110,19 @@ async def test_one_jobs_undecodable_records_do_not_stop_the_operator_for_other_j
             return "Corrupt" in await kube.event_reasons(name)
         await wait_for(f"Corrupt event for {name}", warned)
     assert metric(op.metrics(), "joblease_operator_corrupt_records_total") >= 2
+
+    # A key whose job name no JobLease can have is skipped: "good?x" must not be
+    # mirrored into the JobLease "good" (the URL's query would cut the name there).
+    fake_spec = b'{"leaseDurationSeconds": 30, "maxAttempts": 3}'
+    await client.store.txn([], [Put(client.keys.namespace_prefix(namespace) + b"good?x/spec",
+                                    fake_spec)], [])
+
+    async def skipped() -> bool:
+        return metric(op.metrics(),
+                      'joblease_operator_mirror_errors_total{stage="invalid_name"}') >= 1
+    await wait_for("the invalid job name to be skipped", skipped)
+    s = await a.status("good")
+    assert s["phase"] == "Claimed" and s["fencingToken"] == good_a.token
     assert metric(op.metrics(), 'joblease_operator_jobs{phase="Corrupt"}') == 2
 
     # A restart with the bad values still in etcd: the operator stays up and serves.
