@@ -4,10 +4,13 @@ the ordering logic is under test here; tests/kube runs the real one."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
+from joblease import JobLeaseClient, JobRef, JobSpec
 from joblease.operator.metrics import OperatorMetrics
 from joblease.operator.mirror import Mirror
+from joblease.store import Put
 from tests.operator.test_status import FakeClient, FakeKube, settle, state
 
 
@@ -34,3 +37,18 @@ async def test_a_state_older_than_the_last_seen_changes_nothing() -> None:
     await settle(mirror)
     assert kube.writes == [9]  # 12 only changes the revision: not news
     assert kube.events == []
+
+
+async def test_a_refresh_that_cannot_read_the_job_is_counted_not_lost_silently(
+        client: JobLeaseClient) -> None:
+    """Real etcd: a key under the job's prefix that is not UTF-8 (a tenant can write
+    one) makes ``client.get`` raise outside the project's errors; the refresh is
+    logged and counted, and the mirror carries on with the next job."""
+    job = JobRef("ns", "job")
+    await client.register(job, JobSpec(10))
+    await client.store.txn([], [Put(client.keys.job(job).prefix + b"\xff", b"x")], [])
+    metrics = OperatorMetrics()
+    mirror = Mirror(client, cast(Any, FakeKube()), metrics)
+    mirror.refresh(job)
+    await asyncio.gather(*mirror._background)
+    assert metrics.mirror_errors.labels("observe")._value.get() == 1

@@ -255,6 +255,10 @@ class Mirror:
         except JobLeaseError as exc:
             log.info("refresh of %s skipped: %s", job, exc)
             return
+        except Exception:  # e.g. a key under the job's prefix that is not UTF-8
+            self.metrics.mirror_errors.labels("observe").inc()
+            log.exception("refresh of %s skipped", job)
+            return
         self._objects.pop(job, None)  # the resource changed: read it again
         self.offer(state, [])
 
