@@ -203,7 +203,10 @@ def check_resends(operations: Sequence[Operation]) -> list[Violation]:
     return found
 
 
-AUTH_LOSS_WORDS = ("auth token", "etcd refused", "permission denied", "unauthenticated")
+# What etcd and joblease say when a token or the credentials are refused
+# (PermissionDeniedError's messages, etcd's "invalid auth token").
+AUTH_LOSS_WORDS = ("auth token", "refused the credentials", "permission denied",
+                   "unauthenticated", "user name is empty")
 
 
 def check_losses(operations: Sequence[Operation]) -> list[Violation]:

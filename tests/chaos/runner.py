@@ -331,16 +331,16 @@ class StatusRecorder:
                      "get", "jobleases", "--watch", "--output-watch-events", "-o", "json"],
                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
                 assert self._proc.stdout is not None
-                buf: list[str] = []
+                buf = ""
                 for line in self._proc.stdout:
-                    buf.append(line)
-                    if line.rstrip("\n") != "}":
-                        continue
+                    # one event per line (kubectl >= 1.3x), or pretty-printed over
+                    # several lines (older kubectl): parse once the buffer is whole
+                    buf += line
                     try:
-                        event = json.loads("".join(buf))
+                        event = json.loads(buf)
                     except ValueError:
-                        continue  # a "}" inside the object: keep reading
-                    buf = []
+                        continue
+                    buf = ""
                     obj = event.get("object") or {}
                     meta = obj.get("metadata") or {}
                     rec = {"job": f"{NAMESPACE}/{meta.get('name')}", "type": event.get("type"),
@@ -608,7 +608,7 @@ class ChaosRunner:
                 "Completed", state.result_token, state.generation)
 
         while time.monotonic() < deadline:
-            self._check_alive()
+            self._check_operator()
             if all(equal(j, s) for j, s in final.items() if s.result_token is not None):
                 break
             await asyncio.sleep(0.5)
@@ -616,17 +616,20 @@ class ChaosRunner:
 
     def _check_alive(self) -> None:
         """A worker that exits by itself (not killed by the nemesis) is a finding."""
+        self._check_operator()
+        for p in self.procs:
+            if p.proc is not None and p.proc.poll() not in (None, -signal.SIGKILL):
+                tail = (self.dir / f"{p.wid}.log").read_text(errors="replace")[-2000:]
+                self.unexpected.append(f"{p.wid} exited {p.proc.returncode}: {tail}")
+                p.restart()
+
+    def _check_operator(self) -> None:
         op = self.operator
         if op is not None and op.proc is not None \
                 and op.proc.poll() not in (None, -signal.SIGKILL):
             tail = (self.dir / "operator.log").read_text(errors="replace")[-2000:]
             self.unexpected.append(f"operator exited {op.proc.returncode}: {tail}")
             op.restart()
-        for p in self.procs:
-            if p.proc is not None and p.proc.poll() not in (None, -signal.SIGKILL):
-                tail = (self.dir / f"{p.wid}.log").read_text(errors="replace")[-2000:]
-                self.unexpected.append(f"{p.wid} exited {p.proc.returncode}: {tail}")
-                p.restart()
 
     async def _stop_workers(self) -> None:
         (self.dir / "stop").touch()
