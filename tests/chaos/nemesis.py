@@ -24,10 +24,16 @@ Fault types (``FAULT_TYPES``):
 ``clock-skew`` is not scheduled: workers and sidecars run under libfaketime
 for the whole run (hours ahead/behind, x0.5 / x2); each such start is logged.
 
-``kill-operator`` (``OPERATOR_FAULT_TYPES``, scheduled only in runs with the
-operator, ``tests/chaos/test_chaos_operator.py``): SIGKILL the operator and
-restart it a moment later; its etcd traffic also goes through its own proxies,
-so ``partition`` and ``delay`` can pick it too.
+``OPERATOR_FAULT_TYPES``, scheduled only in runs with the operator
+(``tests/chaos/test_chaos_operator.py``):
+
+* ``kill-operator``: SIGKILL the operator and restart it a moment later;
+* ``rollout-operator``: start a second operator, let both run for 1-3 x TTL,
+  then SIGTERM the old one (a rolling update: two mirrors writing statuses).
+
+The operator's etcd traffic goes through its own proxies, so ``partition``
+and ``delay`` can pick it too, and its API-server traffic through a proxy
+that ``delay-destination`` can hold.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import random
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -55,7 +61,7 @@ FAULT_TYPES = (
     "etcd-kill-leader", "etcd-kill-follower",
 )
 
-OPERATOR_FAULT_TYPES = ("kill-operator",)
+OPERATOR_FAULT_TYPES = ("kill-operator", "rollout-operator")
 
 Mode = Literal["pass", "blackhole", "delay"]
 
@@ -187,9 +193,11 @@ class Target:
     def __init__(self, name: str, kind: str, pid: Callable[[], int | None],
                  restart: Callable[[], None] | None = None,
                  proxies: ProxyGroup | None = None,
-                 destination: ChaosProxy | None = None) -> None:
+                 destination: ChaosProxy | None = None,
+                 rollout: Callable[[float], Awaitable[None]] | None = None) -> None:
         self.name, self.kind, self.pid = name, kind, pid
         self.restart, self.proxies, self.destination = restart, proxies, destination
+        self.rollout = rollout
 
 
 async def leader_index(cluster: EtcdCluster,
@@ -278,6 +286,10 @@ class Nemesis:
             pool = self._free(kind.split("-")[1])
             if pool:
                 coro = self._kill(kind, self.rng.choice(pool))
+        elif kind == "rollout-operator":
+            pool = [t for t in self._free("operator") if t.rollout is not None]
+            if pool:
+                coro = self._rollout(kind, self.rng.choice(pool))
         elif kind in ("partition", "delay"):
             pool = [t for t in self.targets if t.proxies is not None and t.name not in self.busy]
             if pool:
@@ -323,6 +335,17 @@ class Nemesis:
             if t.restart is not None:
                 t.restart()
             self.log.log(kind, t.name, start, time.monotonic(), pid=pid)
+        finally:
+            self.busy.discard(t.name)
+
+    async def _rollout(self, kind: str, t: Target) -> None:
+        assert t.rollout is not None
+        self.busy.add(t.name)
+        try:
+            start = time.monotonic()
+            overlap = self.rng.uniform(1.0, 3.0) * self.ttl
+            await t.rollout(overlap)
+            self.log.log(kind, t.name, start, time.monotonic(), overlap=round(overlap, 2))
         finally:
             self.busy.discard(t.name)
 

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -90,6 +91,7 @@ class ChaosConfig:
     liveness_bound: float = 60.0      # after faults stop, every job completes within
     unchecked: float = 0.1
     rogue: float = 0.8               # a lost lease still sends late effects
+    rogue_delay: float = 6.0          # ... 0.1 s to this much later (mostly after a successor's)
     complete_anyway: float = 0.3
     # libfaketime specs per library worker (cycled) and for the sidecars
     worker_clocks: tuple[str | None, ...] = (None, "-5h", "+3h x2", "-2h x0.5")
@@ -207,6 +209,7 @@ class Proc:
                "--mode", self.mode, "--effects", str(r.cfg.effects),
                "--step-delay", str(r.cfg.step_delay),
                "--unchecked", str(r.cfg.unchecked), "--rogue", str(r.cfg.rogue),
+               "--rogue-delay", str(r.cfg.rogue_delay),
                "--complete-anyway", str(r.cfg.complete_anyway),
                "--resend-unknown", str(r.cfg.resend_unknown),
                "--resend-ok", str(r.cfg.resend_ok),
@@ -258,24 +261,46 @@ class OperatorProc:
     kube-apiserver of ``control_plane`` and, through its own proxies, the chaos etcd.
     Restarted (after a ``kill-operator``) with the same arguments."""
 
-    def __init__(self, runner: ChaosRunner, control_plane: Any, proxies: ProxyGroup) -> None:
+    def __init__(self, runner: ChaosRunner, control_plane: Any, proxies: ProxyGroup,
+                 kube: ChaosProxy | None = None) -> None:
         self.runner, self.cp, self.proxies = runner, control_plane, proxies
         self.proc: subprocess.Popen[bytes] | None = None
         self.wid = "operator"
         self.mode = "operator"
+        self.port = 0  # its metrics/probe port, new for every start
+        self.kubeconfig = Path(control_plane.kubeconfig)
+        if kube is not None:
+            self.kubeconfig = runner.dir / "operator.kubeconfig"
+            config = json.loads(Path(control_plane.kubeconfig).read_text())
+            config["clusters"][0]["cluster"]["server"] = f"https://{kube.endpoint}"
+            self.kubeconfig.write_text(json.dumps(config))
+            self.kubeconfig.chmod(0o600)
+
+    @staticmethod
+    def api_server(control_plane: Any) -> tuple[str, int] | None:
+        """The loopback (host, port) of the test's own API server, whose JSON
+        kubeconfig can be pointed at a proxy; None for anything else."""
+        try:
+            config = json.loads(Path(control_plane.kubeconfig).read_text())
+            server = str(config["clusters"][0]["cluster"]["server"])
+        except (OSError, ValueError, KeyError, IndexError):
+            return None
+        host, _, port = server.removeprefix("https://").partition(":")
+        return (host, int(port)) if host == "127.0.0.1" and port.isdigit() else None
 
     def start(self) -> None:
         r = self.runner
-        env = {**os.environ, "KUBECONFIG": str(self.cp.kubeconfig),
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
                "JOBLEASE_ETCD_ENDPOINTS": self.proxies.endpoints, "JOBLEASE_ROOT": r.root,
                "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": os.pathsep.join((str(ROOT / "operator"), str(ROOT)))}
         if r.cfg.auth:
             env.update(JOBLEASE_ETCD_USERNAME="root", JOBLEASE_ETCD_PASSWORD=r.password)
+        self.port = free_port()
         with open(r.dir / "operator.log", "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "joblease.operator", "--namespace", NAMESPACE,
-                 "--metrics-host", "127.0.0.1", "--metrics-port", str(free_port()),
+                 "--metrics-host", "127.0.0.1", "--metrics-port", str(self.port),
                  "--watch-timeout", "60"],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL)
@@ -287,6 +312,35 @@ class OperatorProc:
             self.proc.wait()
         self.runner.restarts += 1
         self.start()
+
+    async def rollout(self, overlap: float) -> None:
+        """A rolling update: the new operator starts, and once it is ready (or 30 s
+        passed) both run for ``overlap`` seconds, then the old one gets SIGTERM
+        (SIGKILL after 15 s)."""
+        old = self.proc
+        self.start()
+        self.runner.restarts += 1
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not await asyncio.to_thread(self.ready):
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(overlap)
+        if old is not None and old.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                old.send_signal(signal.SIGCONT)
+                old.terminate()
+            try:
+                await asyncio.to_thread(old.wait, 15)
+            except subprocess.TimeoutExpired:
+                old.kill()
+                await asyncio.to_thread(old.wait)
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz",
+                                        timeout=1) as resp:
+                return int(resp.status) == 200
+        except OSError:
+            return False
 
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
@@ -430,9 +484,14 @@ class ChaosRunner:
 
     def _write_jobs(self) -> None:
         open_jobs = [j for j in self.jobs if j not in self.completed_at]
-        tmp = self.dir / "jobs.txt.tmp"
-        tmp.write_text("\n".join(open_jobs) + "\n")
-        tmp.replace(self.dir / "jobs.txt")
+        # every (workers + pairs)-th job is the sidecar pairs' (see Worker.pick)
+        share = self.cfg.workers + self.cfg.sidecar_pairs
+        pairs = [j for j in open_jobs if self.cfg.sidecar_pairs
+                 and int(j.rsplit("j", 1)[1]) % share == 0]
+        for name, jobs in (("pairs.txt", pairs), ("jobs.txt", open_jobs)):
+            tmp = self.dir / f"{name}.tmp"
+            tmp.write_text("\n".join(jobs) + "\n")
+            tmp.replace(self.dir / name)
 
     async def _poll(self, client: JobLeaseClient) -> None:
         try:
@@ -481,10 +540,16 @@ class ChaosRunner:
                     self.recorder = StatusRecorder(self.cp, self.dir / "statuses.jsonl").start()
                     g = await ProxyGroup(self.cluster).start()
                     groups.append(g)
-                    self.operator = OperatorProc(self, self.cp, g)
+                    # its API-server traffic too, so "delay-destination" can hold it
+                    api = OperatorProc.api_server(self.cp)
+                    kube = await ChaosProxy(api).start() if api else None
+                    if kube is not None:
+                        ledger_proxies.append(kube)
+                    self.operator = OperatorProc(self, self.cp, g, kube)
                     self.operator.start()
                     operator_target.append(Target("operator", "operator", self.operator.pid,
-                                                  self.operator.restart, g))
+                                                  self.operator.restart, g, kube,
+                                                  rollout=self.operator.rollout))
                 await self._register(client, cfg.open_jobs)
                 self._write_jobs()
                 targets: list[Target] = list(operator_target)

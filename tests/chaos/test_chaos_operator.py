@@ -5,7 +5,9 @@ plus the operator (``python -m joblease.operator``) against a real
 kube-apiserver (``tests.support.controlplane``, its own etcd) and, through its
 own proxies, the chaos etcd cluster. Jobs are created as JobLeases (the
 operator registers them); the nemesis also kills and restarts the operator
-(``kill-operator``) and may partition or delay its etcd traffic. A
+(``kill-operator``), runs a second one beside it for a while before stopping
+the first (``rollout-operator``), partitions or delays its etcd traffic and
+holds its API-server traffic (``delay-destination``). A
 ``kubectl get --watch`` records every status the API server served; the
 checker requires that no status moves backwards (``etcdRevision``,
 ``generation``, ``fencingToken``, ``Completed``) and that the last one equals
@@ -50,4 +52,5 @@ async def test_operator_status_under_faults(tmp_path: Path, pg_dsn: str,
     report = await run(cfg, _run_dir(tmp_path, "operator"), control_plane)
     _judge(report)
     assert report.faults_by_type.get("kill-operator", 0) > 0
+    assert report.faults_by_type.get("rollout-operator", 0) > 0
     assert report.statuses_served > 0

@@ -317,9 +317,9 @@ class Effects:
         return "ok"
 
 
-def open_jobs(run: Path) -> list[str]:
+def open_jobs(run: Path, name: str = "jobs.txt") -> list[str]:
     try:
-        return [j for j in (run / "jobs.txt").read_text().split() if j]
+        return [j for j in (run / name).read_text().split() if j]
     except OSError:
         return []
 
@@ -350,8 +350,19 @@ class Worker:
         return (self.run / "stop").exists()
 
     def pick(self) -> str | None:
+        """A random open job. The runner marks some jobs as the sidecar pairs'
+        (``pairs.txt``): a pair picks those, library workers the others, each
+        four times in five, so the pairs (whose sidecar needs seconds to start
+        on a loaded machine) get claims too, and everyone still competes."""
         jobs = [j for j in open_jobs(self.run) if j not in self.done]
-        return self.rng.choice(jobs) if jobs else None
+        if not jobs:
+            return None
+        reserved = set(open_jobs(self.run, "pairs.txt"))
+        pair = self.args.mode == "sidecar"
+        preferred = [j for j in jobs if (j in reserved) == pair]
+        if preferred and self.rng.random() < 0.8:
+            return self.rng.choice(preferred)
+        return self.rng.choice(jobs)
 
     async def pace(self) -> None:
         await asyncio.sleep(self.rng.uniform(0.02, self.args.step_delay))
@@ -610,7 +621,7 @@ async def amain(args: argparse.Namespace) -> None:
             await w.run_sidecar()
     finally:
         if w.background:
-            await asyncio.wait(w.background, timeout=5)
+            await asyncio.wait(w.background, timeout=args.rogue_delay + 5)
         await w.effects.close()
         w.h.close()
 
