@@ -4,6 +4,14 @@ state) to a list of :class:`Violation`.
 What is checked (see docs/fault-tests.md):
 
 * ``duplicate-generation``: two ok claims of one job with the same generation.
+* ``holder-not-exclusive`` / ``holder-missing`` / ``holder-owner``: holder
+  exclusivity, judged in etcd's own order. For each ok claim with token ``T``
+  the runner reads the job's holder key *at revision T* (etcd's MVCC history;
+  the chaos cluster never compacts). The claim transaction requires "no live
+  holder", so at ``T`` the holder must have been created at ``T`` (create
+  revision == mod revision == ``T``) by this claim's owner. A holder created
+  earlier and still there at ``T`` means the claim overwrote a live holder:
+  two ok claims overlap with no release, expiry or completion between them.
 * ``token-order``: ok claims' tokens do not strictly increase with generation.
 * ``multiple-completions``: more than one accepted completion of a job.
 * ``stale-completion``: an accepted completion whose token is not the job's
@@ -20,9 +28,20 @@ What is checked (see docs/fault-tests.md):
 * ``foreign-token``: an accepted effect whose (generation, token) contradicts
   the ok claim of that generation.
 * ``duplicate-effect``: one idempotency key applied twice.
+* ``duplicate-not-replayed``: a write re-sent with the idempotency key of an
+  earlier acknowledged write was acknowledged as *newly applied* instead of
+  as a duplicate (the workers re-send some writes on purpose, see workload.py).
+* ``auth-loss``: a lease was lost because etcd refused the client's auth
+  token (an etcd restart with auth on must not cost anyone their lease: the
+  client re-authenticates; issue 20 item 15).
 * ``lost-write``: a write the history says was acknowledged is not in the
   destination's final state.
 * ``liveness``: once faults stopped, a job did not complete within the bound.
+* ``status-backwards`` / ``status-final`` (runs with the operator): every
+  JobLease status the API server served (a watch records them in order) never
+  moves backwards -- ``etcdRevision``, ``generation`` and ``fencingToken`` never
+  decrease, ``Completed`` is never left -- and the last one equals etcd's final
+  state (``Completed``, the result's token, etcd's generation).
 
 Nothing here reads a clock or assumes a TTL upper bound: etcd restarts lease
 countdowns on leader change, so "expired after TTL" is never a fact to rely on.
@@ -77,6 +96,15 @@ class Entry:
     generation: int | None = None
 
 
+@dataclass(frozen=True)
+class HolderAt:
+    """A job's holder key as etcd had it at one revision (the claim's token)."""
+
+    create_revision: int
+    mod_revision: int
+    owner: str | None = None
+
+
 @dataclass
 class Liveness:
     """Runner-side observations (the runner's own monotonic clock)."""
@@ -115,6 +143,83 @@ def check_claims(operations: Sequence[Operation]) -> list[Violation]:
                     f"generation {b.generation} has token {b.token}, not above generation "
                     f"{a.generation}'s token {a.token}: {a.describe()} / {b.describe()}",
                     job=job, ops=(a.invoke.op, b.invoke.op)))
+    return found
+
+
+def check_holders(operations: Sequence[Operation],
+                  holders: Mapping[tuple[str, int], HolderAt | None]) -> list[Violation]:
+    """Holder exclusivity: each ok claim's token is the create revision of a holder
+    that did not exist before it (``holders[(job, token)]``: the holder key read at
+    revision ``token``; claims missing from the mapping were not read, e.g. an
+    unknown revision, and are not judged)."""
+    found = []
+    for job, claims in sorted(_by_job(operations, "claim").items()):
+        for c in claims:
+            if c.phase != "ok" or c.token is None or (job, c.token) not in holders:
+                continue
+            h = holders[(job, c.token)]
+            if h is None:
+                found.append(Violation(
+                    "holder-missing", f"etcd had no holder at revision {c.token}, the token "
+                    f"of an ok claim: {c.describe()}", job=job, ops=(c.invoke.op,)))
+                continue
+            if h.create_revision != c.token or h.mod_revision != c.token:
+                earlier = [x for x in claims if x.phase == "ok" and x.token == h.create_revision]
+                found.append(Violation(
+                    "holder-not-exclusive",
+                    f"ok claim with token {c.token} wrote over a live holder created at "
+                    f"revision {h.create_revision} (holder mod revision {h.mod_revision}): "
+                    f"{c.describe()}"
+                    + (f"; the live holder's claim: {earlier[0].describe()}" if earlier else ""),
+                    job=job, ops=(c.invoke.op, *(x.invoke.op for x in earlier))))
+                continue
+            owner = c.outcome.extra.get("owner") if c.outcome is not None else None
+            if owner is not None and h.owner is not None and owner != h.owner:
+                found.append(Violation(
+                    "holder-owner", f"the holder created at revision {c.token} names owner "
+                    f"{h.owner!r}, but the ok claim was {owner!r}'s: {c.describe()}",
+                    job=job, ops=(c.invoke.op,)))
+    return found
+
+
+def check_resends(operations: Sequence[Operation]) -> list[Violation]:
+    """A re-send of an acknowledged write's key must be answered as a duplicate."""
+    found = []
+    acked: dict[tuple[str | None, str | None], Operation] = {}
+    for w in operations:  # per process in invoke order: a re-send follows its original
+        if w.kind != "write" or w.phase != "ok":
+            continue
+        ident = (w.get("resource"), w.get("key"))
+        first = acked.get(ident)
+        resend = w.invoke.extra.get("resend")
+        if first is not None and resend and w.outcome is not None \
+                and not w.outcome.extra.get("duplicate"):
+            found.append(Violation(
+                "duplicate-not-replayed",
+                f"re-sent write was acknowledged as newly applied although "
+                f"{first.invoke.op} had been acknowledged with the same key: {w.describe()}",
+                job=w.job, resource=w.get("resource"), ops=(first.invoke.op, w.invoke.op)))
+        acked.setdefault(ident, w)
+    return found
+
+
+# What etcd and joblease say when a token or the credentials are refused
+# (PermissionDeniedError's messages, etcd's "invalid auth token").
+AUTH_LOSS_WORDS = ("auth token", "refused the credentials", "permission denied",
+                   "unauthenticated", "user name is empty")
+
+
+def check_losses(operations: Sequence[Operation]) -> list[Violation]:
+    """No lease is lost because etcd refused the client's credentials or token."""
+    found = []
+    for o in operations:
+        if o.kind != "lost":
+            continue
+        reason = (o.reason or "").lower()
+        if any(w in reason for w in AUTH_LOSS_WORDS):
+            found.append(Violation(
+                "auth-loss", f"lease lost to an auth refusal ({o.reason}): {o.describe()}",
+                job=o.job, ops=(o.invoke.op,)))
     return found
 
 
@@ -247,13 +352,59 @@ def check_liveness(jobs: Iterable[str], liveness: Liveness) -> list[Violation]:
     return found
 
 
+MONOTONIC_STATUS_FIELDS = ("etcdRevision", "generation", "fencingToken")
+
+
+def check_statuses(served: Mapping[str, Sequence[Mapping[str, Any]]],
+                   final: Mapping[str, FinalJob]) -> list[Violation]:
+    """The operator's statuses, as served in order per JobLease (empty ones are the
+    API server's before the operator wrote any)."""
+    found = []
+    for job, statuses in sorted(served.items()):
+        prev: Mapping[str, Any] | None = None
+        for i, s in enumerate(statuses):
+            if not s:
+                continue
+            if prev is not None:
+                for f in MONOTONIC_STATUS_FIELDS:
+                    a, b = prev.get(f), s.get(f)
+                    if a is not None and b is not None and int(b) < int(a):
+                        found.append(Violation(
+                            "status-backwards", f"served status #{i} has {f} {b} after {a} "
+                            f"(phase {prev.get('phase')} -> {s.get('phase')})", job=job))
+                if prev.get("phase") == "Completed" and s.get("phase") != "Completed":
+                    found.append(Violation(
+                        "status-backwards", f"served status #{i} has phase {s.get('phase')} "
+                        "after Completed", job=job))
+            prev = s
+    for job, state in sorted(final.items()):
+        last = next((s for s in reversed(served.get(job, ())) if s), None)
+        want = {"phase": "Completed" if state.result_token is not None else None,
+                "fencingToken": state.result_token, "generation": state.generation}
+        if state.result_token is None:
+            continue  # not completed: the liveness rule reports it
+        got = {k: (last or {}).get(k) for k in want}
+        if got != want:
+            found.append(Violation(
+                "status-final", f"the last status the API server served is {got}, etcd says "
+                f"{want}", job=job))
+    return found
+
+
 def check(ops: Sequence[Op], *, final: Mapping[str, FinalJob] | None = None,
           destinations: Mapping[str, Sequence[Entry]] | None = None,
           liveness: Liveness | None = None, jobs: Iterable[str] | None = None,
+          holders: Mapping[tuple[str, int], HolderAt | None] | None = None,
+          statuses: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
           ) -> list[Violation]:
     """Every violation the history, etcd's final state and the destinations show."""
     operations = pair(ops)
-    found = check_claims(operations) + check_completions(operations, final)
+    found = (check_claims(operations) + check_completions(operations, final)
+             + check_resends(operations) + check_losses(operations))
+    if holders is not None:
+        found += check_holders(operations, holders)
+    if statuses is not None:
+        found += check_statuses(statuses, final or {})
     if destinations is not None:
         found += check_destinations(operations, destinations)
     if liveness is not None:
@@ -267,6 +418,8 @@ def summarize(ops: Sequence[Op]) -> dict[str, dict[str, int]]:
     for o in pair(ops):
         c = out[o.kind]
         c["attempted"] += 1
+        if o.invoke.extra.get("resend"):
+            c["resent"] += 1
         if o.phase == "ok":
             c["accepted"] += 1
             if o.outcome is not None and o.outcome.extra.get("duplicate"):

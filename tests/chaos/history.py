@@ -10,6 +10,10 @@ one outcome line with the same ``op`` id: ``ok`` (the system said yes),
 or ``unknown`` (no answer: timeout, dropped connection, dead sidecar). An
 invoke without an outcome line (the process was killed) counts as unknown.
 
+``lost`` is not an operation but an observation: the worker found its lease
+lost (``reason`` is the library's or the sidecar's loss reason), recorded as
+an invoke and an ``ok`` line like everything else.
+
 Times are the worker's own ``wall`` (``time.time()``) and ``mono``
 (``time.monotonic()``). Under libfaketime both are fake, so the checker never
 orders operations of different processes by them; it orders by tokens,
@@ -27,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-KINDS = ("claim", "complete", "write", "release")
+KINDS = ("claim", "complete", "write", "release", "lost")
 PHASES = ("invoke", "ok", "fail", "unknown")
 
 
@@ -37,7 +41,7 @@ class Op:
 
     op: str                      # "<process>:<n>", shared by an invoke and its outcome
     process: str
-    kind: str                    # claim / complete / write / release
+    kind: str                    # claim / complete / write / release / lost
     phase: str                   # invoke / ok / fail / unknown
     job: str | None = None
     token: int | None = None

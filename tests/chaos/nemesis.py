@@ -23,7 +23,17 @@ Fault types (``FAULT_TYPES``):
 
 ``clock-skew`` is not scheduled: workers and sidecars run under libfaketime
 for the whole run (hours ahead/behind, x0.5 / x2); each such start is logged.
-Operator kill/restart is not part of this suite (see docs/fault-tests.md).
+
+``OPERATOR_FAULT_TYPES``, scheduled only in runs with the operator
+(``tests/chaos/test_chaos_operator.py``):
+
+* ``kill-operator``: SIGKILL the operator and restart it a moment later;
+* ``rollout-operator``: start a second operator, let both run for 1-3 x TTL,
+  then SIGTERM the old one (a rolling update: two mirrors writing statuses).
+
+The operator's etcd traffic goes through its own proxies, so ``partition``
+and ``delay`` can pick it too, and its API-server traffic through a proxy
+that ``delay-destination`` can hold.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ import random
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -50,6 +60,8 @@ FAULT_TYPES = (
     "kill-worker", "kill-sidecar", "partition", "delay", "delay-destination",
     "etcd-kill-leader", "etcd-kill-follower",
 )
+
+OPERATOR_FAULT_TYPES = ("kill-operator", "rollout-operator")
 
 Mode = Literal["pass", "blackhole", "delay"]
 
@@ -181,18 +193,22 @@ class Target:
     def __init__(self, name: str, kind: str, pid: Callable[[], int | None],
                  restart: Callable[[], None] | None = None,
                  proxies: ProxyGroup | None = None,
-                 destination: ChaosProxy | None = None) -> None:
+                 destination: ChaosProxy | None = None,
+                 rollout: Callable[[float], Awaitable[None]] | None = None) -> None:
         self.name, self.kind, self.pid = name, kind, pid
         self.restart, self.proxies, self.destination = restart, proxies, destination
+        self.rollout = rollout
 
 
-async def leader_index(cluster: EtcdCluster) -> int | None:
+async def leader_index(cluster: EtcdCluster,
+                       credentials: tuple[str, str] | None = None) -> int | None:
+    user, password = credentials or (None, None)
     for i, m in enumerate(cluster.members):
         if not m.running:
             continue
         try:
-            async with EtcdStore(EtcdConfig(endpoints=(m.endpoint,),
-                                            request_timeout=1.0)) as store:
+            async with EtcdStore(EtcdConfig(endpoints=(m.endpoint,), request_timeout=1.0,
+                                            username=user, password=password)) as store:
                 status = await store.status()
         except JobLeaseError:
             continue
@@ -218,8 +234,14 @@ class Nemesis:
     first (so every type is covered early), then at random."""
 
     def __init__(self, cluster: EtcdCluster, targets: list[Target], log: FaultLog, *,
-                 ttl: float, interval: float, rng: random.Random) -> None:
+                 ttl: float, interval: float, rng: random.Random,
+                 types: tuple[str, ...] = FAULT_TYPES,
+                 credentials: tuple[str, str] | None = None) -> None:
+        unknown = set(types) - set(FAULT_TYPES) - set(OPERATOR_FAULT_TYPES)
+        if unknown or not types:
+            raise ValueError(f"unknown fault types {sorted(unknown)} (or none given)")
         self.cluster, self.targets, self.log = cluster, targets, log
+        self.types, self.credentials = types, credentials
         self.ttl, self.interval, self.rng = ttl, interval, rng
         self.busy: set[str] = set()
         self.etcd_busy = False
@@ -235,7 +257,7 @@ class Nemesis:
         plan: list[str] = []
         while not stop():
             if not plan:
-                plan = list(FAULT_TYPES)
+                plan = list(self.types)
                 self.rng.shuffle(plan)
             kind = plan.pop(0)
             if not self.start(kind):
@@ -260,10 +282,14 @@ class Nemesis:
                 secs = (self.rng.uniform(0.2, 0.7) * self.ttl if short
                         else self.rng.uniform(1.3, 2.5) * self.ttl)
                 coro = self._pause(kind, t, secs)
-        elif kind in ("kill-worker", "kill-sidecar"):
+        elif kind in ("kill-worker", "kill-sidecar", "kill-operator"):
             pool = self._free(kind.split("-")[1])
             if pool:
                 coro = self._kill(kind, self.rng.choice(pool))
+        elif kind == "rollout-operator":
+            pool = [t for t in self._free("operator") if t.rollout is not None]
+            if pool:
+                coro = self._rollout(kind, self.rng.choice(pool))
         elif kind in ("partition", "delay"):
             pool = [t for t in self.targets if t.proxies is not None and t.name not in self.busy]
             if pool:
@@ -312,6 +338,17 @@ class Nemesis:
         finally:
             self.busy.discard(t.name)
 
+    async def _rollout(self, kind: str, t: Target) -> None:
+        assert t.rollout is not None
+        self.busy.add(t.name)
+        try:
+            start = time.monotonic()
+            overlap = self.rng.uniform(1.0, 3.0) * self.ttl
+            await t.rollout(overlap)
+            self.log.log(kind, t.name, start, time.monotonic(), overlap=round(overlap, 2))
+        finally:
+            self.busy.discard(t.name)
+
     async def _network(self, kind: str, t: Target) -> None:
         assert t.proxies is not None
         self.busy.add(t.name)
@@ -354,7 +391,7 @@ class Nemesis:
     async def _member(self, kind: str) -> None:
         self.etcd_busy = True
         try:
-            leader = await leader_index(self.cluster)
+            leader = await leader_index(self.cluster, self.credentials)
             if leader is None:
                 self.skipped[kind] += 1
                 return

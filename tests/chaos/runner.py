@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,9 +36,14 @@ import uvicorn
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from joblease.embedded import EtcdCluster
 from joblease.errors import JobLeaseError
+from joblease.etcd_store import EtcdStore
 from joblease.fencing.destination import create_app
 from joblease.fencing.sql import ensure_schema
+from joblease.keys import KeySpace
+from joblease.records import Holder
+from joblease.tenancy import enable_auth
 from tests.chaos import checker, history
+from tests.chaos.destinations import GATES, Dispatch, direct_app
 from tests.chaos.nemesis import (
     FAULT_TYPES,
     ChaosProxy,
@@ -46,7 +52,7 @@ from tests.chaos.nemesis import (
     ProxyGroup,
     Target,
 )
-from tests.chaos.workload import SQL_TABLE, ledger_name
+from tests.chaos.workload import SQL_TABLE, effects_prefix, ledger_name
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "chaos"
@@ -77,7 +83,7 @@ class ChaosConfig:
     sidecar_pairs: int = 1            # sidecar + HTTP worker pairs
     open_jobs: int = 6                # jobs kept open while faults run
     ttl: int = 2
-    effects: int = 4                  # effects per claim: ledger, SQLite, PostgreSQL, ...
+    effects: int = 6                  # effects per claim: one per destination (workload.py)
     step_delay: float = 0.5           # max pause before each effect (jobs take ~1-2 s)
     fault_interval: float = 1.0
     duration: float = 60.0            # seconds of faults (ends early at ``trials``)
@@ -85,12 +91,17 @@ class ChaosConfig:
     liveness_bound: float = 60.0      # after faults stop, every job completes within
     unchecked: float = 0.1
     rogue: float = 0.8               # a lost lease still sends late effects
+    rogue_delay: float = 6.0          # ... 0.1 s to this much later (mostly after a successor's)
     complete_anyway: float = 0.3
     # libfaketime specs per library worker (cycled) and for the sidecars
     worker_clocks: tuple[str | None, ...] = (None, "-5h", "+3h x2", "-2h x0.5")
     sidecar_clock: str | None = "+1d x0.5"
     seed: int = 0
     pg_dsn: str | None = None
+    fault_types: tuple[str, ...] = FAULT_TYPES  # what the nemesis schedules
+    auth: bool = False                # etcd auth on; every client logs in as root
+    resend_unknown: float = 0.7       # re-send an unknown-outcome write (same key)
+    resend_ok: float = 0.1            # re-send an acknowledged write (same key)
 
 
 @dataclass
@@ -112,6 +123,7 @@ class Report:
     next_completion_after_fault: dict[str, dict[str, float]] = field(default_factory=dict)
     worker_restarts: int = 0
     sidecar_claims: int = 0
+    statuses_served: int = 0          # with the operator: statuses the watch recorded
     unexpected_exits: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -136,6 +148,8 @@ class Report:
             lines.append(f"  after {kind}: next job completion in mean {s['mean']:.2f}s, "
                          f"max {s['max']:.2f}s")
         lines.append(f"  claims through sidecars: {self.sidecar_claims}")
+        if self.statuses_served:
+            lines.append(f"  operator statuses served (watched): {self.statuses_served}")
         lines.append(f"  worker restarts: {self.worker_restarts}; unexpected exits: "
                      f"{len(self.unexpected_exits)}")
         lines.append(f"  VIOLATIONS: {len(self.violations)}")
@@ -151,7 +165,8 @@ def free_port() -> int:
 
 
 class Served:
-    """The example ledger (FencingMiddleware + MemoryGate) under uvicorn, in a thread."""
+    """The example ledger (FencingMiddleware + MemoryGate) and the direct-gate
+    destinations (``/direct``) under uvicorn, in a thread."""
 
     def __init__(self, app: Any) -> None:
         self.port = free_port()
@@ -194,11 +209,17 @@ class Proc:
                "--mode", self.mode, "--effects", str(r.cfg.effects),
                "--step-delay", str(r.cfg.step_delay),
                "--unchecked", str(r.cfg.unchecked), "--rogue", str(r.cfg.rogue),
+               "--rogue-delay", str(r.cfg.rogue_delay),
                "--complete-anyway", str(r.cfg.complete_anyway),
+               "--resend-unknown", str(r.cfg.resend_unknown),
+               "--resend-ok", str(r.cfg.resend_ok),
                "--seed", str(r.rng.randrange(1, 2**31))]
+        if r.cfg.auth:
+            cmd += ["--etcd-user", "root", "--etcd-password", r.password]
         if r.cfg.pg_dsn:
             cmd += ["--pg", r.cfg.pg_dsn]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        # This checkout's product code first (so a scratch copy tests itself).
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "operator"), str(ROOT)))}
         if self.mode == "sidecar":
             cmd += ["--sidecar-env", json.dumps(faketime_env(r.cfg.sidecar_clock))]
         else:
@@ -235,13 +256,184 @@ class Proc:
         return pid
 
 
+class OperatorProc:
+    """``python -m joblease.operator`` for the chaos namespace, against the real
+    kube-apiserver of ``control_plane`` and, through its own proxies, the chaos etcd.
+    Restarted (after a ``kill-operator``) with the same arguments."""
+
+    def __init__(self, runner: ChaosRunner, control_plane: Any, proxies: ProxyGroup,
+                 kube: ChaosProxy | None = None) -> None:
+        self.runner, self.cp, self.proxies = runner, control_plane, proxies
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.wid = "operator"
+        self.mode = "operator"
+        self.port = 0  # its metrics/probe port, new for every start
+        self.kubeconfig = Path(control_plane.kubeconfig)
+        if kube is not None:
+            self.kubeconfig = runner.dir / "operator.kubeconfig"
+            config = json.loads(Path(control_plane.kubeconfig).read_text())
+            config["clusters"][0]["cluster"]["server"] = f"https://{kube.endpoint}"
+            self.kubeconfig.write_text(json.dumps(config))
+            self.kubeconfig.chmod(0o600)
+
+    @staticmethod
+    def api_server(control_plane: Any) -> tuple[str, int] | None:
+        """The loopback (host, port) of the test's own API server, whose JSON
+        kubeconfig can be pointed at a proxy; None for anything else."""
+        try:
+            config = json.loads(Path(control_plane.kubeconfig).read_text())
+            server = str(config["clusters"][0]["cluster"]["server"])
+        except (OSError, ValueError, KeyError, IndexError):
+            return None
+        host, _, port = server.removeprefix("https://").partition(":")
+        return (host, int(port)) if host == "127.0.0.1" and port.isdigit() else None
+
+    def start(self) -> None:
+        r = self.runner
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
+               "JOBLEASE_ETCD_ENDPOINTS": self.proxies.endpoints, "JOBLEASE_ROOT": r.root,
+               "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": os.pathsep.join((str(ROOT / "operator"), str(ROOT)))}
+        if r.cfg.auth:
+            env.update(JOBLEASE_ETCD_USERNAME="root", JOBLEASE_ETCD_PASSWORD=r.password)
+        self.port = free_port()
+        with open(r.dir / "operator.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "joblease.operator", "--namespace", NAMESPACE,
+                 "--metrics-host", "127.0.0.1", "--metrics-port", str(self.port),
+                 "--watch-timeout", "60"],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL)
+
+    def restart(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            self.proc.wait()
+        self.runner.restarts += 1
+        self.start()
+
+    async def rollout(self, overlap: float) -> None:
+        """A rolling update: the new operator starts, and once it is ready (or 30 s
+        passed) both run for ``overlap`` seconds, then the old one gets SIGTERM
+        (SIGKILL after 15 s)."""
+        old = self.proc
+        self.start()
+        self.runner.restarts += 1
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not await asyncio.to_thread(self.ready):
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(overlap)
+        if old is not None and old.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                old.send_signal(signal.SIGCONT)
+                old.terminate()
+            try:
+                await asyncio.to_thread(old.wait, 15)
+            except subprocess.TimeoutExpired:
+                old.kill()
+                await asyncio.to_thread(old.wait)
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz",
+                                        timeout=1) as resp:
+                return int(resp.status) == 200
+        except OSError:
+            return False
+
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class StatusRecorder:
+    """Every JobLease status the API server serves in the chaos namespace, in order:
+    ``kubectl get --watch`` (a real watch; restarted, with a fresh list, whenever it
+    ends). Appends ``{"job", "type", "resourceVersion", "status"}`` to ``statuses.jsonl``.
+    """
+
+    def __init__(self, control_plane: Any, path: Path) -> None:
+        self.cp, self.path = control_plane, path
+        self.served: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._stop = threading.Event()
+        self._proc: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> StatusRecorder:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        from tests.support.binaries import kubectl_binary
+
+        with open(self.path, "a") as out:
+            while not self._stop.is_set():
+                self._proc = subprocess.Popen(
+                    [kubectl_binary(), "--kubeconfig", str(self.cp.kubeconfig), "-n", NAMESPACE,
+                     "get", "jobleases", "--watch", "--output-watch-events", "-o", "json"],
+                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                assert self._proc.stdout is not None
+                buf = ""
+                for line in self._proc.stdout:
+                    # one event per line (kubectl >= 1.3x), or pretty-printed over
+                    # several lines (older kubectl): parse once the buffer is whole
+                    buf += line
+                    try:
+                        event = json.loads(buf)
+                    except ValueError:
+                        continue
+                    buf = ""
+                    obj = event.get("object") or {}
+                    meta = obj.get("metadata") or {}
+                    rec = {"job": f"{NAMESPACE}/{meta.get('name')}", "type": event.get("type"),
+                           "resourceVersion": meta.get("resourceVersion"),
+                           "status": obj.get("status") or {}}
+                    with self._lock:
+                        self.served[rec["job"]].append(rec["status"])
+                    out.write(json.dumps(rec) + "\n")
+                    out.flush()
+                self._proc.wait()
+                self._stop.wait(0.2)
+
+    def last(self, job: str) -> dict[str, Any] | None:
+        with self._lock:
+            return next((s for s in reversed(self.served.get(job, [])) if s), None)
+
+    def snapshot(self) -> dict[str, list[dict[str, Any]]]:
+        with self._lock:
+            return {k: list(v) for k, v in self.served.items()}
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+        self.thread.join(timeout=10)
+
+
 class ChaosRunner:
-    def __init__(self, cfg: ChaosConfig, run_dir: Path | None = None) -> None:
+    def __init__(self, cfg: ChaosConfig, run_dir: Path | None = None,
+                 control_plane: Any = None) -> None:
         self.cfg = cfg
+        self.cp = control_plane
+        self.operator: OperatorProc | None = None
+        self.recorder: StatusRecorder | None = None
         self.dir = run_dir or Path(tempfile.mkdtemp(prefix="joblease-chaos-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rng = random.Random(cfg.seed or None)
         self.root = f"/chaos/{os.urandom(4).hex()}"
+        self.password = os.urandom(12).hex()
         self.sqlite_path = self.dir / "effects.sqlite"
         self.faults = FaultLog(self.dir / "faults.jsonl")
         self.restarts = 0
@@ -270,17 +462,36 @@ class ChaosRunner:
                 pg.execute("TRUNCATE chaos_effects, joblease_fence, joblease_effects")
 
     async def _register(self, client: JobLeaseClient, n: int) -> None:
+        new = []
         for _ in range(n):
             self.next_job += 1
-            job = f"{NAMESPACE}/j{self.next_job}"
-            await client.register(JobRef.parse(job), JobSpec(self.cfg.ttl, 0))
-            self.jobs.append(job)
+            new.append(f"{NAMESPACE}/j{self.next_job}")
+        if self.cp is None:
+            for job in new:
+                await client.register(JobRef.parse(job), JobSpec(self.cfg.ttl, 0))
+        else:
+            # As users do: a JobLease per job; the operator registers it in etcd
+            # (workers meanwhile get "not registered" and try another job).
+            items = [{"apiVersion": "joblease.io/v1alpha1", "kind": "JobLease",
+                      "metadata": {"name": job.split("/", 1)[1], "namespace": NAMESPACE},
+                      "spec": {"leaseDurationSeconds": self.cfg.ttl, "maxAttempts": 0}}
+                     for job in new]
+            doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+            r = await asyncio.to_thread(self.cp.kubectl, "apply", "-f", "-", input=doc)
+            if r.returncode != 0:
+                raise RuntimeError(f"kubectl apply failed: {r.stderr}")
+        self.jobs.extend(new)
 
     def _write_jobs(self) -> None:
         open_jobs = [j for j in self.jobs if j not in self.completed_at]
-        tmp = self.dir / "jobs.txt.tmp"
-        tmp.write_text("\n".join(open_jobs) + "\n")
-        tmp.replace(self.dir / "jobs.txt")
+        # every (workers + pairs)-th job is the sidecar pairs' (see Worker.pick)
+        share = self.cfg.workers + self.cfg.sidecar_pairs
+        pairs = [j for j in open_jobs if self.cfg.sidecar_pairs
+                 and int(j.rsplit("j", 1)[1]) % share == 0]
+        for name, jobs in (("pairs.txt", pairs), ("jobs.txt", open_jobs)):
+            tmp = self.dir / f"{name}.tmp"
+            tmp.write_text("\n".join(jobs) + "\n")
+            tmp.replace(self.dir / name)
 
     async def _poll(self, client: JobLeaseClient) -> None:
         try:
@@ -302,10 +513,17 @@ class ChaosRunner:
         self.cluster = EtcdCluster(3, binary=_etcd_binary(),
                                    base_dir=str(self.dir / "etcd"))
         await asyncio.to_thread(self.cluster.start)
-        self.ledger = Served(create_app()).start()
+        self.ledger = Served(Dispatch(create_app(),
+                                      direct_app(self.dir / "direct.sqlite"))).start()
         self._setup_sql()
         config = EtcdConfig(endpoints=self.cluster.endpoints, root=self.root,
                             request_timeout=2.0)
+        if cfg.auth:
+            async with EtcdStore(config) as admin:
+                await enable_auth(admin, self.password)
+            config = EtcdConfig(endpoints=self.cluster.endpoints, root=self.root,
+                                request_timeout=2.0, username="root", password=self.password)
+        self.config = config
         groups: list[ProxyGroup] = []
         ledger_proxies: list[ChaosProxy] = []
         report = Report(config=asdict(cfg) | {"pg_dsn": bool(cfg.pg_dsn)},
@@ -313,9 +531,28 @@ class ChaosRunner:
         nemesis: Nemesis | None = None
         try:
             async with JobLeaseClient(config) as client:
+                operator_target: list[Target] = []
+                if self.cp is not None:
+                    r = await asyncio.to_thread(self.cp.kubectl, "create", "namespace",
+                                                NAMESPACE)
+                    if r.returncode != 0 and "AlreadyExists" not in r.stderr:
+                        raise RuntimeError(r.stderr)
+                    self.recorder = StatusRecorder(self.cp, self.dir / "statuses.jsonl").start()
+                    g = await ProxyGroup(self.cluster).start()
+                    groups.append(g)
+                    # its API-server traffic too, so "delay-destination" can hold it
+                    api = OperatorProc.api_server(self.cp)
+                    kube = await ChaosProxy(api).start() if api else None
+                    if kube is not None:
+                        ledger_proxies.append(kube)
+                    self.operator = OperatorProc(self, self.cp, g, kube)
+                    self.operator.start()
+                    operator_target.append(Target("operator", "operator", self.operator.pid,
+                                                  self.operator.restart, g, kube,
+                                                  rollout=self.operator.rollout))
                 await self._register(client, cfg.open_jobs)
                 self._write_jobs()
-                targets: list[Target] = []
+                targets: list[Target] = list(operator_target)
                 for i in range(cfg.workers + cfg.sidecar_pairs):
                     g = await ProxyGroup(self.cluster).start()
                     groups.append(g)
@@ -338,7 +575,9 @@ class ChaosRunner:
                     self.faults.log("clock-skew", "sidecars", now, now,
                                     faketime=cfg.sidecar_clock)
                 nemesis = Nemesis(self.cluster, targets, self.faults, ttl=cfg.ttl,
-                                  interval=cfg.fault_interval, rng=self.rng)
+                                  interval=cfg.fault_interval, rng=self.rng,
+                                  types=cfg.fault_types, credentials=(
+                                      ("root", self.password) if cfg.auth else None))
                 fault_start = time.monotonic()
 
                 def faults_over() -> bool:
@@ -373,10 +612,13 @@ class ChaosRunner:
                                            if done_at != float("inf") else None)
                 await self._stop_workers()
                 final = await self._final(client)
-            destinations = await self._destinations()
-            ops = history.merge(self.dir.glob("history-*.jsonl"))
+                statuses = await self._converged(final)
+                ops = history.merge(self.dir.glob("history-*.jsonl"))
+                holders = await self._holders(client, ops)
+                destinations = await self._destinations(client)
             violations = checker.check(
-                ops, final=final, destinations=destinations, jobs=self.jobs,
+                ops, final=final, destinations=destinations, jobs=self.jobs, holders=holders,
+                statuses=statuses,
                 liveness=checker.Liveness(stopped, cfg.liveness_bound, self.completed_at))
             report.violations = [v.to_dict() for v in violations]
             report.operations = checker.summarize(ops)
@@ -393,6 +635,7 @@ class ChaosRunner:
             report.sidecar_claims = sum(1 for o in history.pair(ops) if o.kind == "claim"
                                         and o.phase == "ok" and o.invoke.process[0] == "s")
             report.unexpected_exits = self.unexpected
+            report.statuses_served = sum(len(v) for v in (statuses or {}).values())
             report.wall_seconds = time.monotonic() - began
             (self.dir / "report.json").write_text(json.dumps(asdict(report), indent=2))
             (self.dir / "report.txt").write_text(report.summary() + "\n")
@@ -401,6 +644,10 @@ class ChaosRunner:
             if nemesis is not None:
                 nemesis.heal_all()
             await self._stop_workers()
+            if self.operator is not None:
+                await asyncio.to_thread(self.operator.stop)
+            if self.recorder is not None:
+                await asyncio.to_thread(self.recorder.stop)
             for g in groups:
                 await g.close()
             for lp in ledger_proxies:
@@ -411,13 +658,43 @@ class ChaosRunner:
     def _trials(self) -> int:
         return sum(v for k, v in self.faults.counts.items() if k != "clock-skew")
 
+    async def _converged(self, final: dict[str, checker.FinalJob],
+                         timeout: float = 60.0) -> dict[str, list[dict[str, Any]]] | None:
+        """With the operator: wait (bounded) until the last served status of every job
+        says what etcd says; return every status served (the checker judges them)."""
+        if self.recorder is None:
+            return None
+        deadline = time.monotonic() + timeout
+
+        def equal(job: str, state: checker.FinalJob) -> bool:
+            last = self.recorder.last(job) if self.recorder else None
+            return last is not None and (last.get("phase"), last.get("fencingToken"),
+                                         last.get("generation")) == (
+                "Completed", state.result_token, state.generation)
+
+        while time.monotonic() < deadline:
+            self._check_operator()
+            if all(equal(j, s) for j, s in final.items() if s.result_token is not None):
+                break
+            await asyncio.sleep(0.5)
+        return self.recorder.snapshot()
+
     def _check_alive(self) -> None:
         """A worker that exits by itself (not killed by the nemesis) is a finding."""
+        self._check_operator()
         for p in self.procs:
             if p.proc is not None and p.proc.poll() not in (None, -signal.SIGKILL):
                 tail = (self.dir / f"{p.wid}.log").read_text(errors="replace")[-2000:]
                 self.unexpected.append(f"{p.wid} exited {p.proc.returncode}: {tail}")
                 p.restart()
+
+    def _check_operator(self) -> None:
+        op = self.operator
+        if op is not None and op.proc is not None \
+                and op.proc.poll() not in (None, -signal.SIGKILL):
+            tail = (self.dir / "operator.log").read_text(errors="replace")[-2000:]
+            self.unexpected.append(f"operator exited {op.proc.returncode}: {tail}")
+            op.restart()
 
     async def _stop_workers(self) -> None:
         (self.dir / "stop").touch()
@@ -452,7 +729,29 @@ class ChaosRunner:
             result_generation=s.result.generation if s.result else None,
             result_owner=s.result.owner if s.result else None) for s in states}
 
-    async def _destinations(self) -> dict[str, list[checker.Entry]]:
+    async def _holders(self, client: JobLeaseClient, ops: list[history.Op],
+                       ) -> dict[tuple[str, int], checker.HolderAt | None]:
+        """Each ok claim's holder key as etcd had it at the claim's token (revision)."""
+        keys = KeySpace(self.root)
+        out: dict[tuple[str, int], checker.HolderAt | None] = {}
+        for o in history.pair(ops):
+            if o.kind != "claim" or o.phase != "ok" or not o.job or not o.token:
+                continue
+            key = keys.job(JobRef.parse(o.job)).holder
+            _, kvs = await _retry(lambda k=key, t=o.token: client.store.get(k, revision=t))
+            if not kvs:
+                out[(o.job, o.token)] = None
+                continue
+            kv = kvs[0]
+            try:
+                owner = str(Holder.decode_value(kv.value).get("owner"))
+            except ValueError:
+                owner = None
+            out[(o.job, o.token)] = checker.HolderAt(kv.create_revision, kv.mod_revision,
+                                                     owner)
+        return out
+
+    async def _destinations(self, client: JobLeaseClient) -> dict[str, list[checker.Entry]]:
         out: dict[str, list[checker.Entry]] = defaultdict(list)
         async with httpx.AsyncClient(base_url=self.ledger.url, timeout=10) as http:
             for job in self.jobs:
@@ -462,6 +761,19 @@ class ChaosRunner:
                 out[res] = [checker.Entry(e["seq"], e["token"], e["data"].get("key"),
                                           e["job"], e["data"].get("generation"))
                             for e in r.json()["entries"]]
+                for gate in GATES:
+                    r = await http.get(f"/direct/{gate}/{ledger_name(job)}")
+                    r.raise_for_status()
+                    out[f"direct-{gate}/{ledger_name(job)}"] = [
+                        checker.Entry(e["seq"], e["token"], e["key"], e["job"], e["generation"])
+                        for e in r.json()["entries"]]
+        prefix = effects_prefix(self.root).encode()
+        _, kvs = await _retry(lambda: client.store.get(prefix, prefix=True))
+        for kv in kvs:
+            e = json.loads(kv.value)
+            out[f"etcd/{e['job']}"].append(checker.Entry(kv.create_revision, int(e["token"]),
+                                                         e["key"], e["job"],
+                                                         int(e["generation"])))
         rows: list[tuple[Any, ...]] = []
         conn = sqlite3.connect(self.sqlite_path)
         rows += [("sqlite", *r) for r in conn.execute(
@@ -498,6 +810,17 @@ class ChaosRunner:
         return {k: {"mean": sum(v) / len(v), "max": max(v)} for k, v in per.items()}
 
 
+async def _retry(fn: Any, attempts: int = 20) -> Any:
+    """A read after the faults: etcd may still be settling."""
+    for attempt in range(attempts):
+        try:
+            return await fn()
+        except JobLeaseError:
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(0.5)
+
+
 def _stats(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
@@ -512,8 +835,11 @@ def _etcd_binary() -> str | None:
         return None
 
 
-async def run(cfg: ChaosConfig, run_dir: Path | None = None) -> Report:
-    return await ChaosRunner(cfg, run_dir).run()
+async def run(cfg: ChaosConfig, run_dir: Path | None = None,
+              control_plane: Any = None) -> Report:
+    """One chaos run; with ``control_plane`` (``tests.support.controlplane``, the CRDs
+    installed) the operator runs too, jobs are JobLeases, and its statuses are judged."""
+    return await ChaosRunner(cfg, run_dir, control_plane).run()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -527,10 +853,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pg", default=None, help="PostgreSQL conninfo (else SQLite only)")
     p.add_argument("--out", default=None, help="run directory (default: a temp dir)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--auth", action="store_true", help="etcd auth on (clients log in)")
+    p.add_argument("--faults", default=",".join(FAULT_TYPES),
+                   help="comma-separated fault types to schedule")
     a = p.parse_args(argv)
     cfg = ChaosConfig(workers=a.workers, sidecar_pairs=a.sidecar_pairs, open_jobs=a.open_jobs,
                       fault_interval=a.interval, duration=a.duration, trials=a.trials,
-                      seed=a.seed, pg_dsn=a.pg)
+                      seed=a.seed, pg_dsn=a.pg, auth=a.auth,
+                      fault_types=tuple(a.faults.split(",")))
     report = asyncio.run(run(cfg, Path(a.out) if a.out else None))
     print(report.summary())
     return 1 if report.violations else 0

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.chaos.checker import Entry, FinalJob, Liveness, check, summarize
+from tests.chaos.checker import (
+    Entry,
+    FinalJob,
+    HolderAt,
+    Liveness,
+    check,
+    check_statuses,
+    summarize,
+)
 from tests.chaos.history import History, Op, merge
 
 J = "chaos/j1"
@@ -18,17 +26,21 @@ class H:
         self.ops: list[Op] = []
         self.n = 0
 
-    def _op(self, process: str, kind: str, phase: str, **fields: Any) -> str:
+    def _op(self, process: str, kind: str, phase: str, invoke_extra: dict[str, Any] | None = None,
+            **fields: Any) -> str:
         self.n += 1
         op = f"{process}:{self.n}"
         self.ops.append(Op(op=op, process=process, kind=kind, phase="invoke",
+                           extra=invoke_extra or {},
                            **{k: v for k, v in fields.items() if k not in ("reason", "extra")}))
         if phase != "none":
             self.ops.append(Op(op=op, process=process, kind=kind, phase=phase, **fields))
         return op
 
-    def claim(self, p: str, token: int, gen: int, phase: str = "ok", job: str = J) -> str:
-        return self._op(p, "claim", phase, job=job, token=token, generation=gen)
+    def claim(self, p: str, token: int, gen: int, phase: str = "ok", job: str = J,
+              owner: str | None = None) -> str:
+        return self._op(p, "claim", phase, job=job, token=token, generation=gen,
+                        extra={"owner": owner} if owner else {})
 
     def complete(self, p: str, token: int, gen: int, phase: str = "ok", job: str = J,
                  reason: str | None = None) -> str:
@@ -36,9 +48,14 @@ class H:
                         reason=reason)
 
     def write(self, p: str, token: int, gen: int, key: str, phase: str = "ok",
-              resource: str = "ledger/j1", reason: str | None = None) -> str:
-        return self._op(p, "write", phase, job=J, token=token, generation=gen,
-                        resource=resource, key=key, reason=reason)
+              resource: str = "ledger/j1", reason: str | None = None,
+              resend: str | None = None, duplicate: bool = False) -> str:
+        return self._op(p, "write", phase, invoke_extra={"resend": resend} if resend else None,
+                        job=J, token=token, generation=gen, resource=resource, key=key,
+                        reason=reason, extra={"duplicate": duplicate})
+
+    def lost(self, p: str, token: int, gen: int, reason: str) -> str:
+        return self._op(p, "lost", "ok", job=J, token=token, generation=gen, reason=reason)
 
 
 def good() -> tuple[H, dict[str, FinalJob], dict[str, list[Entry]]]:
@@ -190,3 +207,126 @@ def test_history_files_round_trip(tmp_path: Any) -> None:
     counts = summarize(ops)
     assert counts["complete"] == {"attempted": 1, "unknown": 1}
     assert counts["write"]["unchecked_rejected_stale"] == 1
+
+
+# -- holder exclusivity (judged on the holder key read at each claim's token revision) --------
+
+def exclusive() -> tuple[H, dict[tuple[str, int], HolderAt | None]]:
+    h = H()
+    h.claim("a", token=10, gen=1, owner="a")
+    h.claim("b", token=15, gen=2, owner="b")   # A's holder expired in between
+    return h, {(J, 10): HolderAt(10, 10, "a"), (J, 15): HolderAt(15, 15, "b")}
+
+
+def test_exclusive_holders_pass() -> None:
+    h, holders = exclusive()
+    assert check(h.ops, holders=holders) == []
+    del holders[(J, 15)]  # a claim whose holder was not read is not judged
+    assert check(h.ops, holders=holders) == []
+
+
+def test_claim_over_a_live_holder_is_a_safety_violation() -> None:
+    """With the claim's "no live holder" compare gone, B's claim puts over A's live
+    holder: at B's token the key still has A's create revision."""
+    h, holders = exclusive()
+    holders[(J, 15)] = HolderAt(create_revision=10, mod_revision=15, owner="b")
+    v = check(h.ops, holders=holders)
+    assert kinds(v) == {"holder-not-exclusive"}
+    assert "token 15" in v[0].message and "revision 10" in v[0].message
+    assert len(v[0].ops) == 2  # B's claim and A's, whose holder was live
+
+
+def test_claim_token_with_no_holder_or_another_owner() -> None:
+    h, holders = exclusive()
+    holders[(J, 15)] = None
+    assert kinds(check(h.ops, holders=holders)) == {"holder-missing"}
+    holders[(J, 15)] = HolderAt(15, 15, "a")
+    v = check(h.ops, holders=holders)
+    assert kinds(v) == {"holder-owner"} and "'a'" in v[0].message
+
+
+def test_failed_or_unknown_claims_are_not_judged_for_exclusivity() -> None:
+    h, holders = exclusive()
+    h.claim("c", token=20, gen=3, phase="unknown")
+    holders[(J, 20)] = HolderAt(15, 20)
+    assert check(h.ops, holders=holders) == []
+
+
+# -- re-sent writes (same idempotency key) -------------------------------------------------
+
+def test_resent_write_answered_as_duplicate_passes() -> None:
+    h, final, dest = good()
+    first = h.write("b", 15, 2, "j1#g2:0")
+    h.write("b", 15, 2, "j1#g2:0", resend=first, duplicate=True)
+    assert check(h.ops, final=final, destinations=dest) == []
+    assert summarize(h.ops)["write"]["resent"] == 1
+
+
+def test_resent_write_applied_again() -> None:
+    h, final, dest = good()
+    first = h.write("b", 15, 2, "j1#g2:1")
+    h.write("b", 15, 2, "j1#g2:1", resend=first, duplicate=False)
+    dest["ledger/j1"] += [Entry(3, 15, "j1#g2:1", J, 2), Entry(4, 15, "j1#g2:1", J, 2)]
+    v = check(h.ops, final=final, destinations=dest)
+    assert kinds(v) == {"duplicate-not-replayed", "duplicate-effect"}
+
+
+def test_resend_after_an_unknown_outcome_may_apply_it() -> None:
+    """The first copy's outcome was unknown (it never landed): the re-send applies it."""
+    h, final, dest = good()
+    first = h.write("b", 15, 2, "j1#g2:1", phase="unknown", reason="timeout")
+    h.write("b", 15, 2, "j1#g2:1", resend=first, duplicate=False)
+    dest["ledger/j1"].append(Entry(3, 15, "j1#g2:1", J, 2))
+    assert check(h.ops, final=final, destinations=dest) == []
+
+
+# -- lease losses ---------------------------------------------------------------------------
+
+def test_lease_lost_to_a_stale_auth_token() -> None:
+    h, final, dest = good()
+    h.lost("a", 10, 1, "etcd lease lost: keep-alive failed: invalid auth token")
+    h.lost("b", 15, 2, "safety deadline passed")
+    v = check(h.ops, final=final, destinations=dest)
+    assert kinds(v) == {"auth-loss"} and len(v) == 1
+
+
+# -- the operator's statuses (as the API server served them) ---------------------------------
+
+def served() -> tuple[dict[str, list[dict[str, Any]]], dict[str, FinalJob]]:
+    statuses: list[dict[str, Any]] = [
+        {},  # created; the operator has not written yet
+        {"phase": "Pending", "generation": 0, "etcdRevision": 5},
+        {"phase": "Claimed", "generation": 1, "fencingToken": 10, "etcdRevision": 10},
+        {"phase": "Pending", "generation": 1, "etcdRevision": 14},  # expired: no token
+        {"phase": "Claimed", "generation": 2, "fencingToken": 15, "etcdRevision": 15},
+        {"phase": "Completed", "generation": 2, "fencingToken": 15, "etcdRevision": 18},
+    ]
+    return {J: statuses}, {J: FinalJob(generation=2, result_token=15, result_generation=2)}
+
+
+def test_statuses_that_only_move_forward_pass() -> None:
+    statuses, final = served()
+    h, _, dest = good()  # the history behind the same final state
+    assert check(h.ops, final=final, destinations=dest, statuses=statuses) == []
+
+
+def test_status_moving_backwards() -> None:
+    statuses, final = served()
+    statuses[J].insert(5, {"phase": "Claimed", "generation": 1, "fencingToken": 10,
+                           "etcdRevision": 10})  # an old revision applied late
+    v = check_statuses(statuses, final)
+    assert kinds(v) == {"status-backwards"}
+    assert {"etcdRevision", "generation", "fencingToken"} <= {
+        w.message.split(" has ")[1].split()[0] for w in v}
+    statuses, final = served()
+    statuses[J].append({"phase": "Pending", "generation": 2, "etcdRevision": 19})
+    v = check_statuses(statuses, final)
+    assert "status-backwards" in kinds(v) and "status-final" in kinds(v)
+
+
+def test_final_status_differs_from_etcd() -> None:
+    statuses, final = served()
+    final[J] = FinalJob(generation=3, result_token=20, result_generation=3)
+    v = check_statuses(statuses, final)
+    assert kinds(v) == {"status-final"} and "20" in v[0].message
+    assert kinds(check_statuses({}, final)) == {"status-final"}

@@ -6,9 +6,18 @@
 Both modes loop until ``RUNDIR/stop`` exists, over the jobs listed in
 ``RUNDIR/jobs.txt`` (the runner keeps it current): claim a job, make
 ``--effects`` fenced effects, then complete it. Effect ``k`` goes to the
-destination ``k % 3``: the example ledger over HTTP (FencingMiddleware), then
+destination ``k % 6``: the example ledger over HTTP (FencingMiddleware), then
 SQLite, then PostgreSQL (``joblease.fencing.sql.admit`` in the same
-transaction as the insert; without ``--pg`` the SQL effects all go to SQLite).
+transaction as the insert; without ``--pg`` those effects go to SQLite too),
+then the gates with nothing in front of them: a ``MemoryGate`` and a
+``SqliteGate`` called directly by the runner's ``/direct`` destination
+(``destinations.py``), and the etcd gate (``EtcdGate.admit`` with the effect
+as its transaction's own put, under ``<root>-fx/``), called by this process.
+
+Re-sends: a write whose outcome is unknown is sent again with the same
+idempotency key with probability ``--resend-unknown``, and an acknowledged
+one with ``--resend-ok`` (a duplicate delivery); the re-send's invoke carries
+``extra.resend`` = the first copy's op id. Each key must be applied once.
 
 * ``--mode worker``: the core library (``JobLeaseClient``) in this process.
 * ``--mode sidecar``: ``python -m joblease.sidecar`` per claim (its pid in
@@ -48,12 +57,17 @@ from joblease import (
     JobLeaseClient,
     JobLeaseError,
     JobRef,
+    Lease,
     OutcomeUnknownError,
     StaleTokenError,
 )
 from joblease.errors import LeaseLostError, StoreUnavailableError
+from joblease.etcd_store import EtcdStore
 from joblease.fencing import Effect, StaleFenceError, admit, admit_async, idempotency_key
+from joblease.fencing.etcd_gate import EtcdGate
+from joblease.fencing.gate import IdempotencyKeyConflictError
 from joblease.fencing.http import HEADER_IDEMPOTENCY_KEY, HEADER_JOB, HEADER_REPLAYED, HEADER_TOKEN
+from joblease.store import Put
 from tests.chaos.history import History, Op
 
 SQL_TABLE = ("CREATE TABLE IF NOT EXISTS chaos_effects ("
@@ -68,7 +82,27 @@ def ledger_name(job: str) -> str:
 
 def resource_of(dest: str, job: str) -> str:
     """The history's resource name: ``<destination>/<the gate's resource>``."""
-    return f"{dest}/ledger/{ledger_name(job)}" if dest == "http" else f"{dest}/{job}"
+    if dest == "http":
+        return f"http/ledger/{ledger_name(job)}"
+    if dest.startswith("direct-"):
+        return f"{dest}/{ledger_name(job)}"
+    return f"{dest}/{job}"
+
+
+def fence_root(root: str) -> str:
+    """The etcd gate's own root (marks and idempotency records)."""
+    return root.rstrip("/") + "-fence"
+
+
+def effects_prefix(root: str) -> str:
+    """Where the etcd destination's effects live: ``<prefix><job>/<op id>``."""
+    return root.rstrip("/") + "-fx/"
+
+
+def etcd_config(args: argparse.Namespace) -> EtcdConfig:
+    return EtcdConfig(endpoints=tuple(args.endpoints.split(",")), root=args.root,
+                      request_timeout=args.request_timeout,
+                      username=args.etcd_user or None, password=args.etcd_password or None)
 
 
 class Effects:
@@ -82,10 +116,17 @@ class Effects:
         self.pg_dsn = args.pg
         self._pg: Any = None
         self._pg_lock = asyncio.Lock()
-        self.dests = ["http", "sqlite", "pg" if args.pg else "sqlite"]
+        self.dests = ["http", "sqlite", "pg" if args.pg else "sqlite", "direct-memory",
+                      "direct-sqlite", "etcd"]
+        self.rng = random.Random(args.seed + 1 if args.seed else None)
+        self._store: EtcdStore | None = None
+        self._gate: EtcdGate | None = None
 
     async def close(self) -> None:
         await self.http.aclose()
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                await self._store.close()
         if self._pg is not None:
             with contextlib.suppress(Exception):
                 await self._pg.close()
@@ -108,18 +149,86 @@ class Effects:
     async def write_to(self, dest: str, job: str, token: int, generation: int, step: str, *,
                        checked: bool, rogue: bool = False) -> str:
         key = idempotency_key(job, generation, step)
+        first, phase = await self._send(dest, job, token, generation, key, checked=checked,
+                                        rogue=rogue)
+        p = {"unknown": self.args.resend_unknown, "ok": self.args.resend_ok}.get(phase, 0.0)
+        if self.rng.random() < p:
+            # A retry with the same key, as a client does after a timeout (or a
+            # network that delivers twice): the destination must apply it once.
+            await asyncio.sleep(self.rng.uniform(0.05, 0.5))
+            await self._send(dest, job, token, generation, key, checked=checked,
+                             rogue=rogue, resend=first.op)
+        return phase
+
+    async def _send(self, dest: str, job: str, token: int, generation: int, key: str, *,
+                    checked: bool, rogue: bool, resend: str | None = None) -> tuple[Op, str]:
+        extra: dict[str, Any] = {}
+        if rogue:
+            extra["rogue"] = True
+        if resend:
+            extra["resend"] = resend
         inv = self.h.invoke("write", job=job, token=token, generation=generation,
                             resource=resource_of(dest, job), key=key, checked=checked,
-                            extra={"rogue": True} if rogue else {})
+                            extra=extra)
         try:
             if dest == "http":
-                return await self._http(inv, job, token, key, generation)
+                return inv, await self._http(inv, job, token, key, generation)
+            if dest.startswith("direct-"):
+                return inv, await self._direct(inv, dest, job, token, key, generation)
             if dest == "sqlite":
-                return await asyncio.to_thread(self._sqlite, inv, job, token, generation, key)
-            return await self._postgres(inv, job, token, generation, key)
+                return inv, await asyncio.to_thread(self._sqlite, inv, job, token, generation,
+                                                    key)
+            if dest == "etcd":
+                return inv, await self._etcd(inv, job, token, generation, key)
+            return inv, await self._postgres(inv, job, token, generation, key)
         except Exception as exc:  # anything unexpected: outcome unknown, keep going
             self.h.unknown(inv, f"error: {type(exc).__name__}: {exc}"[:200])
+            return inv, "unknown"
+
+    async def _direct(self, inv: Op, dest: str, job: str, token: int, key: str,
+                      generation: int) -> str:
+        headers = {HEADER_JOB: job, HEADER_TOKEN: str(token), HEADER_IDEMPOTENCY_KEY: key}
+        body = {"generation": generation, "worker": self.h.process}
+        gate = dest.removeprefix("direct-")
+        try:
+            r = await self.http.post(f"/direct/{gate}/{ledger_name(job)}", json=body,
+                                     headers=headers)
+        except httpx.HTTPError as exc:
+            self.h.unknown(inv, f"http: {type(exc).__name__}")
             return "unknown"
+        if r.status_code in (200, 201):
+            answer = r.json()
+            self.h.ok(inv, extra={"seq": answer.get("seq"),
+                                  "duplicate": bool(answer.get("duplicate"))})
+            return "ok"
+        try:
+            reason = str(r.json().get("error", r.status_code))
+        except ValueError:
+            reason = f"http {r.status_code}"
+        self.h.fail(inv, reason, extra={"status": r.status_code})
+        return "fail"
+
+    async def _etcd(self, inv: Op, job: str, token: int, generation: int, key: str) -> str:
+        if self._gate is None:
+            self._store = EtcdStore(etcd_config(self.args))
+            self._gate = EtcdGate(self._store, fence_root(self.args.root), timeout=5.0)
+        value = json.dumps({"token": token, "job": job, "generation": generation, "key": key,
+                            "worker": self.h.process}, separators=(",", ":")).encode()
+        effect_key = f"{effects_prefix(self.args.root)}{job}/{inv.op}".encode()
+        try:
+            d = await self._gate.admit(Effect(f"etcd/{job}", token, key, response="ok"),
+                                       puts=[Put(effect_key, value)])
+        except StaleFenceError:
+            self.h.fail(inv, "stale")
+            return "fail"
+        except IdempotencyKeyConflictError:
+            self.h.fail(inv, "conflict")
+            return "fail"
+        except JobLeaseError as exc:  # OutcomeUnknownError, StoreUnavailableError, ...
+            self.h.unknown(inv, f"etcd: {exc.reason}: {exc}"[:200])
+            return "unknown"
+        self.h.ok(inv, extra={"duplicate": d.duplicate})
+        return "ok"
 
     async def _http(self, inv: Op, job: str, token: int, key: str, generation: int) -> str:
         headers = {HEADER_JOB: job, HEADER_TOKEN: str(token), HEADER_IDEMPOTENCY_KEY: key}
@@ -208,9 +317,9 @@ class Effects:
         return "ok"
 
 
-def open_jobs(run: Path) -> list[str]:
+def open_jobs(run: Path, name: str = "jobs.txt") -> list[str]:
     try:
-        return [j for j in (run / "jobs.txt").read_text().split() if j]
+        return [j for j in (run / name).read_text().split() if j]
     except OSError:
         return []
 
@@ -241,8 +350,19 @@ class Worker:
         return (self.run / "stop").exists()
 
     def pick(self) -> str | None:
+        """A random open job. The runner marks some jobs as the sidecar pairs'
+        (``pairs.txt``): a pair picks those, library workers the others, each
+        four times in five, so the pairs (whose sidecar needs seconds to start
+        on a loaded machine) get claims too, and everyone still competes."""
         jobs = [j for j in open_jobs(self.run) if j not in self.done]
-        return self.rng.choice(jobs) if jobs else None
+        if not jobs:
+            return None
+        reserved = set(open_jobs(self.run, "pairs.txt"))
+        pair = self.args.mode == "sidecar"
+        preferred = [j for j in jobs if (j in reserved) == pair]
+        if preferred and self.rng.random() < 0.8:
+            return self.rng.choice(preferred)
+        return self.rng.choice(jobs)
 
     async def pace(self) -> None:
         await asyncio.sleep(self.rng.uniform(0.02, self.args.step_delay))
@@ -250,9 +370,7 @@ class Worker:
     # -- the library worker ----------------------------------------------------------------
 
     async def run_library(self) -> None:
-        config = EtcdConfig(endpoints=tuple(self.args.endpoints.split(",")), root=self.args.root,
-                            request_timeout=self.args.request_timeout)
-        async with JobLeaseClient(config) as client:
+        async with JobLeaseClient(etcd_config(self.args)) as client:
             while not self.stopping():
                 job = self.pick()
                 if job is None:
@@ -280,7 +398,19 @@ class Worker:
             self.h.fail(inv, e.reason)
             await asyncio.sleep(0.2)
             return
-        self.h.ok(inv, token=lease.token, generation=lease.generation)
+        self.h.ok(inv, token=lease.token, generation=lease.generation,
+                  extra={"owner": self.process})
+        try:
+            await self._library_job(lease, job)
+        finally:
+            if lease.lost_reason is not None:
+                self.note_lost(job, lease.token, lease.generation, lease.lost_reason)
+
+    def note_lost(self, job: str, token: int, generation: int, reason: str) -> None:
+        inv = self.h.invoke("lost", job=job, token=token, generation=generation)
+        self.h.ok(inv, reason=reason[:300])
+
+    async def _library_job(self, lease: Lease, job: str) -> None:
         lost = False
         for step in range(self.args.effects):
             await self.pace()
@@ -336,12 +466,15 @@ class Worker:
         env = {**os.environ, "JOBLEASE_ETCD_ENDPOINTS": self.args.endpoints,
                "JOBLEASE_ROOT": self.args.root, "JOBLEASE_LOG_LEVEL": "WARNING",
                "JOBLEASE_SIDECAR_PROBE_PORT": "off"}
+        if self.args.etcd_user:
+            env["JOBLEASE_ETCD_USERNAME"] = self.args.etcd_user
+            env["JOBLEASE_ETCD_PASSWORD"] = self.args.etcd_password
         env.pop("LD_PRELOAD", None)
         env.update(json.loads(self.args.sidecar_env or "{}"))
         log = open(self.run / f"{self.args.id}.sidecar.log", "ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "joblease.sidecar", "--job", job,
-             "--owner", f"{self.args.id}-sc{n}.{os.getpid()}", "--port", "0",
+             "--owner", self.sidecar_owner(n), "--port", "0",
              "--port-file", str(port_file),
              "--token-file", str(self.run / f"{self.args.id}.token"), "--on-loss", "none",
              "--claim-backoff-initial", "0.05", "--claim-backoff-max", "0.3",
@@ -350,6 +483,9 @@ class Worker:
         log.close()
         (self.run / f"{self.args.id}.sidecar.pid").write_text(str(proc.pid))
         return proc, port_file
+
+    def sidecar_owner(self, n: int) -> str:
+        return f"{self.args.id}-sc{n}.{os.getpid()}"
 
     async def stop_sidecar(self, proc: subprocess.Popen[bytes]) -> None:
         (self.run / f"{self.args.id}.sidecar.pid").unlink(missing_ok=True)
@@ -368,7 +504,7 @@ class Worker:
     async def one_sidecar_job(self, api: httpx.AsyncClient, job: str, n: int) -> None:
         proc, port_file = self.start_sidecar(job, n)
         try:
-            await self._sidecar_job(api, job, proc, port_file)
+            await self._sidecar_job(api, job, proc, port_file, n)
         finally:
             await self.stop_sidecar(proc)
             port_file.unlink(missing_ok=True)
@@ -381,7 +517,7 @@ class Worker:
             return 0, {"error": type(exc).__name__}
 
     async def _sidecar_job(self, api: httpx.AsyncClient, job: str,
-                           proc: subprocess.Popen[bytes], port_file: Path) -> None:
+                           proc: subprocess.Popen[bytes], port_file: Path, n: int) -> None:
         inv = self.h.invoke("claim", job=job)
         deadline = time.monotonic() + self.args.sidecar_claim_wait
         while not port_file.exists() or not port_file.read_text().strip():
@@ -415,7 +551,7 @@ class Worker:
                 return
             await asyncio.sleep(0.05)
         token, generation = int(body["token"]), int(body["generation"])
-        self.h.ok(inv, token=token, generation=generation)
+        self.h.ok(inv, token=token, generation=generation, extra={"owner": self.sidecar_owner(n)})
         lost = False
         for step in range(self.args.effects):
             await self.pace()
@@ -424,6 +560,8 @@ class Worker:
                 status, now = await self._lease(api, base)
                 if status != 200 or now.get("token") != token:
                     lost = True
+                    if now.get("error") == "lost":
+                        self.note_lost(job, token, generation, str(now.get("message")))
                     if self.rng.random() < self.args.rogue:
                         self.late_rogue(job, token, generation)
                     break
@@ -466,6 +604,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--request-timeout", type=float, default=1.5)
     p.add_argument("--sidecar-claim-wait", type=float, default=4.0)
     p.add_argument("--sidecar-env", default="")
+    p.add_argument("--resend-unknown", type=float, default=0.7)
+    p.add_argument("--resend-ok", type=float, default=0.1)
+    p.add_argument("--etcd-user", default="")
+    p.add_argument("--etcd-password", default="")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -479,7 +621,7 @@ async def amain(args: argparse.Namespace) -> None:
             await w.run_sidecar()
     finally:
         if w.background:
-            await asyncio.wait(w.background, timeout=5)
+            await asyncio.wait(w.background, timeout=args.rogue_delay + 5)
         await w.effects.close()
         w.h.close()
 

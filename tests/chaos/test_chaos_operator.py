@@ -1,0 +1,56 @@
+"""The operator under faults: a bounded chaos run with the real operator.
+
+The same fleet, destinations and nemesis as ``test_chaos.py``'s bounded run,
+plus the operator (``python -m joblease.operator``) against a real
+kube-apiserver (``tests.support.controlplane``, its own etcd) and, through its
+own proxies, the chaos etcd cluster. Jobs are created as JobLeases (the
+operator registers them); the nemesis also kills and restarts the operator
+(``kill-operator``), runs a second one beside it for a while before stopping
+the first (``rollout-operator``), partitions or delays its etcd traffic and
+holds its API-server traffic (``delay-destination``). A
+``kubectl get --watch`` records every status the API server served; the
+checker requires that no status moves backwards (``etcdRevision``,
+``generation``, ``fencingToken``, ``Completed``) and that the last one equals
+etcd's final state. Its own test (not in the default bounded run) because the
+control plane adds tens of seconds of start-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.nemesis import FAULT_TYPES, OPERATOR_FAULT_TYPES
+from tests.chaos.runner import ChaosConfig, run
+from tests.chaos.test_chaos import _judge, _run_dir
+from tests.support.binaries import REPO_ROOT
+from tests.support.controlplane import ControlPlane
+
+pytestmark = pytest.mark.kube
+
+
+@pytest.fixture(scope="module")
+def control_plane() -> Iterator[ControlPlane]:
+    cp = ControlPlane().start()
+    try:
+        cp.kubectl("apply", "-f", str(REPO_ROOT / "crds"), check=True)
+        cp.kubectl("wait", "--for=condition=Established", "crd/jobleases.joblease.io",
+                   "--timeout=60s", check=True)
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.mark.timeout(500)
+async def test_operator_status_under_faults(tmp_path: Path, pg_dsn: str,
+                                            control_plane: ControlPlane) -> None:
+    cfg = ChaosConfig(workers=3, sidecar_pairs=1, open_jobs=5, ttl=2, fault_interval=1.0,
+                      duration=60.0, liveness_bound=60.0, pg_dsn=pg_dsn,
+                      fault_types=FAULT_TYPES + OPERATOR_FAULT_TYPES)
+    report = await run(cfg, _run_dir(tmp_path, "operator"), control_plane)
+    _judge(report)
+    assert report.faults_by_type.get("kill-operator", 0) > 0
+    assert report.faults_by_type.get("rollout-operator", 0) > 0
+    assert report.statuses_served > 0
