@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,10 @@ class EtcdMember:
     #: ``health_ssl_context`` (trusting the CA, with a client cert under mTLS).
     client_scheme: str = "http"
     health_ssl_context: ssl.SSLContext | None = None
+    #: Shared by the members of one cluster and unique to it: ports are picked
+    #: by bind-then-release, so a member of another test's cluster may briefly
+    #: reach a reused peer port; with distinct tokens etcd refuses to mix them.
+    cluster_token: str = "joblease"
     log_path: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -102,7 +107,7 @@ class EtcdMember:
             "--initial-advertise-peer-urls", self.peer_url,
             "--initial-cluster", self.cluster or f"{self.name}={self.peer_url}",
             "--initial-cluster-state", self.cluster_state,
-            "--initial-cluster-token", "joblease",
+            "--initial-cluster-token", self.cluster_token,
             "--log-level", "warn",
             *self.extra_args,
         ]
@@ -165,12 +170,14 @@ class EtcdCluster:
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="joblease-etcd-"))
         self.members: list[EtcdMember] = []
+        token = f"joblease-{uuid.uuid4().hex[:12]}"
         for i in range(size):
             name = f"m{i}"
             self.members.append(EtcdMember(
                 name=name, data_dir=self.base_dir / name, client_port=free_port(),
                 peer_port=free_port(), binary=self.binary, extra_args=extra_args,
-                client_scheme=client_scheme, health_ssl_context=health_ssl_context))
+                client_scheme=client_scheme, health_ssl_context=health_ssl_context,
+                cluster_token=token))
         cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for m in self.members:
             m.cluster = cluster
