@@ -31,6 +31,7 @@ from joblease.errors import (
     AttemptsExhaustedError,
     CompactedError,
     HeldError,
+    JobLeaseError,
     LeaseLostError,
     LeaseNotFoundError,
     NotRegisteredError,
@@ -125,16 +126,51 @@ class JobLeaseClient:
         return r.revision
 
     async def unregister(self, job: JobRef) -> int:
-        """Delete every key of the job; a live holder learns it lost at its next check."""
+        """Delete every key of the job's registration as it is now; a live holder
+        learns it lost at its next check. Returns the etcd revision.
+
+        The delete is conditional on the spec's create revision read first, so
+        it removes exactly the registration it saw and never a newer one: a
+        copy re-sent (or arriving late) after an unknown outcome cannot erase
+        a job that was registered, claimed and completed again in between.
+        An unknown outcome is settled by reading the spec back: gone or
+        re-created means the registration we saw is gone (done); the same
+        registration still there means the delete did not commit, and the
+        same conditional delete is sent again (it can commit at most once).
+        If the registration changed between the read and the delete, the one
+        that is there now is not ours to delete and is left alone.
+        """
         validation.job_ref(job)
         keys = self.keys.job(job)
         self._specs.pop(job, None)
-        r = await self._write_idempotent([], [Delete(keys.prefix, prefix=True)], [])
-        return r.revision
+        _, kvs = await self.store.get(keys.spec)
+        created = kvs[0].create_revision if kvs else 0
+        condition = [Compare(keys.spec, "create", "==", created)]
+        for _ in range(5):
+            try:
+                r = await self.store.txn(condition, [Delete(keys.prefix, prefix=True)], [])
+                return r.revision
+            except OutcomeUnknownError as exc:
+                log.info("unregister of %s has an unknown outcome; reading back", job)
+                try:
+                    revision, now = await self._retry_read(lambda: self.store.get(keys.spec))
+                except JobLeaseError as read_failed:
+                    raise OutcomeUnknownError(
+                        f"unregister of {job} has an unknown outcome and reading it back "
+                        f"failed: {read_failed}") from exc
+                if (now[0].create_revision if now else 0) != created:
+                    return revision  # what we were asked to delete is gone; a newer one stays
+        raise OutcomeUnknownError(f"unregister of {job} could not be confirmed")
 
     async def _write_idempotent(self, compares: list[Compare], success: list[Any],
                                 failure: list[Any]) -> TxnResult:
-        """Writes whose repetition is harmless may be re-sent after an unknown outcome."""
+        """Re-send a write after an unknown outcome, for writes whose repetition is harmless.
+
+        Only ``register`` uses it: ``if spec == value then get else put value``.
+        A second copy after a committed first one is a read; a copy arriving
+        after a concurrent change re-applies this call's value, which is the
+        order "the other change, then this call" (the calls overlapped).
+        """
         for attempt in range(5):
             try:
                 return await self.store.txn(compares, success, failure)
