@@ -29,10 +29,11 @@ from joblease import validation
 from joblease.errors import (
     AlreadyCompletedError,
     AttemptsExhaustedError,
+    ClaimOutcomeUnknownError,
+    ClaimRevokedError,
     CompactedError,
     HeldError,
     JobLeaseError,
-    LeaseLostError,
     LeaseNotFoundError,
     NotRegisteredError,
     OutcomeUnknownError,
@@ -81,14 +82,19 @@ class JobLeaseClient:
     """Register, claim, complete, inspect and watch jobs in etcd.
 
     ``async with JobLeaseClient(EtcdConfig(endpoints=("127.0.0.1:2379",))) as c:``
+
+    ``read_back_timeout`` bounds how long an unknown outcome is read back
+    before the client gives up and says so (:class:`ClaimOutcomeUnknownError`,
+    :class:`OutcomeUnknownError`).
     """
 
     def __init__(self, config: EtcdConfig | None = None, *, store: Store | None = None,
-                 margin: float | None = None) -> None:
+                 margin: float | None = None, read_back_timeout: float = 30.0) -> None:
         self.config = config or EtcdConfig.from_env()
         self.store: Store = store if store is not None else EtcdStore(self.config)
         self.keys = KeySpace(self.config.root)
         self._margin = margin
+        self._read_back_timeout = read_back_timeout
         self._specs: dict[JobRef, tuple[int, JobSpec]] = {}
         self._sessions: dict[int, Session] = {}
         self._session_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -206,22 +212,51 @@ class JobLeaseClient:
                 self._sessions[ttl] = session
             return session
 
-    def _drop_session(self, session: Session, reason: str) -> None:
-        """Stop using ``session``: its handles are lost; its etcd lease is revoked
-        in the background so the jobs it held become claimable at once."""
+    def _forget_session(self, session: Session) -> None:
         if self._sessions.get(session.ttl) is session:
             del self._sessions[session.ttl]
-        session.lose(reason)
+
+    def _drop_session(self, session: Session, reason: str, *, expected: bool = False) -> None:
+        """Stop using ``session``: its handles are lost; its etcd lease is revoked
+        in the background so the jobs it held become claimable at once."""
+        self._forget_session(session)
+        session.lose(reason, expected=expected)
         task = asyncio.create_task(session.close(revoke=True))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _end_session(self, session: Session, reason: str) -> bool:
+        """Stop renewing ``session`` and revoke its etcd lease before going on.
+
+        True once etcd confirmed the lease is gone (so nothing can still be
+        bound to it); False if etcd could not be reached within the read-back
+        timeout (capped at the TTL: an unrenewed lease expires by then anyway).
+        """
+        self._forget_session(session)
+        session.lose(reason)
+        await session.close(revoke=False)
+        try:
+            await self._retry_read(lambda: self.store.revoke(session.lease_id),
+                                   min(self._read_back_timeout, float(session.ttl)))
+        except LeaseNotFoundError:
+            return True
+        except JobLeaseError as exc:
+            log.warning("could not revoke etcd lease %x: %s; it expires within %ds",
+                        session.lease_id, exc, session.ttl)
+            return False
+        return True
 
     async def claim(self, job: JobRef, owner: str) -> Lease:
         """Claim ``job`` for ``owner`` in one etcd transaction.
 
         Raises :class:`NotRegisteredError`, :class:`HeldError`,
         :class:`AlreadyCompletedError` or :class:`AttemptsExhaustedError`
-        saying why not.
+        saying why not; :class:`ClaimRevokedError` (an ``AttemptsExhaustedError``)
+        when our own claim used the last attempt but was ended while settling
+        an unknown outcome; :class:`ClaimOutcomeUnknownError` when an unknown
+        outcome could not be settled (the claim may have committed; its etcd
+        lease was ended before raising, so no holder of it is left renewed).
+        Cancelling a claim in flight ends the session it was bound to.
         """
         validation.job_ref(job)
         validation.owner(owner)
@@ -230,44 +265,57 @@ class JobLeaseClient:
         for _ in range(4):
             spec_revision, spec = await self._spec(job, keys, refresh=refresh)
             session = await self._session(spec.lease_duration_seconds)
-            claim_id = uuid.uuid4().hex
-            holder_value = Holder.encode_value(owner, claim_id, spec.lease_duration_seconds,
-                                               time.time())
-            claim_value = json.dumps({"owner": owner, "claimId": claim_id},
-                                     separators=(",", ":")).encode()
-            compares = [
-                Compare(keys.spec, "mod", "==", spec_revision),
-                Compare(keys.holder, "create", "==", 0),
-                Compare(keys.result, "version", "==", 0),
-            ]
-            if spec.max_attempts > 0:
-                compares.append(Compare(keys.claims, "version", "<", spec.max_attempts))
-            try:
-                r = await self.store.txn(
-                    compares,
-                    [Put(keys.holder, holder_value, lease=session.lease_id),
-                     Put(keys.claims, claim_value), Get(keys.claims)],
-                    [Get(keys.spec), Get(keys.holder), Get(keys.result), Get(keys.claims)],
-                )
-            except LeaseNotFoundError:
-                # etcd expired our session lease before we noticed; start a new one.
-                self._drop_session(session, "etcd no longer knows the lease")
-                continue
-            except OutcomeUnknownError:
-                lease = await self._resolve_ambiguous_claim(job, keys, owner, claim_id,
-                                                            holder_value, session)
-                if lease is not None:
-                    return lease
-                continue
-            if r.succeeded:
-                claims = r.kv(2)
-                assert claims is not None
-                return Lease(store=self.store, session=session, job=job, keys=keys,
-                             owner=owner, claim_id=claim_id, token=r.revision,
-                             generation=claims.version, ttl=spec.lease_duration_seconds,
-                             holder_value=holder_value)
-            refresh = self._refused(job, r, spec_revision)
+            outcome = await self._claim_on(job, keys, owner, spec_revision, spec, session)
+            if isinstance(outcome, Lease):
+                return outcome
+            refresh = outcome
         raise StoreUnavailableError(f"claim of {job} did not settle after several attempts")
+
+    async def _claim_on(self, job: JobRef, keys: JobKeys, owner: str, spec_revision: int,
+                        spec: JobSpec, session: Session) -> Lease | bool:
+        """One claim transaction bound to ``session``: the lease, or whether to
+        re-read the spec before trying again."""
+        claim_id = uuid.uuid4().hex
+        holder_value = Holder.encode_value(owner, claim_id, spec.lease_duration_seconds,
+                                           time.time())
+        claim_value = json.dumps({"owner": owner, "claimId": claim_id},
+                                 separators=(",", ":")).encode()
+        compares = [
+            Compare(keys.spec, "mod", "==", spec_revision),
+            Compare(keys.holder, "create", "==", 0),
+            Compare(keys.result, "version", "==", 0),
+        ]
+        if spec.max_attempts > 0:
+            compares.append(Compare(keys.claims, "version", "<", spec.max_attempts))
+        try:
+            r = await self.store.txn(
+                compares,
+                [Put(keys.holder, holder_value, lease=session.lease_id),
+                 Put(keys.claims, claim_value), Get(keys.claims)],
+                [Get(keys.spec), Get(keys.holder), Get(keys.result), Get(keys.claims)],
+            )
+        except LeaseNotFoundError:
+            # etcd expired our session lease before we noticed; start a new one.
+            self._drop_session(session, "etcd no longer knows the lease")
+            return False
+        except OutcomeUnknownError:
+            lease = await self._resolve_ambiguous_claim(job, keys, owner, claim_id,
+                                                        holder_value, session, spec)
+            return False if lease is None else lease
+        except asyncio.CancelledError:
+            # The request may be on its way and commit a holder bound to this
+            # session that no handle knows of, renewed for as long as the session
+            # lives: end the session so that cannot outlive the cancellation.
+            self._drop_session(session, "a claim bound to it was cancelled in flight")
+            raise
+        if r.succeeded:
+            claims = r.kv(2)
+            assert claims is not None
+            return Lease(store=self.store, session=session, job=job, keys=keys,
+                         owner=owner, claim_id=claim_id, token=r.revision,
+                         generation=claims.version, ttl=spec.lease_duration_seconds,
+                         holder_value=holder_value)
+        return self._refused(job, r, spec_revision)
 
     def _refused(self, job: JobRef, r: TxnResult, spec_revision: int) -> bool:
         """Raise the error that explains a failed claim; return True if the spec
@@ -292,17 +340,32 @@ class JobLeaseClient:
 
     async def _resolve_ambiguous_claim(
         self, job: JobRef, keys: JobKeys, owner: str, claim_id: str, holder_value: bytes,
-        session: Session,
+        session: Session, spec: JobSpec,
     ) -> Lease | None:
         """Invariant 7: a claim whose response was lost is resolved by reading back.
 
         The holder record carries our unique claim id, so "my claim committed"
-        is told apart from "someone else holds it". If ours is not there, the
-        request may still be in flight; revoking the session's etcd lease makes
-        any late copy fail (a put bound to a revoked lease is refused), after
-        which "not claimed" is final. Returns the lease, or ``None`` to retry.
+        is told apart from "someone else holds it" (then the retry raises
+        :class:`HeldError`; another worker's holder is never adopted). If ours
+        is not there, the request may still be in flight; revoking the
+        session's etcd lease makes any late copy fail (a put bound to a revoked
+        lease is refused). A copy may have committed between the read-back
+        and the revoke, so ``claims`` is read again after it: if the latest
+        claim is ours, its attempt is used and its holder went with the lease;
+        the claim is made again while attempts are left, else
+        :class:`ClaimRevokedError` says so. If any of these reads or the
+        revoke fails, the session is ended first and
+        :class:`ClaimOutcomeUnknownError` raised. Returns the lease, or
+        ``None`` to retry.
         """
-        fields = await self._read_back(job)
+        try:
+            fields = await self._read_back(keys)
+        except JobLeaseError as exc:
+            raise await self._unresolved(job, claim_id, session,
+                                         f"reading it back failed: {exc}") from exc
+        except BaseException:  # cancelled or a bug: the outcome is still unknown
+            self._drop_session(session, "its claim's unknown outcome was not settled")
+            raise
         holder = fields.get("holder")
         if holder is not None and holder.value == holder_value:
             claims = fields.get("claims")
@@ -313,20 +376,58 @@ class JobLeaseClient:
                          ttl=session.ttl, holder_value=holder_value)
         log.info("ambiguous claim of %s not visible; revoking lease %x so it cannot commit late",
                  job, session.lease_id)
-        self._drop_session(session, "revoked to settle an ambiguous claim")
-        await self._retry_read(lambda: self.store.revoke(session.lease_id))
-        claims = fields.get("claims")
-        if claims is not None and json.loads(claims.value).get("claimId") == claim_id:
-            raise LeaseLostError(str(job), 0, "the claim committed but its lease is already gone")
+        if not await self._end_session(session, "revoked to settle an ambiguous claim"):
+            raise ClaimOutcomeUnknownError(
+                str(job), claim_id, session.lease_id, lease_revoked=False, ttl=session.ttl,
+                why="not visible on read-back, and the revoke that settles it failed")
+        try:
+            _, kvs = await self._retry_read(lambda: self.store.get(keys.claims))
+        except JobLeaseError as exc:
+            raise ClaimOutcomeUnknownError(
+                str(job), claim_id, session.lease_id, lease_revoked=True, ttl=session.ttl,
+                why=f"re-reading it after the revoke failed: {exc}") from exc
+        claims = kvs[0] if kvs else None
+        if claims is None or self._claim_id_of(claims) != claim_id:
+            return None  # not claimed, and with the lease gone it never will be
+        token, generation = claims.mod_revision, claims.version
+        if spec.max_attempts and generation >= spec.max_attempts:
+            raise ClaimRevokedError(str(job), token, generation, spec.max_attempts)
+        log.warning("claim of %s committed while its outcome was being settled (token %d, "
+                    "generation %d) and was ended by the revoke; that attempt is used; "
+                    "claiming again", job, token, generation)
         return None
 
-    async def _read_back(self, job: JobRef) -> dict[str, KeyValue]:
+    @staticmethod
+    def _claim_id_of(claims: KeyValue) -> str | None:
+        """The claim id in a ``claims`` value; ``None`` if it is not one we wrote."""
+        try:
+            value = json.loads(claims.value)
+        except ValueError:
+            return None
+        claim_id = value.get("claimId") if isinstance(value, dict) else None
+        return claim_id if isinstance(claim_id, str) else None
+
+    async def _unresolved(self, job: JobRef, claim_id: str, session: Session, why: str
+                          ) -> ClaimOutcomeUnknownError:
+        """End ``session`` (a holder of the unsettled claim must not be renewed)
+        and say truthfully what is known."""
+        revoked = await self._end_session(session, "its claim's unknown outcome was not settled")
+        return ClaimOutcomeUnknownError(str(job), claim_id, session.lease_id,
+                                        lease_revoked=revoked, ttl=session.ttl, why=why)
+
+    async def _read_back(self, keys: JobKeys) -> dict[str, KeyValue]:
+        """The job's raw keys, read back (nothing decoded: a malformed value
+        elsewhere in the job must not stop an ambiguity from being settled)."""
         async def read() -> dict[str, KeyValue]:
-            return (await self._read_job(job))[1]
+            _, kvs = await self.store.get(keys.prefix, prefix=True)
+            return {kv.key[len(keys.prefix):].decode(): kv for kv in kvs}
         return await self._retry_read(read)
 
-    async def _retry_read(self, fn: Callable[[], Awaitable[T]], timeout: float = 30.0) -> T:
-        deadline = time.monotonic() + timeout
+    async def _retry_read(self, fn: Callable[[], Awaitable[T]], timeout: float | None = None
+                          ) -> T:
+        """``fn`` retried while etcd is unavailable, for up to ``timeout``
+        seconds (default: the client's read-back timeout)."""
+        deadline = time.monotonic() + (self._read_back_timeout if timeout is None else timeout)
         delay = 0.05
         while True:
             try:

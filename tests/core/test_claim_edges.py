@@ -18,15 +18,18 @@ from typing import Any
 import pytest
 
 from joblease import (
+    AttemptsExhaustedError,
     EtcdConfig,
+    HeldError,
     JobLeaseClient,
     JobRef,
     JobSpec,
     OutcomeUnknownError,
     Phase,
 )
+from joblease.errors import ClaimOutcomeUnknownError, ClaimRevokedError
 from joblease.store import Compare, TxnOp, TxnResult
-from tests.core.faulty_store import FaultyStore, is_unregister
+from tests.core.faulty_store import FaultyStore, is_claim, is_unregister
 
 
 async def eventually(predicate: Callable[[], Any], timeout: float, what: str,
@@ -47,7 +50,7 @@ async def eventually(predicate: Callable[[], Any], timeout: float, what: str,
 @pytest.fixture
 async def faulty(etcd_config: EtcdConfig) -> AsyncIterator[tuple[JobLeaseClient, FaultyStore]]:
     store = FaultyStore(etcd_config)
-    async with JobLeaseClient(etcd_config, store=store) as c:
+    async with JobLeaseClient(etcd_config, store=store, read_back_timeout=0.5) as c:
         yield c, store
         store.fail_reads = store.fail_revokes = False
         store.on_txn = None
@@ -112,3 +115,210 @@ async def test_unregister_whose_request_was_lost_is_sent_again_and_deletes_the_j
     state = await client.get(job)
     assert not state.registered and state.holder is None and state.generation == 0
     await eventually(lambda: not lease.valid, 10, "the holder to learn it lost the job")
+
+
+# -- ambiguous claims -----------------------------------------------------------------------
+
+
+async def test_ambiguous_claim_whose_read_back_fails_says_outcome_unknown_and_leaves_no_holder(
+    faulty: tuple[JobLeaseClient, FaultyStore], client: JobLeaseClient,
+) -> None:
+    """Defect 3: the claim commits, its answer is lost and etcd cannot be read.
+    The client must not say "nothing was written", and the committed holder
+    must not stay bound to a session that is renewed forever."""
+    c, store = faulty
+    job = JobRef("default", "ghost")
+    await client.register(job, JobSpec(30, 3))
+
+    async def commit_then_lose_answer_and_reads(
+        compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp]
+    ) -> TxnResult:
+        r = await store.inner.txn(compares, success, failure)
+        if is_claim(success):
+            store.fail_reads = True
+            raise OutcomeUnknownError("test: the claim's answer was lost")
+        return r
+
+    store.on_txn = commit_then_lose_answer_and_reads
+    with pytest.raises(OutcomeUnknownError) as info:
+        await c.claim(job, "worker-a")
+    exc = info.value
+    assert isinstance(exc, ClaimOutcomeUnknownError), f"not an outcome-unknown answer: {exc!r}"
+    assert exc.reason == "unknown" and exc.exit_code == 11 and exc.http_status == 503
+    assert exc.lease_revoked
+    store.fail_reads = False
+    state = await client.get(job)
+    assert state.generation == 1, "the claim did commit"
+    assert state.holder is None, "a holder nobody knows of is still bound to a live lease"
+
+
+async def test_ambiguous_claim_whose_revoke_fails_too_stops_renewing_so_etcd_expires_it(
+    faulty: tuple[JobLeaseClient, FaultyStore], client: JobLeaseClient,
+) -> None:
+    """Defect 3, etcd unreachable for the revoke as well: the session's lease is
+    no longer renewed, so etcd expires the committed holder within its TTL."""
+    c, store = faulty
+    job = JobRef("default", "ghost-unrevoked")
+    ttl = 3
+    await client.register(job, JobSpec(ttl, 3))
+
+    async def commit_then_fail_reads_and_revokes(
+        compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp]
+    ) -> TxnResult:
+        r = await store.inner.txn(compares, success, failure)
+        if is_claim(success):
+            store.fail_reads = store.fail_revokes = True
+            raise OutcomeUnknownError("test: the claim's answer was lost")
+        return r
+
+    store.on_txn = commit_then_fail_reads_and_revokes
+    with pytest.raises(ClaimOutcomeUnknownError) as info:
+        await c.claim(job, "worker-a")
+    assert not info.value.lease_revoked and info.value.ttl == ttl
+    assert "expires within" in str(info.value)
+    store.fail_reads = store.fail_revokes = False
+    assert (await client.get(job)).holder is not None, "the claim committed"
+    await eventually(lambda: _free(client, job), ttl + 5,
+                     "etcd to expire the holder of the unsettled claim")
+
+
+async def _free(client: JobLeaseClient, job: JobRef) -> bool:
+    return (await client.get(job)).holder is None
+
+
+async def test_ambiguous_claim_whose_read_back_finds_another_workers_holder_is_refused(
+    faulty: tuple[JobLeaseClient, FaultyStore], client: JobLeaseClient,
+) -> None:
+    """Mutation survivor: read-back must adopt only a holder carrying our claim id;
+    another worker's holder means HeldError naming that worker and its token."""
+    c, store = faulty
+    job = JobRef("default", "someone-else")
+    await client.register(job, JobSpec(30, 5))
+    other: dict[str, Any] = {}
+
+    async def another_worker_claims_first(
+        compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp]
+    ) -> TxnResult:
+        if is_claim(success) and not other:
+            other["lease"] = await client.claim(job, "worker-b")
+            raise OutcomeUnknownError("test: our request was lost on the way")
+        return await store.inner.txn(compares, success, failure)
+
+    store.on_txn = another_worker_claims_first
+    with pytest.raises(HeldError) as info:
+        await c.claim(job, "worker-a")
+    b = other["lease"]
+    assert info.value.owner == "worker-b" and info.value.token == b.token
+    state = await client.get(job)
+    assert state.holder is not None and state.holder.claim_id == b.claim_id
+    assert state.generation == 1, "our lost request must not have committed later"
+    assert b.valid
+    await b.release()
+
+
+async def test_claim_copy_committing_between_read_back_and_revoke_is_reported_truthfully(
+    faulty: tuple[JobLeaseClient, FaultyStore], client: JobLeaseClient,
+) -> None:
+    """Defect 9: with maxAttempts 1, a delayed copy of our claim commits after
+    the read-back saw nothing and before the revoke ends it. The job is now out
+    of attempts although nobody ever held it; the claim must say exactly that
+    (our own claim, its token), not an anonymous "attempts exhausted"."""
+    c, store = faulty
+    job = JobRef("default", "late-copy")
+    await client.register(job, JobSpec(30, 1))
+    delayed: dict[str, Any] = {}
+    one_at_a_time = asyncio.Lock()
+
+    async def hold_the_claim_back(
+        compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp]
+    ) -> TxnResult:
+        if is_claim(success) and "request" not in delayed:
+            delayed["request"] = (compares, success, failure)
+            raise OutcomeUnknownError("test: sent; the copy is still on its way")
+        return await store.inner.txn(compares, success, failure)
+
+    async def copy_lands_just_before_the_revoke(lease_id: int) -> None:
+        async with one_at_a_time:  # the copy lands before any revoke applies
+            if "request" in delayed and "landed" not in delayed:
+                delayed["landed"] = await store.inner.txn(*delayed["request"])
+            await store.inner.revoke(lease_id)
+
+    store.on_txn = hold_the_claim_back
+    store.on_revoke = copy_lands_just_before_the_revoke
+    with pytest.raises(AttemptsExhaustedError) as info:
+        await c.claim(job, "worker-a")
+    landed: TxnResult = delayed["landed"]
+    assert landed.succeeded, "the delayed copy did commit"
+    exc = info.value
+    assert isinstance(exc, ClaimRevokedError), f"the attempt was used silently: {exc!r}"
+    assert exc.token == landed.revision and exc.generation == 1 and exc.max_attempts == 1
+    assert "own claim" in str(exc)
+    state = await client.get(job)
+    assert state.holder is None and state.generation == 1 and state.phase is Phase.FAILED
+
+
+async def test_claim_copy_committing_before_the_revoke_is_followed_by_a_fresh_claim(
+    faulty: tuple[JobLeaseClient, FaultyStore], client: JobLeaseClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Defect 9 with attempts left: the revoked copy's attempt is counted and
+    logged, and the client claims again under a new lease."""
+    caplog.set_level("INFO", logger="joblease")
+    c, store = faulty
+    job = JobRef("default", "late-copy-retry")
+    await client.register(job, JobSpec(30, 3))
+    delayed: dict[str, Any] = {}
+    one_at_a_time = asyncio.Lock()
+
+    async def hold_the_claim_back(
+        compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp]
+    ) -> TxnResult:
+        if is_claim(success) and "request" not in delayed:
+            delayed["request"] = (compares, success, failure)
+            raise OutcomeUnknownError("test: sent; the copy is still on its way")
+        return await store.inner.txn(compares, success, failure)
+
+    async def copy_lands_just_before_the_revoke(lease_id: int) -> None:
+        async with one_at_a_time:  # the copy lands before any revoke applies
+            if "request" in delayed and "landed" not in delayed:
+                delayed["landed"] = await store.inner.txn(*delayed["request"])
+            await store.inner.revoke(lease_id)
+
+    store.on_txn = hold_the_claim_back
+    store.on_revoke = copy_lands_just_before_the_revoke
+    lease = await c.claim(job, "worker-a")
+    assert delayed["landed"].succeeded
+    assert lease.generation == 2 and lease.token > delayed["landed"].revision
+    assert "that attempt is used" in caplog.text
+    state = await client.get(job)
+    assert state.holder is not None and state.holder.claim_id == lease.claim_id
+    await lease.release()
+
+
+async def test_claim_cancelled_in_flight_leaves_no_holder_renewed(
+    faulty: tuple[JobLeaseClient, FaultyStore], client: JobLeaseClient,
+) -> None:
+    """Cancelling a claim whose transaction committed but whose answer never came
+    must not leave a holder that no handle knows of, renewed by the session."""
+    c, store = faulty
+    job = JobRef("default", "cancelled")
+    await client.register(job, JobSpec(30, 3))
+    committed = asyncio.Event()
+
+    async def commit_and_never_answer(
+        compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp]
+    ) -> TxnResult:
+        r = await store.inner.txn(compares, success, failure)
+        if is_claim(success):
+            committed.set()
+            await asyncio.Event().wait()
+        return r
+
+    store.on_txn = commit_and_never_answer
+    task = asyncio.create_task(c.claim(job, "worker-a"))
+    await asyncio.wait_for(committed.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await eventually(lambda: _free(client, job), 5,
+                     "the cancelled claim's holder to be revoked (TTL is 30 s)")
