@@ -17,12 +17,13 @@ and cached: a changed spec fails the first compare and is re-read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
-from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import Counter, OrderedDict, defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from joblease import validation
@@ -88,6 +89,13 @@ class JobLeaseClient:
     :class:`OutcomeUnknownError`).
     """
 
+    #: Specs of at most this many jobs are cached; the least recently used go first.
+    _spec_cache_size = 1024
+    #: At most this many sessions without holders are kept open for reuse.
+    _idle_sessions = 4
+    #: A session with less local safety left than this takes no new claim.
+    _min_session_left = 0.5
+
     def __init__(self, config: EtcdConfig | None = None, *, store: Store | None = None,
                  margin: float | None = None, read_back_timeout: float = 30.0) -> None:
         self.config = config or EtcdConfig.from_env()
@@ -95,8 +103,13 @@ class JobLeaseClient:
         self.keys = KeySpace(self.config.root)
         self._margin = margin
         self._read_back_timeout = read_back_timeout
-        self._specs: dict[JobRef, tuple[int, JobSpec]] = {}
-        self._sessions: dict[int, Session] = {}
+        self._specs: OrderedDict[JobRef, tuple[int, JobSpec]] = OrderedDict()
+        #: per TTL, the session new claims are bound to (least recently used first)
+        self._sessions: OrderedDict[int, Session] = OrderedDict()
+        #: replaced sessions, renewed until their holders finish or their deadline passes
+        self._retired: set[Session] = set()
+        #: claims in flight per session: such a session is never closed as idle
+        self._claiming: Counter[Session] = Counter()
         self._session_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._background: set[asyncio.Task[None]] = set()
 
@@ -110,7 +123,8 @@ class JobLeaseClient:
         """Stop renewing. With ``revoke`` (default) held jobs become claimable at
         once; without, they stay held until etcd expires them (``claim`` in a
         short-lived CLI process uses that)."""
-        sessions, self._sessions = list(self._sessions.values()), {}
+        sessions = [*self._sessions.values(), *self._retired]
+        self._sessions, self._retired = OrderedDict(), set()
         for s in sessions:
             await s.close(revoke=revoke)
         if self._background:
@@ -190,31 +204,73 @@ class JobLeaseClient:
 
     async def _spec(self, job: JobRef, keys: JobKeys, *, refresh: bool = False
                     ) -> tuple[int, JobSpec]:
-        if refresh or job not in self._specs:
-            _, kvs = await self.store.get(keys.spec)
-            if not kvs:
-                self._specs.pop(job, None)
-                raise NotRegisteredError(str(job))
-            self._specs[job] = (kvs[0].mod_revision, JobSpec.decode(kvs[0].value))
-        return self._specs[job]
+        """The job's spec and its mod revision, from a bounded LRU cache (a
+        changed spec fails the claim's first compare and is re-read)."""
+        cached = None if refresh else self._specs.get(job)
+        if cached is not None:
+            self._specs.move_to_end(job)
+            return cached
+        _, kvs = await self.store.get(keys.spec)
+        if not kvs:
+            self._specs.pop(job, None)
+            raise NotRegisteredError(str(job))
+        entry = (kvs[0].mod_revision, JobSpec.decode(kvs[0].value))
+        self._specs[job] = entry
+        self._specs.move_to_end(job)
+        while len(self._specs) > self._spec_cache_size:
+            self._specs.popitem(last=False)
+        return entry
 
     async def _session(self, ttl: int) -> Session:
+        """The session a new claim of ``ttl`` seconds is bound to.
+
+        A session with less than ``_min_session_left`` of local safety takes no
+        new claim (its handle could be lost at once if the keep-alive in
+        flight answers late), but it is not ended either: the answer may be on
+        its way, and the jobs it holds keep it until its own deadline. It is
+        retired: renewed as before, and closed once it has no holders or its
+        deadline has passed.
+        """
         session = self._sessions.get(ttl)
-        if session is not None and session.alive and session.remaining() >= 0.5:
-            return session  # the hot path takes no lock
-        async with self._session_locks[ttl]:
-            session = self._sessions.get(ttl)
-            if session is None or not session.alive or session.remaining() < 0.5:
-                if session is not None:
-                    self._drop_session(session, "replaced by a fresh session")
-                session = await Session(self.store, ttl, margin=self._margin,
-                                        check_holders=Lease.check_all).start()
-                self._sessions[ttl] = session
-            return session
+        if (session is None or not session.alive
+                or session.remaining() < self._min_session_left):
+            async with self._session_locks[ttl]:
+                session = self._sessions.get(ttl)
+                if (session is None or not session.alive
+                        or session.remaining() < self._min_session_left):
+                    if session is not None:
+                        del self._sessions[ttl]
+                        self._retired.add(session)
+                    session = await Session(self.store, ttl, margin=self._margin,
+                                            check_holders=Lease.check_all).start()
+                    self._sessions[ttl] = session
+        self._sessions.move_to_end(ttl)
+        self._sweep_sessions(keep=session)
+        return session
+
+    def _sweep_sessions(self, keep: Session) -> None:
+        """Close sessions nobody needs, so a long-lived client keeps a bounded
+        number: retired ones without holders or past their deadline, current
+        ones that are dead and idle, and idle ones beyond ``_idle_sessions``
+        (least recently used first). Never ``keep`` or one a claim is using."""
+        def idle(s: Session) -> bool:
+            return s.holders == 0 and self._claiming[s] == 0 and s is not keep
+
+        for s in list(self._retired):
+            if s is not keep and self._claiming[s] == 0 and (s.holders == 0 or not s.alive):
+                self._drop_session(s, "retired and no longer needed", expected=True)
+        idle_current = [s for s in self._sessions.values() if idle(s)]
+        for s in idle_current:
+            if not s.alive:
+                self._drop_session(s, "dead and idle", expected=True)
+        idle_current = [s for s in idle_current if s.alive]
+        for s in idle_current[:max(0, len(idle_current) - self._idle_sessions)]:
+            self._drop_session(s, "idle", expected=True)
 
     def _forget_session(self, session: Session) -> None:
         if self._sessions.get(session.ttl) is session:
             del self._sessions[session.ttl]
+        self._retired.discard(session)
 
     def _drop_session(self, session: Session, reason: str, *, expected: bool = False) -> None:
         """Stop using ``session``: its handles are lost; its etcd lease is revoked
@@ -246,6 +302,16 @@ class JobLeaseClient:
             return False
         return True
 
+    @contextlib.contextmanager
+    def _using(self, session: Session) -> Iterator[None]:
+        self._claiming[session] += 1
+        try:
+            yield
+        finally:
+            self._claiming[session] -= 1
+            if self._claiming[session] <= 0:
+                del self._claiming[session]
+
     async def claim(self, job: JobRef, owner: str) -> Lease:
         """Claim ``job`` for ``owner`` in one etcd transaction.
 
@@ -265,7 +331,8 @@ class JobLeaseClient:
         for _ in range(4):
             spec_revision, spec = await self._spec(job, keys, refresh=refresh)
             session = await self._session(spec.lease_duration_seconds)
-            outcome = await self._claim_on(job, keys, owner, spec_revision, spec, session)
+            with self._using(session):
+                outcome = await self._claim_on(job, keys, owner, spec_revision, spec, session)
             if isinstance(outcome, Lease):
                 return outcome
             refresh = outcome

@@ -322,3 +322,82 @@ async def test_claim_cancelled_in_flight_leaves_no_holder_renewed(
         await task
     await eventually(lambda: _free(client, job), 5,
                      "the cancelled claim's holder to be revoked (TTL is 30 s)")
+
+
+# -- sessions -------------------------------------------------------------------------------
+
+
+async def test_claim_during_a_slow_keep_alive_answer_does_not_revoke_jobs_held_on_that_ttl(
+    etcd_config: EtcdConfig, client: JobLeaseClient,
+) -> None:
+    """Defect 10: a claim made while the session's keep-alive answer is on its
+    way (under 0.5 s of local safety left) gets a new session; the old one, and
+    every job it holds, lives on to its own deadline and is renewed by that
+    answer. (TTL 2, margin 0.8: the renew's timeout ends at the deadline, so the
+    answer can be held through the whole last half second.)"""
+    store = FaultyStore(etcd_config)
+    async with JobLeaseClient(etcd_config, store=store, margin=0.8) as c:
+        held_job, new_job = JobRef("default", "held-on-ttl-2"), JobRef("default", "new-on-ttl-2")
+        await client.register(held_job, JobSpec(2, 0))
+        await client.register(new_job, JobSpec(2, 0))
+        a = await c.claim(held_job, "worker-a")
+        blocker = await client.claim(new_job, "warm-up")  # c caches new_job's spec
+        with pytest.raises(HeldError):
+            await c.claim(new_job, "worker-a")
+        await blocker.release()
+        session = a._session
+        assert session is not None
+
+        gate = asyncio.Event()
+        store.reply_gate = gate
+        await eventually(lambda: store.reply_held.is_set() and session.alive
+                         and session.remaining() < 0.5, 10,
+                         "a keep-alive answer held while under 0.5 s of safety is left",
+                         interval=0.002)
+        claiming = asyncio.create_task(c.claim(new_job, "worker-a"))
+        await asyncio.sleep(0)  # the claim has chosen its session
+        store.reply_gate = None
+        gate.set()
+        b = await claiming
+
+        assert a.lost_reason is None, f"the held job was lost: {a.lost_reason}"
+        assert b.lease_id != a.lease_id, "the new claim used the nearly expired session"
+        await eventually(lambda: a.remaining() > 0.5, 5, "the held answer to renew the session")
+        state = await client.get(held_job)
+        assert state.holder is not None and state.holder.token == a.token
+        assert a.lease_id not in store.revoked
+        await a.release()
+        await b.release()
+
+
+async def test_long_lived_client_keeps_a_bounded_spec_cache_and_few_sessions(
+    faulty: tuple[JobLeaseClient, FaultyStore], client: JobLeaseClient,
+) -> None:
+    """Defect 16: a client that claims many jobs of many TTLs keeps at most
+    ``_spec_cache_size`` specs and closes (revokes) sessions with no holders
+    beyond ``_idle_sessions``; a session with a holder stays. The sizes are
+    shrunk so the bound shows with few jobs; open sessions are counted as etcd
+    leases granted and not revoked."""
+    c, store = faulty
+    c._spec_cache_size = 3
+    c._idle_sessions = 2
+    keep = JobRef("default", "kept")
+    await client.register(keep, JobSpec(20, 0))
+    kept = await c.claim(keep, "worker-a")
+    for i, ttl in enumerate(range(2, 10)):
+        job = JobRef("default", f"churn-{i}")
+        await client.register(job, JobSpec(ttl, 0))
+        lease = await c.claim(job, "worker-a")
+        await lease.complete({"i": i})
+        assert len(c._specs) <= 3
+    assert kept.valid and kept.lease_id not in store.revoked
+    # open: the kept one, the last one used and at most two idle ones
+    await eventually(lambda: len(set(store.granted) - set(store.revoked)) <= 4, 5,
+                     "sessions without holders to be closed")
+    assert await _all_revoked(store, store.revoked), "closed sessions are still known to etcd"
+    assert (await client.get(keep)).holder is not None
+    await kept.release()
+
+
+async def _all_revoked(store: FaultyStore, leases: list[int]) -> bool:
+    return all([await store.inner.time_to_live(lease) <= 0 for lease in leases])
