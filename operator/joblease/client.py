@@ -121,8 +121,9 @@ class JobLeaseClient:
 
     async def close(self, *, revoke: bool = True) -> None:
         """Stop renewing. With ``revoke`` (default) held jobs become claimable at
-        once; without, they stay held until etcd expires them (``claim`` in a
-        short-lived CLI process uses that)."""
+        once (if etcd cannot be reached for the revoke, once their TTL runs
+        out); without, they stay held until etcd expires them (``claim`` in a
+        short-lived CLI process uses that). Retired sessions are closed too."""
         sessions = [*self._sessions.values(), *self._retired]
         self._sessions, self._retired = OrderedDict(), set()
         for s in sessions:
