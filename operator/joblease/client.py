@@ -329,20 +329,28 @@ class JobLeaseClient:
         validation.owner(owner)
         keys = self.keys.job(job)
         refresh = False
+        revoked: list[int] = []  # tokens of our claims that committed and were revoked
         for _ in range(4):
             spec_revision, spec = await self._spec(job, keys, refresh=refresh)
             session = await self._session(spec.lease_duration_seconds)
             with self._using(session):
-                outcome = await self._claim_on(job, keys, owner, spec_revision, spec, session)
+                outcome = await self._claim_on(job, keys, owner, spec_revision, spec, session,
+                                               revoked)
             if isinstance(outcome, Lease):
                 return outcome
             refresh = outcome
+        if revoked:
+            raise StoreUnavailableError(
+                f"claim of {job} did not settle after several attempts; claims with tokens "
+                f"{', '.join(map(str, revoked))} committed and were ended by the revoke that "
+                f"settled their unknown outcome (each used an attempt)")
         raise StoreUnavailableError(f"claim of {job} did not settle after several attempts")
 
     async def _claim_on(self, job: JobRef, keys: JobKeys, owner: str, spec_revision: int,
-                        spec: JobSpec, session: Session) -> Lease | bool:
+                        spec: JobSpec, session: Session, revoked: list[int]) -> Lease | bool:
         """One claim transaction bound to ``session``: the lease, or whether to
-        re-read the spec before trying again."""
+        re-read the spec before trying again (``revoked`` collects the tokens
+        of our claims ended while settling an unknown outcome)."""
         claim_id = uuid.uuid4().hex
         holder_value = Holder.encode_value(owner, claim_id, spec.lease_duration_seconds,
                                            time.time())
@@ -368,7 +376,7 @@ class JobLeaseClient:
             return False
         except OutcomeUnknownError:
             lease = await self._resolve_ambiguous_claim(job, keys, owner, claim_id,
-                                                        holder_value, session, spec)
+                                                        holder_value, session, spec, revoked)
             return False if lease is None else lease
         except asyncio.CancelledError:
             # The request may be on its way and commit a holder bound to this
@@ -408,7 +416,7 @@ class JobLeaseClient:
 
     async def _resolve_ambiguous_claim(
         self, job: JobRef, keys: JobKeys, owner: str, claim_id: str, holder_value: bytes,
-        session: Session, spec: JobSpec,
+        session: Session, spec: JobSpec, revoked: list[int],
     ) -> Lease | None:
         """Invariant 7: a claim whose response was lost is resolved by reading back.
 
@@ -460,6 +468,7 @@ class JobLeaseClient:
         token, generation = claims.mod_revision, claims.version
         if spec.max_attempts and generation >= spec.max_attempts:
             raise ClaimRevokedError(str(job), token, generation, spec.max_attempts)
+        revoked.append(token)
         log.warning("claim of %s committed while its outcome was being settled (token %d, "
                     "generation %d) and was ended by the revoke; that attempt is used; "
                     "claiming again", job, token, generation)

@@ -26,6 +26,7 @@ from joblease import (
     JobSpec,
     OutcomeUnknownError,
     Phase,
+    StoreUnavailableError,
 )
 from joblease.errors import ClaimOutcomeUnknownError, ClaimRevokedError
 from joblease.store import Compare, TxnOp, TxnResult
@@ -293,6 +294,44 @@ async def test_claim_copy_committing_before_the_revoke_is_followed_by_a_fresh_cl
     state = await client.get(job)
     assert state.holder is not None and state.holder.claim_id == lease.claim_id
     await lease.release()
+
+
+async def test_claim_that_never_settles_names_the_attempts_its_revoked_copies_used(
+    faulty: tuple[JobLeaseClient, FaultyStore], client: JobLeaseClient,
+) -> None:
+    """Every copy lands just before its revoke: the claim gives up, and its error
+    does not claim that nothing was written; it names each used attempt."""
+    c, store = faulty
+    job = JobRef("default", "never-settles")
+    await client.register(job, JobSpec(30, 0))
+    pending: list[tuple[Sequence[Compare], Sequence[TxnOp], Sequence[TxnOp]]] = []
+    landed: list[TxnResult] = []
+    one_at_a_time = asyncio.Lock()
+
+    async def hold_every_claim_back(
+        compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp]
+    ) -> TxnResult:
+        if is_claim(success):
+            pending.append((compares, success, failure))
+            raise OutcomeUnknownError("test: sent; the copy is still on its way")
+        return await store.inner.txn(compares, success, failure)
+
+    async def copy_lands_just_before_the_revoke(lease_id: int) -> None:
+        async with one_at_a_time:
+            while pending:
+                landed.append(await store.inner.txn(*pending.pop()))
+            await store.inner.revoke(lease_id)
+
+    store.on_txn = hold_every_claim_back
+    store.on_revoke = copy_lands_just_before_the_revoke
+    with pytest.raises(StoreUnavailableError) as info:
+        await c.claim(job, "worker-a")
+    assert len(landed) == 4 and all(r.succeeded for r in landed)
+    tokens = ", ".join(str(r.revision) for r in landed)
+    assert f"claims with tokens {tokens} committed" in str(info.value)
+    assert "each used an attempt" in str(info.value)
+    state = await client.get(job)
+    assert state.holder is None and state.generation == 4
 
 
 async def test_claim_cancelled_in_flight_leaves_no_holder_renewed(
