@@ -17,22 +17,25 @@ and cached: a changed spec fails the first compare and is re-read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
-from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import Counter, OrderedDict, defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from joblease import validation
 from joblease.errors import (
     AlreadyCompletedError,
     AttemptsExhaustedError,
+    ClaimOutcomeUnknownError,
+    ClaimRevokedError,
     CompactedError,
     CorruptRecordError,
     HeldError,
-    LeaseLostError,
+    JobLeaseError,
     LeaseNotFoundError,
     NotRegisteredError,
     OutcomeUnknownError,
@@ -105,16 +108,33 @@ class JobLeaseClient:
     """Register, claim, complete, inspect and watch jobs in etcd.
 
     ``async with JobLeaseClient(EtcdConfig(endpoints=("127.0.0.1:2379",))) as c:``
+
+    ``read_back_timeout`` bounds how long an unknown outcome is read back
+    before the client gives up and says so (:class:`ClaimOutcomeUnknownError`,
+    :class:`OutcomeUnknownError`).
     """
 
+    #: Specs of at most this many jobs are cached; the least recently used go first.
+    _spec_cache_size = 1024
+    #: At most this many sessions without holders are kept open for reuse.
+    _idle_sessions = 4
+    #: A session with less local safety left than this takes no new claim.
+    _min_session_left = 0.5
+
     def __init__(self, config: EtcdConfig | None = None, *, store: Store | None = None,
-                 margin: float | None = None) -> None:
+                 margin: float | None = None, read_back_timeout: float = 30.0) -> None:
         self.config = config or EtcdConfig.from_env()
         self.store: Store = store if store is not None else EtcdStore(self.config)
         self.keys = KeySpace(self.config.root)
         self._margin = margin
-        self._specs: dict[JobRef, tuple[int, JobSpec]] = {}
-        self._sessions: dict[int, Session] = {}
+        self._read_back_timeout = read_back_timeout
+        self._specs: OrderedDict[JobRef, tuple[int, JobSpec]] = OrderedDict()
+        #: per TTL, the session new claims are bound to (least recently used first)
+        self._sessions: OrderedDict[int, Session] = OrderedDict()
+        #: replaced sessions, renewed until their holders finish or their deadline passes
+        self._retired: set[Session] = set()
+        #: claims in flight per session: such a session is never closed as idle
+        self._claiming: Counter[Session] = Counter()
         self._session_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._background: set[asyncio.Task[None]] = set()
 
@@ -126,9 +146,11 @@ class JobLeaseClient:
 
     async def close(self, *, revoke: bool = True) -> None:
         """Stop renewing. With ``revoke`` (default) held jobs become claimable at
-        once; without, they stay held until etcd expires them (``claim`` in a
-        short-lived CLI process uses that)."""
-        sessions, self._sessions = list(self._sessions.values()), {}
+        once (if etcd cannot be reached for the revoke, once their TTL runs
+        out); without, they stay held until etcd expires them (``claim`` in a
+        short-lived CLI process uses that). Retired sessions are closed too."""
+        sessions = [*self._sessions.values(), *self._retired]
+        self._sessions, self._retired = OrderedDict(), set()
         for s in sessions:
             await s.close(revoke=revoke)
         if self._background:
@@ -150,16 +172,51 @@ class JobLeaseClient:
         return r.revision
 
     async def unregister(self, job: JobRef) -> int:
-        """Delete every key of the job; a live holder learns it lost at its next check."""
+        """Delete every key of the job's registration as it is now; a live holder
+        learns it lost at its next check. Returns the etcd revision.
+
+        The delete is conditional on the spec's create revision read first, so
+        it removes exactly the registration it saw and never a newer one: a
+        copy re-sent (or arriving late) after an unknown outcome cannot erase
+        a job that was registered, claimed and completed again in between.
+        An unknown outcome is settled by reading the spec back: gone or
+        re-created means the registration we saw is gone (done); the same
+        registration still there means the delete did not commit, and the
+        same conditional delete is sent again (it can commit at most once).
+        If the registration changed between the read and the delete, the one
+        that is there now is not ours to delete and is left alone.
+        """
         validation.job_ref(job)
         keys = self.keys.job(job)
         self._specs.pop(job, None)
-        r = await self._write_idempotent([], [Delete(keys.prefix, prefix=True)], [])
-        return r.revision
+        _, kvs = await self.store.get(keys.spec)
+        created = kvs[0].create_revision if kvs else 0
+        condition = [Compare(keys.spec, "create", "==", created)]
+        for _ in range(5):
+            try:
+                r = await self.store.txn(condition, [Delete(keys.prefix, prefix=True)], [])
+                return r.revision
+            except OutcomeUnknownError as exc:
+                log.info("unregister of %s has an unknown outcome; reading back", job)
+                try:
+                    revision, now = await self._retry_read(lambda: self.store.get(keys.spec))
+                except JobLeaseError as read_failed:
+                    raise OutcomeUnknownError(
+                        f"unregister of {job} has an unknown outcome and reading it back "
+                        f"failed: {read_failed}") from exc
+                if (now[0].create_revision if now else 0) != created:
+                    return revision  # what we were asked to delete is gone; a newer one stays
+        raise OutcomeUnknownError(f"unregister of {job} could not be confirmed")
 
     async def _write_idempotent(self, compares: list[Compare], success: list[Any],
                                 failure: list[Any]) -> TxnResult:
-        """Writes whose repetition is harmless may be re-sent after an unknown outcome."""
+        """Re-send a write after an unknown outcome, for writes whose repetition is harmless.
+
+        Only ``register`` uses it: ``if spec == value then get else put value``.
+        A second copy after a committed first one is a read; a copy arriving
+        after a concurrent change re-applies this call's value, which is the
+        order "the other change, then this call" (the calls overlapped).
+        """
         for attempt in range(5):
             try:
                 return await self.store.txn(compares, success, failure)
@@ -173,90 +230,193 @@ class JobLeaseClient:
 
     async def _spec(self, job: JobRef, keys: JobKeys, *, refresh: bool = False
                     ) -> tuple[int, JobSpec]:
-        if refresh or job not in self._specs:
-            _, kvs = await self.store.get(keys.spec)
-            if not kvs:
-                self._specs.pop(job, None)
-                raise NotRegisteredError(str(job))
-            self._specs[job] = (kvs[0].mod_revision, JobSpec.decode(kvs[0].value))
-        return self._specs[job]
+        """The job's spec and its mod revision, from a bounded LRU cache (a
+        changed spec fails the claim's first compare and is re-read)."""
+        cached = None if refresh else self._specs.get(job)
+        if cached is not None:
+            self._specs.move_to_end(job)
+            return cached
+        _, kvs = await self.store.get(keys.spec)
+        if not kvs:
+            self._specs.pop(job, None)
+            raise NotRegisteredError(str(job))
+        entry = (kvs[0].mod_revision, JobSpec.decode(kvs[0].value))
+        self._specs[job] = entry
+        self._specs.move_to_end(job)
+        while len(self._specs) > self._spec_cache_size:
+            self._specs.popitem(last=False)
+        return entry
 
     async def _session(self, ttl: int) -> Session:
-        session = self._sessions.get(ttl)
-        if session is not None and session.alive and session.remaining() >= 0.5:
-            return session  # the hot path takes no lock
-        async with self._session_locks[ttl]:
-            session = self._sessions.get(ttl)
-            if session is None or not session.alive or session.remaining() < 0.5:
-                if session is not None:
-                    self._drop_session(session, "replaced by a fresh session")
-                session = await Session(self.store, ttl, margin=self._margin,
-                                        check_holders=Lease.check_all).start()
-                self._sessions[ttl] = session
-            return session
+        """The session a new claim of ``ttl`` seconds is bound to.
 
-    def _drop_session(self, session: Session, reason: str) -> None:
-        """Stop using ``session``: its handles are lost; its etcd lease is revoked
-        in the background so the jobs it held become claimable at once."""
+        A session with less than ``_min_session_left`` of local safety takes no
+        new claim (its handle could be lost at once if the keep-alive in
+        flight answers late), but it is not ended either: the answer may be on
+        its way, and the jobs it holds keep it until its own deadline. It is
+        retired: renewed as before, and closed once it has no holders or its
+        deadline has passed.
+        """
+        session = self._sessions.get(ttl)
+        if (session is None or not session.alive
+                or session.remaining() < self._min_session_left):
+            async with self._session_locks[ttl]:
+                session = self._sessions.get(ttl)
+                if (session is None or not session.alive
+                        or session.remaining() < self._min_session_left):
+                    if session is not None:
+                        del self._sessions[ttl]
+                        self._retired.add(session)
+                    session = await Session(self.store, ttl, margin=self._margin,
+                                            check_holders=Lease.check_all).start()
+                    self._sessions[ttl] = session
+        self._sessions.move_to_end(ttl)
+        self._sweep_sessions(keep=session)
+        return session
+
+    def _sweep_sessions(self, keep: Session) -> None:
+        """Close sessions nobody needs, so a long-lived client keeps a bounded
+        number: retired ones without holders or past their deadline, current
+        ones that are dead and idle, and idle ones beyond ``_idle_sessions``
+        (least recently used first). Never ``keep`` or one a claim is using."""
+        def idle(s: Session) -> bool:
+            return s.holders == 0 and self._claiming[s] == 0 and s is not keep
+
+        for s in list(self._retired):
+            if s is not keep and self._claiming[s] == 0 and (s.holders == 0 or not s.alive):
+                self._drop_session(s, "retired and no longer needed", expected=True)
+        idle_current = [s for s in self._sessions.values() if idle(s)]
+        for s in idle_current:
+            if not s.alive:
+                self._drop_session(s, "dead and idle", expected=True)
+        idle_current = [s for s in idle_current if s.alive]
+        for s in idle_current[:max(0, len(idle_current) - self._idle_sessions)]:
+            self._drop_session(s, "idle", expected=True)
+
+    def _forget_session(self, session: Session) -> None:
         if self._sessions.get(session.ttl) is session:
             del self._sessions[session.ttl]
-        session.lose(reason)
+        self._retired.discard(session)
+
+    def _drop_session(self, session: Session, reason: str, *, expected: bool = False) -> None:
+        """Stop using ``session``: its handles are lost; its etcd lease is revoked
+        in the background so the jobs it held become claimable at once."""
+        self._forget_session(session)
+        session.lose(reason, expected=expected)
         task = asyncio.create_task(session.close(revoke=True))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _end_session(self, session: Session, reason: str) -> bool:
+        """Stop renewing ``session`` and revoke its etcd lease before going on.
+
+        True once etcd confirmed the lease is gone (so nothing can still be
+        bound to it); False if etcd could not be reached within the read-back
+        timeout (capped at the TTL: an unrenewed lease expires by then anyway).
+        """
+        self._forget_session(session)
+        session.lose(reason)
+        await session.close(revoke=False)
+        try:
+            await self._retry_read(lambda: self.store.revoke(session.lease_id),
+                                   min(self._read_back_timeout, float(session.ttl)))
+        except LeaseNotFoundError:
+            return True
+        except JobLeaseError as exc:
+            log.warning("could not revoke etcd lease %x: %s; it expires within %ds",
+                        session.lease_id, exc, session.ttl)
+            return False
+        return True
+
+    @contextlib.contextmanager
+    def _using(self, session: Session) -> Iterator[None]:
+        self._claiming[session] += 1
+        try:
+            yield
+        finally:
+            self._claiming[session] -= 1
+            if self._claiming[session] <= 0:
+                del self._claiming[session]
 
     async def claim(self, job: JobRef, owner: str) -> Lease:
         """Claim ``job`` for ``owner`` in one etcd transaction.
 
         Raises :class:`NotRegisteredError`, :class:`HeldError`,
         :class:`AlreadyCompletedError` or :class:`AttemptsExhaustedError`
-        saying why not.
+        saying why not; :class:`ClaimRevokedError` (an ``AttemptsExhaustedError``)
+        when our own claim used the last attempt but was ended while settling
+        an unknown outcome; :class:`ClaimOutcomeUnknownError` when an unknown
+        outcome could not be settled (the claim may have committed; its etcd
+        lease was ended before raising, so no holder of it is left renewed).
+        Cancelling a claim in flight ends the session it was bound to.
         """
         validation.job_ref(job)
         validation.owner(owner)
         keys = self.keys.job(job)
         refresh = False
+        revoked: list[int] = []  # tokens of our claims that committed and were revoked
         for _ in range(4):
             spec_revision, spec = await self._spec(job, keys, refresh=refresh)
             session = await self._session(spec.lease_duration_seconds)
-            claim_id = uuid.uuid4().hex
-            holder_value = Holder.encode_value(owner, claim_id, spec.lease_duration_seconds,
-                                               time.time())
-            claim_value = json.dumps({"owner": owner, "claimId": claim_id},
-                                     separators=(",", ":")).encode()
-            compares = [
-                Compare(keys.spec, "mod", "==", spec_revision),
-                Compare(keys.holder, "create", "==", 0),
-                Compare(keys.result, "version", "==", 0),
-            ]
-            if spec.max_attempts > 0:
-                compares.append(Compare(keys.claims, "version", "<", spec.max_attempts))
-            try:
-                r = await self.store.txn(
-                    compares,
-                    [Put(keys.holder, holder_value, lease=session.lease_id),
-                     Put(keys.claims, claim_value), Get(keys.claims)],
-                    [Get(keys.spec), Get(keys.holder), Get(keys.result), Get(keys.claims)],
-                )
-            except LeaseNotFoundError:
-                # etcd expired our session lease before we noticed; start a new one.
-                self._drop_session(session, "etcd no longer knows the lease")
-                continue
-            except OutcomeUnknownError:
-                lease = await self._resolve_ambiguous_claim(job, keys, owner, claim_id,
-                                                            holder_value, session)
-                if lease is not None:
-                    return lease
-                continue
-            if r.succeeded:
-                claims = r.kv(2)
-                assert claims is not None
-                return Lease(store=self.store, session=session, job=job, keys=keys,
-                             owner=owner, claim_id=claim_id, token=r.revision,
-                             generation=claims.version, ttl=spec.lease_duration_seconds,
-                             holder_value=holder_value)
-            refresh = self._refused(job, r, spec_revision)
+            with self._using(session):
+                outcome = await self._claim_on(job, keys, owner, spec_revision, spec, session,
+                                               revoked)
+            if isinstance(outcome, Lease):
+                return outcome
+            refresh = outcome
+        if revoked:
+            raise StoreUnavailableError(
+                f"claim of {job} did not settle after several attempts; claims with tokens "
+                f"{', '.join(map(str, revoked))} committed and were ended by the revoke that "
+                f"settled their unknown outcome (each used an attempt)")
         raise StoreUnavailableError(f"claim of {job} did not settle after several attempts")
+
+    async def _claim_on(self, job: JobRef, keys: JobKeys, owner: str, spec_revision: int,
+                        spec: JobSpec, session: Session, revoked: list[int]) -> Lease | bool:
+        """One claim transaction bound to ``session``: the lease, or whether to
+        re-read the spec before trying again (``revoked`` collects the tokens
+        of our claims ended while settling an unknown outcome)."""
+        claim_id = uuid.uuid4().hex
+        holder_value = Holder.encode_value(owner, claim_id, spec.lease_duration_seconds,
+                                           time.time())
+        claim_value = json.dumps({"owner": owner, "claimId": claim_id},
+                                 separators=(",", ":")).encode()
+        compares = [
+            Compare(keys.spec, "mod", "==", spec_revision),
+            Compare(keys.holder, "create", "==", 0),
+            Compare(keys.result, "version", "==", 0),
+        ]
+        if spec.max_attempts > 0:
+            compares.append(Compare(keys.claims, "version", "<", spec.max_attempts))
+        try:
+            r = await self.store.txn(
+                compares,
+                [Put(keys.holder, holder_value, lease=session.lease_id),
+                 Put(keys.claims, claim_value), Get(keys.claims)],
+                [Get(keys.spec), Get(keys.holder), Get(keys.result), Get(keys.claims)],
+            )
+        except LeaseNotFoundError:
+            # etcd expired our session lease before we noticed; start a new one.
+            self._drop_session(session, "etcd no longer knows the lease")
+            return False
+        except OutcomeUnknownError:
+            lease = await self._resolve_ambiguous_claim(job, keys, owner, claim_id,
+                                                        holder_value, session, spec, revoked)
+            return False if lease is None else lease
+        except asyncio.CancelledError:
+            # The request may be on its way and commit a holder bound to this
+            # session that no handle knows of, renewed for as long as the session
+            # lives: end the session so that cannot outlive the cancellation.
+            self._drop_session(session, "a claim bound to it was cancelled in flight")
+            raise
+        if r.succeeded:
+            claims = r.kv(2)
+            assert claims is not None
+            return Lease(store=self.store, session=session, job=job, keys=keys,
+                         owner=owner, claim_id=claim_id, token=r.revision,
+                         generation=claims.version, ttl=spec.lease_duration_seconds,
+                         holder_value=holder_value)
+        return self._refused(job, r, spec_revision)
 
     def _refused(self, job: JobRef, r: TxnResult, spec_revision: int) -> bool:
         """Raise the error that explains a failed claim; return True if the spec
@@ -281,17 +441,32 @@ class JobLeaseClient:
 
     async def _resolve_ambiguous_claim(
         self, job: JobRef, keys: JobKeys, owner: str, claim_id: str, holder_value: bytes,
-        session: Session,
+        session: Session, spec: JobSpec, revoked: list[int],
     ) -> Lease | None:
         """Invariant 7: a claim whose response was lost is resolved by reading back.
 
         The holder record carries our unique claim id, so "my claim committed"
-        is told apart from "someone else holds it". If ours is not there, the
-        request may still be in flight; revoking the session's etcd lease makes
-        any late copy fail (a put bound to a revoked lease is refused), after
-        which "not claimed" is final. Returns the lease, or ``None`` to retry.
+        is told apart from "someone else holds it" (then the retry raises
+        :class:`HeldError`; another worker's holder is never adopted). If ours
+        is not there, the request may still be in flight; revoking the
+        session's etcd lease makes any late copy fail (a put bound to a revoked
+        lease is refused). A copy may have committed between the read-back
+        and the revoke, so ``claims`` is read again after it: if the latest
+        claim is ours, its attempt is used and its holder went with the lease;
+        the claim is made again while attempts are left, else
+        :class:`ClaimRevokedError` says so. If any of these reads or the
+        revoke fails, the session is ended first and
+        :class:`ClaimOutcomeUnknownError` raised. Returns the lease, or
+        ``None`` to retry.
         """
-        fields = await self._read_back(job)
+        try:
+            fields = await self._read_back(keys)
+        except JobLeaseError as exc:
+            raise await self._unresolved(job, claim_id, session,
+                                         f"reading it back failed: {exc}") from exc
+        except BaseException:  # cancelled or a bug: the outcome is still unknown
+            self._drop_session(session, "its claim's unknown outcome was not settled")
+            raise
         holder = fields.get("holder")
         if holder is not None and holder.value == holder_value:
             claims = fields.get("claims")
@@ -302,20 +477,59 @@ class JobLeaseClient:
                          ttl=session.ttl, holder_value=holder_value)
         log.info("ambiguous claim of %s not visible; revoking lease %x so it cannot commit late",
                  job, session.lease_id)
-        self._drop_session(session, "revoked to settle an ambiguous claim")
-        await self._retry_read(lambda: self.store.revoke(session.lease_id))
-        claims = fields.get("claims")
-        if claims is not None and json.loads(claims.value).get("claimId") == claim_id:
-            raise LeaseLostError(str(job), 0, "the claim committed but its lease is already gone")
+        if not await self._end_session(session, "revoked to settle an ambiguous claim"):
+            raise ClaimOutcomeUnknownError(
+                str(job), claim_id, session.lease_id, lease_revoked=False, ttl=session.ttl,
+                why="not visible on read-back, and the revoke that settles it failed")
+        try:
+            _, kvs = await self._retry_read(lambda: self.store.get(keys.claims))
+        except JobLeaseError as exc:
+            raise ClaimOutcomeUnknownError(
+                str(job), claim_id, session.lease_id, lease_revoked=True, ttl=session.ttl,
+                why=f"re-reading it after the revoke failed: {exc}") from exc
+        claims = kvs[0] if kvs else None
+        if claims is None or self._claim_id_of(claims) != claim_id:
+            return None  # not claimed, and with the lease gone it never will be
+        token, generation = claims.mod_revision, claims.version
+        if spec.max_attempts and generation >= spec.max_attempts:
+            raise ClaimRevokedError(str(job), token, generation, spec.max_attempts)
+        revoked.append(token)
+        log.warning("claim of %s committed while its outcome was being settled (token %d, "
+                    "generation %d) and was ended by the revoke; that attempt is used; "
+                    "claiming again", job, token, generation)
         return None
 
-    async def _read_back(self, job: JobRef) -> dict[str, KeyValue]:
+    @staticmethod
+    def _claim_id_of(claims: KeyValue) -> str | None:
+        """The claim id in a ``claims`` value; ``None`` if it is not one we wrote."""
+        try:
+            value = json.loads(claims.value)
+        except ValueError:
+            return None
+        claim_id = value.get("claimId") if isinstance(value, dict) else None
+        return claim_id if isinstance(claim_id, str) else None
+
+    async def _unresolved(self, job: JobRef, claim_id: str, session: Session, why: str
+                          ) -> ClaimOutcomeUnknownError:
+        """End ``session`` (a holder of the unsettled claim must not be renewed)
+        and say truthfully what is known."""
+        revoked = await self._end_session(session, "its claim's unknown outcome was not settled")
+        return ClaimOutcomeUnknownError(str(job), claim_id, session.lease_id,
+                                        lease_revoked=revoked, ttl=session.ttl, why=why)
+
+    async def _read_back(self, keys: JobKeys) -> dict[str, KeyValue]:
+        """The job's raw keys, read back (nothing decoded: a malformed value
+        elsewhere in the job must not stop an ambiguity from being settled)."""
         async def read() -> dict[str, KeyValue]:
-            return (await self._read_job(job))[1]
+            _, kvs = await self.store.get(keys.prefix, prefix=True)
+            return {kv.key[len(keys.prefix):].decode(): kv for kv in kvs}
         return await self._retry_read(read)
 
-    async def _retry_read(self, fn: Callable[[], Awaitable[T]], timeout: float = 30.0) -> T:
-        deadline = time.monotonic() + timeout
+    async def _retry_read(self, fn: Callable[[], Awaitable[T]], timeout: float | None = None
+                          ) -> T:
+        """``fn`` retried while etcd is unavailable, for up to ``timeout``
+        seconds (default: the client's read-back timeout)."""
+        deadline = time.monotonic() + (self._read_back_timeout if timeout is None else timeout)
         delay = 0.05
         while True:
             try:

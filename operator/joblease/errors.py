@@ -211,3 +211,59 @@ class LeaseNotFoundError(JobLeaseError):
     """etcd no longer knows the lease (it expired or was revoked)."""
 
     reason = "lease_not_found"
+
+
+class ClaimOutcomeUnknownError(OutcomeUnknownError):
+    """A claim was sent, its answer was lost, and reading back could not settle it.
+
+    Unlike :class:`StoreUnavailableError` this does *not* mean "nothing was
+    written": the claim may have committed and used an attempt. What it does
+    promise is that no holder of it outlives the error unnoticed: before
+    raising, the client stopped renewing the etcd lease the claim was bound
+    to and revoked it (``lease_revoked``), or, when etcd could not be reached
+    for that either, left it to expire within its TTL (``ttl`` seconds).
+    """
+
+    reason = "unknown"
+    exit_code = 11
+    http_status = 503
+
+    def __init__(self, job: str, claim_id: str, lease_id: int, *, lease_revoked: bool,
+                 ttl: int, why: str) -> None:
+        ended = (f"its etcd lease {lease_id:x} was revoked, so no holder of it remains"
+                 if lease_revoked else
+                 f"its etcd lease {lease_id:x} is no longer renewed and expires within "
+                 f"its TTL ({ttl}s)")
+        super().__init__(f"claim of {job} (claim id {claim_id}) has an unknown outcome: "
+                         f"it may have committed and used an attempt ({why}); {ended}")
+        self.job, self.claim_id, self.lease_id = job, claim_id, lease_id
+        self.lease_revoked, self.ttl, self.why = lease_revoked, ttl, why
+
+    def details(self) -> dict[str, Any]:
+        return {"job": self.job, "claimId": self.claim_id, "leaseId": self.lease_id,
+                "leaseRevoked": self.lease_revoked, "ttl": self.ttl, "why": self.why}
+
+
+class ClaimRevokedError(AttemptsExhaustedError):
+    """Our own claim committed and used the job's last attempt, but the client
+    ended it (revoked its etcd lease) while settling an unknown outcome.
+
+    It arrives while the client could not yet see that the claim had
+    committed; revoking is what makes "not claimed" final for any copy still in
+    flight, and here a copy got in first. Nobody could act under ``token``;
+    the job is nevertheless out of attempts, which this error says plainly
+    rather than reporting an anonymous exhaustion.
+    """
+
+    def __init__(self, job: str, token: int, generation: int, max_attempts: int) -> None:
+        JobLeaseError.__init__(
+            self, f"job {job} has used {generation} of {max_attempts} attempts: the last one "
+            f"was this client's own claim (token {token}), which committed while its unknown "
+            f"outcome was being settled and was ended by revoking its etcd lease before "
+            f"anyone could use it")
+        self.job, self.attempts, self.max_attempts = job, generation, max_attempts
+        self.token, self.generation = token, generation
+
+    def details(self) -> dict[str, Any]:
+        return {**super().details(), "token": self.token, "generation": self.generation,
+                "revokedWhileSettling": True}

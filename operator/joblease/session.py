@@ -100,6 +100,11 @@ class Session:
     def detach(self, holder: object) -> None:
         self._holders.discard(holder)
 
+    @property
+    def holders(self) -> int:
+        """How many handles are attached (held and not yet finished)."""
+        return len(self._holders)
+
     async def wait_lost(self) -> str:
         await self._lost.wait()
         assert self.lost_reason is not None
