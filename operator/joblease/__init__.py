@@ -12,6 +12,9 @@ from joblease.client import JobLeaseClient
 from joblease.errors import (
     AlreadyCompletedError,
     AttemptsExhaustedError,
+    ClaimOutcomeUnknownError,
+    ClaimRevokedError,
+    CorruptRecordError,
     HeldError,
     InvalidInputError,
     JobLeaseError,
@@ -30,6 +33,9 @@ from joblease.records import Holder, JobSpec, JobState, Phase, ResultRecord
 __all__ = [
     "AlreadyCompletedError",
     "AttemptsExhaustedError",
+    "ClaimOutcomeUnknownError",
+    "ClaimRevokedError",
+    "CorruptRecordError",
     "EtcdConfig",
     "HeldError",
     "Holder",
