@@ -107,7 +107,7 @@ class Effects:
 
     async def write_to(self, dest: str, job: str, token: int, generation: int, step: str, *,
                        checked: bool, rogue: bool = False) -> str:
-        key = idempotency_key(job, generation, step)
+        key = idempotency_key(job, generation, step, token=token)
         inv = self.h.invoke("write", job=job, token=token, generation=generation,
                             resource=resource_of(dest, job), key=key, checked=checked,
                             extra={"rogue": True} if rogue else {})

@@ -85,11 +85,12 @@ _REPLAYED_HEADERS = frozenset({b"content-type", b"location", b"etag"})
 
 def fencing_headers(lease: Lease, step: str = "") -> dict[str, str]:
     """The headers that carry ``lease``'s token (and an idempotency key for
-    ``(job, generation, step)``) to a fenced destination."""
+    ``(job, generation, token, step)``) to a fenced destination."""
     return {
         HEADER_JOB: str(lease.job),
         HEADER_TOKEN: str(lease.token),
-        HEADER_IDEMPOTENCY_KEY: idempotency_key(lease.job, lease.generation, step),
+        HEADER_IDEMPOTENCY_KEY: idempotency_key(lease.job, lease.generation, step,
+                                                token=lease.token),
     }
 
 
@@ -121,7 +122,7 @@ class FencingAuth(httpx.Auth):
         request.headers[HEADER_TOKEN] = str(self.lease.token)
         if self.step is not None and HEADER_IDEMPOTENCY_KEY not in request.headers:
             request.headers[HEADER_IDEMPOTENCY_KEY] = idempotency_key(
-                self.lease.job, self.lease.generation, self.step)
+                self.lease.job, self.lease.generation, self.step, token=self.lease.token)
         yield request
 
 
