@@ -33,15 +33,25 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from joblease.fencing.gate import MemoryGate, TokenGate
-from joblease.fencing.http import HEADER_JOB, HEADER_TOKEN, ASGIApp, FencingMiddleware, Scope
+from joblease.fencing.http import (
+    HEADER_JOB,
+    HEADER_TOKEN,
+    ASGIApp,
+    FencingMiddleware,
+    Scope,
+    route_path,
+)
 from joblease.fencing.sql import SqliteGate
 
 PREFIX = "/resources/"
 
 
 def resource_for(scope: Scope) -> str | None:
-    """``POST /resources/{name}`` is fenced on ``ledger/{name}``; reads are not."""
-    path = str(scope.get("path", ""))
+    """``POST /resources/{name}`` is fenced on ``ledger/{name}``; reads are not.
+
+    Matched on the route path (the path below any ``root_path``), as Starlette
+    routes it: every request that reaches ``append`` is fenced."""
+    path = route_path(scope)
     if scope.get("method") == "POST" and path.startswith(PREFIX) and len(path) > len(PREFIX):
         return "ledger/" + path[len(PREFIX):]
     return None

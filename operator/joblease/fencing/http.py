@@ -193,11 +193,33 @@ def parse_fence_headers(headers: list[tuple[bytes, bytes]]) -> FenceHeaders:
     return FenceHeaders(job, token, key)
 
 
+def route_path(scope: Scope) -> str:
+    """The path the app routes on: ``scope["path"]`` without ``scope["root_path"]``.
+
+    Behind a path prefix (``uvicorn --root-path /api``, a mount) the ASGI
+    server puts the prefix in both ``path`` and ``root_path``, and Starlette
+    routes on what is left (``starlette._utils.get_route_path``, Starlette
+    0.33 and later, 1.x included). A fence that looked at ``path`` itself
+    would not recognise the routes it guards, and stale or header-less
+    requests would reach the app. This is the same rule: strip ``root_path``
+    only when ``path`` starts with it at a segment boundary.
+    """
+    path = str(scope.get("path", "/"))
+    root_path = str(scope.get("root_path", "") or "")
+    if not root_path or not path.startswith(root_path):
+        return path
+    if path == root_path:
+        return ""
+    if path[len(root_path)] == "/":
+        return path[len(root_path):]
+    return path
+
+
 def default_resource_for(scope: Scope) -> str | None:
-    """Fence every non-safe request, one resource per path."""
+    """Fence every non-safe request, one resource per route path."""
     if scope.get("method", "GET") in _SAFE_METHODS:
         return None
-    return str(scope.get("path", "/"))
+    return route_path(scope) or "/"
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
