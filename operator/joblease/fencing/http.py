@@ -137,6 +137,35 @@ class FenceHeaders:
     idempotency_key: str | None
 
 
+#: ASGI scope key under which the middleware hands a fenced request's
+#: :class:`Fenced` to the app (for apps that admit in their own transaction).
+SCOPE_KEY = "joblease.fence"
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """What the middleware checked for one fenced request: the app's handle
+    for gating its write in its own transaction (see ``app_admits``)."""
+
+    resource: str
+    headers: FenceHeaders
+
+    def effect(self, status: int, body: bytes,
+               headers: list[tuple[bytes, bytes]] | None = None) -> Effect:
+        """The gate's :class:`~joblease.fencing.gate.Effect` for this request, with
+        the response the app is about to send recorded for duplicates."""
+        return Effect(self.resource, self.headers.token, self.headers.idempotency_key,
+                      _Captured(status, list(headers or []), body).encode())
+
+
+def replayed(response: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """A recorded response (``Decision.response``) as status, headers (with
+    ``Joblease-Replayed: true``) and body, for an app that found a duplicate."""
+    first = _Captured.decode(response)
+    headers = [(k, v) for k, v in first.headers or [] if k.lower() != b"content-length"]
+    return first.status, [*headers, (HEADER_REPLAYED.lower().encode(), b"true")], first.body
+
+
 def _shown(value: str) -> str:
     return repr(value if len(value) <= 40 else value[:40] + "...")
 
@@ -267,13 +296,23 @@ class FencingMiddleware:
     :class:`~joblease.fencing.sql.PostgresGate` for a mark that survives
     restarts. ``resource_for`` returns ``None`` for requests that are not
     fenced (default: safe methods); fenced responses are buffered.
+
+    ``app_admits``: the app gates its own write, in the same transaction
+    (:func:`joblease.fencing.sql.admit`, ``EtcdGate.admit(effect, puts)``),
+    using the :class:`Fenced` the middleware puts in ``scope[SCOPE_KEY]``
+    (``Fenced.effect`` builds the effect, recording the response it will
+    send). The middleware then still refuses bad headers, replays known keys
+    and refuses stale tokens before the app runs, but records nothing after
+    it: the effect, the mark and the key commit together or not at all.
     """
 
     def __init__(self, app: ASGIApp, gate: TokenGate | None = None,
-                 resource_for: Callable[[Scope], str | None] | None = None) -> None:
+                 resource_for: Callable[[Scope], str | None] | None = None, *,
+                 app_admits: bool = False) -> None:
         self.app = app
         self.gate: TokenGate = gate if gate is not None else MemoryGate()
         self.resource_for = resource_for or default_resource_for
+        self.app_admits = app_admits
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
     @asynccontextmanager
@@ -321,6 +360,10 @@ class FencingMiddleware:
         highest = await self.gate.highest(resource)
         if fence.token < highest:
             raise StaleFenceError(resource, fence.token, highest)
+        if self.app_admits:
+            scope[SCOPE_KEY] = Fenced(resource, fence)
+            await self.app(scope, receive, send)
+            return
         captured = _Captured()
 
         async def capture(message: Message) -> None:
