@@ -378,14 +378,35 @@ class FencingMiddleware:
             try:
                 decision = await self.gate.admit(
                     Effect(resource, fence.token, key, captured.encode()))
-            except StaleFenceError:
+            except StaleFenceError as exc:
                 # Only possible when another process shares the gate: the app has
-                # already applied the effect. Say so loudly; see the module doc.
+                # already applied the effect. Say so, to the log and to the client:
+                # the usual "nothing was applied" of a 409 would be false here.
                 log.error("gate refused token %d on %r after the app applied the effect: "
                           "the gate is shared with another process; make the effect and "
                           "the gate one transaction", fence.token, resource)
-                raise
+                await _send_json(send, 409, {
+                    **exc.to_dict(), "applied": True,
+                    "message": f"token {fence.token} is stale for resource {resource!r} "
+                               f"(highest token {exc.highest_token}), but the app had "
+                               "already applied the effect when the gate refused it"})
+                return
+            except Exception as exc:
+                # The effect is applied; whether the gate recorded it is unknown. A
+                # retry with the same key could apply it again: say so, never "not applied".
+                log.error("the app applied the effect on %r but the gate could not record "
+                          "it: %s", resource, exc, exc_info=True)
+                await _send_json(send, 500, {
+                    "error": getattr(exc, "reason", "unknown"), "applied": True,
+                    "resource": resource, "token": fence.token,
+                    "message": "the app applied the effect but the gate could not record "
+                               f"it ({exc}); a retry with the same idempotency key may "
+                               "apply it again"})
+                return
             if decision.duplicate:  # a concurrent replica applied the same key first
+                log.error("idempotency key %r on %r was recorded by another process while "
+                          "the app applied it here: the effect was applied twice; make the "
+                          "effect and the gate one transaction", key, resource)
                 await self._replay(resource, fence, decision, send)
                 return
         await captured.send_to(send, [])
