@@ -34,12 +34,17 @@ from joblease.errors import OutcomeUnknownError, StoreUnavailableError
 from joblease.etcd_store import EtcdStore
 from joblease.sidecar.config import Backoff, SidecarConfig
 from joblease.sidecar.runner import SidecarRunner
-from joblease.store import Compare, KeepAlive, Put, TxnOp, TxnResult
+from joblease.store import Compare, Delete, KeepAlive, Put, TxnOp, TxnResult
 from tests.sidecar.conftest import poll
 
 
 def _is_completion(success: Sequence[TxnOp]) -> bool:
     return any(isinstance(op, Put) and op.key.endswith(b"/result") for op in success)
+
+
+def _is_release(success: Sequence[TxnOp]) -> bool:
+    return (len(success) == 1 and isinstance(success[0], Delete)
+            and success[0].key.endswith(b"/holder"))
 
 
 def _is_claim(success: Sequence[TxnOp]) -> bool:
@@ -74,14 +79,19 @@ class FaultyStore:
         self.unreachable = False
         #: the completion's reply is held until this event is set (it has committed)
         self.hold_completion_reply: asyncio.Event | None = None
+        #: the release's reply is held until this event is set (it has committed)
+        self.hold_release_reply: asyncio.Event | None = None
         #: the completion commits, then etcd becomes unreachable and its reply is lost
         self.lose_completion_reply = False
         #: the claim's reply arrives only after the session's safety deadline,
         #: and no keep-alive gets through meanwhile
         self.claim_reply_after_deadline = False
+        #: the claim commits, its etcd lease is gone before the reply, the reply is lost
+        self.claim_lease_gone_before_reply = False
         self.completion_committed = asyncio.Event()
-        #: a holder re-check found the holder gone after our completion committed
-        self.recheck_after_completion = asyncio.Event()
+        self.release_committed = asyncio.Event()
+        #: a holder re-check found the holder gone after our completion or release committed
+        self.recheck_after_commit = asyncio.Event()
         self._granted: tuple[float, int] | None = None  # (monotonic send time, granted TTL)
 
     def _check(self, what: str) -> None:
@@ -99,6 +109,15 @@ class FaultyStore:
                 raise OutcomeUnknownError("injected: the completion's reply was lost")
             if self.hold_completion_reply is not None:
                 await self.hold_completion_reply.wait()
+        elif _is_release(success) and r.succeeded:
+            self.release_committed.set()
+            if self.hold_release_reply is not None:
+                await self.hold_release_reply.wait()
+        elif _is_claim(success) and r.succeeded and self.claim_lease_gone_before_reply:
+            self.claim_lease_gone_before_reply = False
+            lease_id = next(op.lease for op in success if isinstance(op, Put) and op.lease)
+            await self.inner.revoke(lease_id)  # as if it expired before the reply came
+            raise OutcomeUnknownError("injected: the claim's reply was lost")
         elif _is_claim(success) and r.succeeded and self.claim_reply_after_deadline:
             assert self._granted is not None
             sent, ttl = self._granted
@@ -106,8 +125,8 @@ class FaultyStore:
             await asyncio.sleep(max(0.0, sent + ttl + 0.2 - time.monotonic()))  # the slow reply
             self.unreachable = False
         elif (_is_holder_check(compares, success) and not r.succeeded
-              and self.completion_committed.is_set()):
-            self.recheck_after_completion.set()
+              and (self.completion_committed.is_set() or self.release_committed.is_set())):
+            self.recheck_after_commit.set()
         return r
 
     async def get(self, key: bytes, *, prefix: bool = False, revision: int = 0,
@@ -147,9 +166,12 @@ class InProcessSidecar:
 
     async def held(self, timeout: float = 30) -> dict[str, Any]:
         async def check() -> dict[str, Any] | None:
+            try:
+                lease = await self.lease()
+            except httpx.TransportError:
+                lease = {"status": 0}
             if self.task.done():
-                raise AssertionError(f"the sidecar stopped: {self.task.result()}")
-            lease = await self.lease()
+                raise AssertionError(f"the sidecar stopped (exit code {self.task.result()})")
             return lease if lease["status"] == 200 else None
         found: dict[str, Any] = await poll(check, timeout, "the sidecar to hold the lease")
         return found
@@ -175,8 +197,9 @@ async def sidecar_in_process(etcd_config: EtcdConfig, job: JobRef, workdir: Path
                                task)
     finally:
         store.unreachable = False
-        if store.hold_completion_reply is not None:
-            store.hold_completion_reply.set()
+        for held in (store.hold_completion_reply, store.hold_release_reply):
+            if held is not None:
+                held.set()
         runner.request_stop()
         await asyncio.wait_for(task, 60)
 

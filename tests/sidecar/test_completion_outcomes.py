@@ -46,7 +46,7 @@ async def test_completion_slower_than_a_keepalive_period_is_not_taken_for_loss(
         sc.store.hold_completion_reply = asyncio.Event()
         complete = asyncio.create_task(
             sc.request("POST", "/v1/complete", json={"token": lease["token"], "result": 1}))
-        await asyncio.wait_for(sc.store.recheck_after_completion.wait(), 20)
+        await asyncio.wait_for(sc.store.recheck_after_commit.wait(), 20)
         # The lease has ended: no token is handed out while the result decides.
         view = await sc.lease()
         assert view["status"] == 409 and "token" not in view
@@ -116,3 +116,43 @@ async def test_token_files_are_never_published_after_the_deadline(
             assert "token" not in appeared and "token.json" not in appeared, appeared
     finally:
         events.close()
+
+
+async def test_release_slower_than_a_keepalive_period_is_not_taken_for_loss(
+        env: Env, client: JobLeaseClient, caplog: pytest.LogCaptureFixture) -> None:
+    """The same race for a release: the re-check sees the holder our release deleted.
+    The worker asked to give the job up: it is not signalled, and the release is 200."""
+    caplog.set_level("INFO", logger="joblease")
+    await client.register(env.job, JobSpec(lease_duration_seconds=3))
+    worker, extra = _worker(env)
+    async with sidecar_in_process(env.etcd_config, env.job, env.tmp / "a", **extra) as sc:
+        lease = await sc.held()
+        sc.store.hold_release_reply = asyncio.Event()
+        release = asyncio.create_task(
+            sc.request("POST", "/v1/release", json={"token": lease["token"]}))
+        await asyncio.wait_for(sc.store.recheck_after_commit.wait(), 20)
+        view = await sc.lease()
+        assert view["status"] == 409 and "token" not in view
+        sc.store.hold_release_reply.set()
+        r = await asyncio.wait_for(release, 30)
+        assert r.status_code == 200, r.text
+        assert r.json() == {"state": "released", "token": lease["token"]}
+        assert sc.runner.phase is Phase.RELEASED
+        _no_loss(caplog)
+        assert worker.returncode() is None  # type: ignore[attr-defined]
+    assert (await client.get(env.job)).holder is None
+
+
+async def test_a_claim_whose_lease_vanished_before_its_answer_is_claimed_again(
+        env: Env, client: JobLeaseClient) -> None:
+    """An ambiguous claim that committed but whose etcd lease was already gone: nobody
+    holds the job, so the sidecar claims again rather than exiting as if it had lost
+    a lease it held."""
+    async with sidecar_in_process(env.etcd_config, env.job, env.tmp / "a") as sc:
+        sc.store.claim_lease_gone_before_reply = True
+        await client.register(env.job, JobSpec(lease_duration_seconds=3))
+        lease = await sc.held()
+        assert lease["generation"] == 2  # the first attempt committed and is counted
+        assert not sc.task.done()
+    state = await client.get(env.job)
+    assert state.generation == 2

@@ -214,6 +214,9 @@ class SidecarRunner:
         #: by that completion or was lost.
         self._completion_sent = False
         self._end_reason: str | None = None  # why the lease ended, while COMPLETING
+        #: A release under ``self.lease`` is in flight: if the lease ends now, the
+        #: job is given back either way (by the release, or by expiry).
+        self._release_sent = False
         self._settle_task: asyncio.Task[None] | None = None
 
     # -- state -----------------------------------------------------------------------------
@@ -273,6 +276,15 @@ class SidecarRunner:
         (``completing`` until it does); otherwise this is loss."""
         if self.phase is not Phase.HELD:
             return
+        if self._release_sent:
+            # The re-check saw the holder key our release deleted, or the lease
+            # expired while the release was on its way: what the worker asked for
+            # is true either way. Not a loss; the release's answer follows.
+            self._set_phase(Phase.RELEASED)
+            self._drop_token_files()
+            log.info("lease ended while its release was in flight",
+                     extra={"job": str(self.config.job), "reason": reason})
+            return
         if not self._completion_sent:
             self._on_loss(reason)
             return
@@ -286,9 +298,12 @@ class SidecarRunner:
             self._settle_task = asyncio.get_running_loop().create_task(
                 self._settle_until_known(), name="sidecar-settle-completion")
 
-    def _on_loss(self, reason: str) -> None:
-        """Flip to lost at once: files gone, worker signalled, maybe exit."""
-        if self.phase not in (Phase.HELD, Phase.COMPLETING):
+    def _on_loss(self, reason: str, *, act: bool = True) -> None:
+        """Flip to lost at once: files gone, worker signalled, maybe exit
+        (not with ``act=False``: the worker itself gave the job up)."""
+        if self.phase not in (Phase.HELD, Phase.COMPLETING) and act:
+            return
+        if self.phase is Phase.LOST:
             return
         self.lost_reason = reason
         self._set_phase(Phase.LOST)
@@ -296,7 +311,10 @@ class SidecarRunner:
         self.metrics.losses.inc()
         token = self.lease.token if self.lease else None
         log.warning("lease lost", extra={"job": str(self.config.job), "token": token,
-                                         "reason": reason, "action": self.config.on_loss})
+                                         "reason": reason,
+                                         "action": self.config.on_loss if act else "none"})
+        if not act:
+            return
         if self.config.on_loss in ("signal", "exit"):
             pids = signal_worker(self.config)
             if pids:
@@ -481,15 +499,24 @@ class SidecarRunner:
                 return await self._stale(
                     token, f"token {token} is not the current token {lease.token}", lease.token,
                     known=True)
+            self._release_sent = True
             try:
                 await lease.release()
             except StaleTokenError as exc:
-                self._on_loss(f"etcd refused the release: {exc}")
+                # Someone else took the job before the release: lost, but the worker
+                # is giving it up anyway (if the lease ended meanwhile, it is not
+                # signalled for it).
+                self._on_loss(f"etcd refused the release: {exc}",
+                              act=self.phase is not Phase.RELEASED)
                 return await self._stale(token, str(exc), exc.current_token, known=True)
-            except StoreUnavailableError as exc:
-                return Outcome(503, exc.to_dict())
             except JobLeaseError as exc:
+                # Unavailable or outcome unknown: while the lease is held the same
+                # request may be retried; once it has ended, the job is given back.
+                if self.current() is Phase.RELEASED:
+                    return Outcome(200, {"state": "released", "token": token})
                 return Outcome(exc.http_status, exc.to_dict())
+            finally:
+                self._release_sent = False
             self._set_phase(Phase.RELEASED)
             self._drop_token_files()
             log.info("lease released by the worker", extra={"token": token})
@@ -559,6 +586,12 @@ class SidecarRunner:
                     "holder": exc.owner, "token": exc.token, "generation": exc.generation})
             except StoreUnavailableError as exc:
                 log.warning("etcd unavailable; retrying", extra={"reason": str(exc)})
+            except LeaseLostError as exc:
+                # An ambiguous claim that committed, but whose etcd lease was gone
+                # before anyone could use it: nobody holds the job (the attempt is
+                # counted). Not a lost lease of ours to act on: claim again.
+                log.warning("the claim committed but its lease was already gone; claiming "
+                            "again", extra={"reason": str(exc)})
             except JobLeaseError as exc:
                 log.error("cannot claim", extra={"reason": str(exc), "exitCode": exc.exit_code})
                 return exc.exit_code
