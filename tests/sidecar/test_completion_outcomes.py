@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 from joblease import JobLeaseClient, JobSpec
 from joblease.sidecar.runner import Phase
-from tests.sidecar.conftest import Env, poll
+from tests.sidecar.conftest import WORKER_PY, Env, poll
 from tests.sidecar.faults import FileEvents, sidecar_in_process
 
 
@@ -156,3 +157,24 @@ async def test_a_claim_whose_lease_vanished_before_its_answer_is_claimed_again(
         assert not sc.task.done()
     state = await client.get(env.job)
     assert state.generation == 2
+
+
+async def test_example_worker_retries_a_completion_whose_outcome_is_unknown(
+        env: Env, client: JobLeaseClient) -> None:
+    """examples/workers/worker.py follows the documented contract: a completion that
+    gets no answer or a 503 is retried with the same request, and ends with 200."""
+    await client.register(env.job, JobSpec(lease_duration_seconds=2))
+    async with sidecar_in_process(env.etcd_config, env.job, env.tmp / "a") as sc:
+        await sc.held()
+        sc.store.lose_completion_reply = True
+        worker = env.spawn_with("worker", [sys.executable, str(WORKER_PY)], {
+            "JOBLEASE_SIDECAR_URL": sc.url, "JOBLEASE_TOKEN_FILE": str(sc.token_file),
+            "JOBLEASE_WAIT_SECONDS": "30"})
+        await poll(lambda: "complete_retry" in worker.output(), 90, "the worker to retry")
+        assert sc.store.completion_committed.is_set()
+        sc.store.lose_completion_reply = False
+        sc.store.unreachable = False  # etcd is back
+        assert await worker.wait_exit(90) == 0, worker.output()
+        assert '"status": 200' in worker.output().splitlines()[-1]
+    state = await client.get(env.job)
+    assert state.result is not None and state.result.result["items"] == 3
