@@ -42,7 +42,8 @@ async def test_sqlite_ledger_entry_and_gate_commit_together(
                HEADER_IDEMPOTENCY_KEY: "default/j#g1.t7:append"}
     async with httpx.AsyncClient(base_url=served.url, timeout=30) as http:
         failed = await http.post("/resources/out", json={"n": 1}, headers=headers)
-        assert failed.status_code == 500
+        assert failed.status_code == 503, failed.text
+        assert failed.json()["applied"] is False
         assert _rows(db) == ([], [], []), "an entry was applied without its gate"
 
         with sqlite3.connect(db) as conn:

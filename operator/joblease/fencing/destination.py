@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 from typing import Any
 
@@ -50,6 +51,8 @@ from joblease.fencing.http import (
 from joblease.fencing.sql import SqliteGate, admit
 
 PREFIX = "/resources/"
+
+log = logging.getLogger(__name__)
 
 
 def resource_for(scope: Scope) -> str | None:
@@ -175,6 +178,12 @@ def create_app(db: str | None = None, gate: TokenGate | None = None) -> ASGIApp:
                 return await ledger.append_admitted(name, fenced, data)
             except (StaleFenceError, InvalidInputError) as exc:  # nothing was applied
                 return JSONResponse(exc.to_dict(), exc.http_status)
+            except sqlite3.Error as exc:  # rolled back: entry, mark and key alike
+                log.error("ledger append on %r failed and was rolled back: %s", name, exc)
+                return JSONResponse({"error": "unavailable", "applied": False,
+                                     "message": f"the ledger could not apply the entry ({exc}); "
+                                                "nothing was applied; retry the same request"},
+                                    503)
         # The middleware validated these headers before the app ran.
         token = int(request.headers[HEADER_TOKEN])
         entry = await ledger.append(name, token, request.headers[HEADER_JOB], data)
