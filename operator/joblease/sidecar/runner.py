@@ -492,6 +492,13 @@ class SidecarRunner:
             lease = self.lease
             if phase is Phase.RELEASED and lease is not None and lease.token == token:
                 return Outcome(200, {"state": "released", "token": token})
+            if (phase is Phase.COMPLETED and lease is not None and lease.token == token
+                    and self.result is not None):
+                # Not "stale" (which would name this very token as the current one).
+                return Outcome(409, {"error": "completed", "token": token,
+                                     "state": phase.value, "result": self.result.to_dict(),
+                                     "message": f"the job was completed under token {token}; "
+                                                "there is nothing to release"})
             if phase is not Phase.HELD or lease is None:
                 return await self._stale(token, f"token {token} is not current; "
                                                 f"the lease is {phase.value}")
