@@ -662,6 +662,10 @@ class SidecarRunner:
         async with self._op_lock:
             phase = self.current()
             lease = self.lease
+            if phase is Phase.COMPLETING:
+                log.warning("stopping before etcd could say whether the completion committed",
+                            extra={"job": str(cfg.job), "reason": self._end_reason,
+                                   "token": lease.token if lease else None})
             if phase is Phase.HELD and lease is not None and cfg.release_on_term:
                 try:
                     # asyncio.timeout, not wait_for: the release runs in this task, so
