@@ -16,9 +16,9 @@ JOBLEASE_TOKEN_FILE (default /run/joblease/token), JOBLEASE_API_TOKEN_FILE
 (bearer token, optional), JOBLEASE_WORKER_PID_FILE (written so the sidecar
 can signal us, optional), JOBLEASE_WAIT_SECONDS (how long to wait for the
 lease, default 60), JOBLEASE_COMPLETE_RETRY_SECONDS (how long to retry a
-completion whose outcome is not known yet, default 120). For demos and tests: JOBLEASE_EXAMPLE_ITEMS (work items,
-default 3) and JOBLEASE_EXAMPLE_HOLD_FILE (pretend the work lasts until this
-file exists).
+completion whose outcome is not known yet, default 120). For demos and tests:
+JOBLEASE_EXAMPLE_ITEMS (work items, default 3) and JOBLEASE_EXAMPLE_HOLD_FILE
+(pretend the work lasts until this file exists).
 """
 
 from __future__ import annotations
