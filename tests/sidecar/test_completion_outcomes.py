@@ -15,11 +15,11 @@ import pytest
 
 from joblease import JobLeaseClient, JobSpec
 from joblease.sidecar.runner import Phase
-from tests.sidecar.conftest import WORKER_PY, Env, poll
+from tests.sidecar.conftest import WORKER_PY, Env, Proc, poll
 from tests.sidecar.faults import FileEvents, sidecar_in_process
 
 
-def _worker(env: Env) -> tuple[object, dict[str, object]]:
+def _worker(env: Env) -> tuple[Proc, dict[str, object]]:
     sleep = shutil.which("sleep")
     assert sleep is not None
     worker = env.spawn("worker", [sleep, "300"])
@@ -61,7 +61,7 @@ async def test_completion_slower_than_a_keepalive_period_is_not_taken_for_loss(
         metrics = (await sc.request("GET", "/metrics")).text
         assert "joblease_sidecar_losses_total 0.0" in metrics
         _no_loss(caplog)
-        assert worker.returncode() is None  # type: ignore[attr-defined]
+        assert worker.returncode() is None
     state = await client.get(env.job)
     assert state.result is not None and state.result.token == lease["token"]
 
@@ -95,7 +95,7 @@ async def test_retry_of_a_completion_answered_503_returns_the_committed_result(
         assert (record["claimId"], record["revision"]) == (stored.claim_id, stored.revision)
         await poll(lambda: sc.runner.phase is Phase.COMPLETED, 10, "the sidecar to settle")
         _no_loss(caplog)
-        assert worker.returncode() is None  # type: ignore[attr-defined]
+        assert worker.returncode() is None
 
 
 async def test_token_files_are_never_published_after_the_deadline(
@@ -140,7 +140,7 @@ async def test_release_slower_than_a_keepalive_period_is_not_taken_for_loss(
         assert r.json() == {"state": "released", "token": lease["token"]}
         assert sc.runner.phase is Phase.RELEASED
         _no_loss(caplog)
-        assert worker.returncode() is None  # type: ignore[attr-defined]
+        assert worker.returncode() is None
     assert (await client.get(env.job)).holder is None
 
 
