@@ -1,4 +1,4 @@
-"""``python -m examples.destination --port 8080 [--db ledger.sqlite]``."""
+"""``python -m examples.destination --port 8080 [--db ledger.sqlite] [--root-path /api]``."""
 
 from __future__ import annotations
 
@@ -16,8 +16,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--db", default=None,
                         help="SQLite file for the ledger and the gate (default: in memory)")
+    parser.add_argument("--root-path", default="",
+                        help="the path prefix a proxy serves the ledger under (e.g. /api)")
     args = parser.parse_args(argv)
-    uvicorn.run(create_app(db=args.db), host=args.host, port=args.port, log_level="info")
+    uvicorn.run(create_app(db=args.db), host=args.host, port=args.port, log_level="info",
+                root_path=args.root_path)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,10 @@ Environment: JOBLEASE_SIDECAR_URL (default http://127.0.0.1:8470),
 JOBLEASE_TOKEN_FILE (default /run/joblease/token), JOBLEASE_API_TOKEN_FILE
 (bearer token, optional), JOBLEASE_WORKER_PID_FILE (written so the sidecar
 can signal us, optional), JOBLEASE_WAIT_SECONDS (how long to wait for the
-lease, default 60). For demos and tests: JOBLEASE_EXAMPLE_ITEMS (work items,
-default 3) and JOBLEASE_EXAMPLE_HOLD_FILE (pretend the work lasts until this
-file exists).
+lease, default 60), JOBLEASE_COMPLETE_RETRY_SECONDS (how long to retry a
+completion whose outcome is not known yet, default 120). For demos and tests:
+JOBLEASE_EXAMPLE_ITEMS (work items, default 3) and JOBLEASE_EXAMPLE_HOLD_FILE
+(pretend the work lasts until this file exists).
 """
 
 from __future__ import annotations
@@ -87,6 +88,25 @@ def wait_for_lease(timeout: float) -> dict[str, Any]:
         time.sleep(0.1)
 
 
+def complete(token: int, result: Any) -> tuple[int, dict[str, Any]]:
+    """POST /v1/complete, retried while its outcome is unknown: a 503, a 429 or
+    no answer at all (the sidecar may still be reading the outcome back). The
+    same request is safe to repeat: it commits at most once, and once etcd
+    answers the retry gets the 200 of a completion that did commit."""
+    deadline = time.monotonic() + float(os.environ.get("JOBLEASE_COMPLETE_RETRY_SECONDS", "120"))
+    pause = 0.2
+    while True:
+        try:
+            status, body = call("POST", "/v1/complete", {"token": token, "result": result})
+        except OSError as exc:  # timed out or refused: the outcome is unknown
+            status, body = 0, {"error": "no_answer", "message": str(exc)}
+        if status not in (0, 429, 503) or time.monotonic() > deadline:
+            return status, body
+        say("complete_retry", status=status, body=body)
+        time.sleep(pause)
+        pause = min(5.0, pause * 2)
+
+
 def main() -> int:
     pid_file = os.environ.get("JOBLEASE_WORKER_PID_FILE")
     if pid_file:
@@ -107,8 +127,7 @@ def main() -> int:
     while hold and not os.path.exists(hold):
         time.sleep(0.05)
 
-    status, body = call("POST", "/v1/complete",
-                        {"token": token, "result": {"items": items, "worker": os.getpid()}})
+    status, body = complete(token, {"items": items, "worker": os.getpid()})
     say("complete", status=status, body=body)
     if status == 200:
         return 0

@@ -54,9 +54,18 @@ for item in 1 2 3; do
   echo "work item $item (X-Fencing-Token: $TOKEN)"
 done
 
-# 3. complete through the sidecar
-out="$(api POST /v1/complete "{\"token\":$TOKEN,\"result\":{\"items\":3}}")"
-status="$(printf '%s\n' "$out" | tail -n 1)"
+# 3. complete through the sidecar; a 503/429 or no answer means "outcome not known
+#    yet": the same request is safe to repeat (it commits at most once)
+tries=0
+while :; do
+  out="$(api POST /v1/complete "{\"token\":$TOKEN,\"result\":{\"items\":3}}" || printf '\n000')"
+  status="$(printf '%s\n' "$out" | tail -n 1)"
+  case "$status" in
+    503|429|000) tries=$((tries + 1)); [ "$tries" -gt 60 ] && break
+                 echo "complete -> $status, retrying" >&2; sleep 2 ;;
+    *) break ;;
+  esac
+done
 echo "complete -> $status $(printf '%s\n' "$out" | sed '$d')"
 case "$status" in
   200) exit 0 ;;

@@ -148,7 +148,7 @@ class Effects:
 
     async def write_to(self, dest: str, job: str, token: int, generation: int, step: str, *,
                        checked: bool, rogue: bool = False) -> str:
-        key = idempotency_key(job, generation, step)
+        key = idempotency_key(job, generation, step, token=token)
         first, phase = await self._send(dest, job, token, generation, key, checked=checked,
                                         rogue=rogue)
         p = {"unknown": self.args.resend_unknown, "ok": self.args.resend_ok}.get(phase, 0.0)

@@ -89,7 +89,7 @@ async def test_etcd_gate_applies_a_duplicate_once_and_returns_the_first_outcome(
         client: JobLeaseClient, etcd_config: EtcdConfig) -> None:
     gate = etcd_gate(client, etcd_config)
     out = f"{etcd_config.root}/out".encode()
-    key = idempotency_key("default/j", 3, "send")
+    key = idempotency_key("default/j", 3, "send", token=10)
     first = await gate.admit(Effect("r", 10, key, "first"), [Put(out, b"1")])
     assert not first.duplicate
     again = await gate.admit(Effect("r", 10, key, "second"), [Put(out, b"2")])
@@ -336,7 +336,9 @@ def test_effects_with_invalid_tokens_are_refused_before_any_gate_runs(token: Any
 
 
 def test_idempotency_key_names_one_claims_attempt() -> None:
-    assert idempotency_key("ns/job", 7) == "ns/job#g7"
-    assert idempotency_key("ns/job", 7, "upload") == "ns/job#g7:upload"
+    assert idempotency_key("ns/job", 7, token=1234) == "ns/job#g7.t1234"
+    assert idempotency_key("ns/job", 7, "upload", token=1234) == "ns/job#g7.t1234:upload"
     with pytest.raises(InvalidInputError):
-        idempotency_key("ns/job", 0)
+        idempotency_key("ns/job", 0, token=1234)
+    with pytest.raises(InvalidInputError):
+        idempotency_key("ns/job", 7, token=0)

@@ -13,35 +13,54 @@ Writes must carry the joblease fencing headers (``Joblease-Job``,
 stale tokens (409) and replays duplicates, before this app runs. Each ledger
 name is one fenced resource (``ledger/<name>``).
 
-With ``--db PATH`` both the ledger and the gate live in that SQLite file;
-otherwise both live in memory. This is a single-process service: the
+With ``--db PATH`` both the ledger and the gate live in that SQLite file, and
+each append is one SQLite transaction: the entry, the resource's new mark and
+the idempotency record commit together or not at all (the app calls
+:func:`joblease.fencing.sql.admit` in its insert's transaction; the middleware
+only pre-checks). Otherwise both live in memory, in one process, and the
 middleware's per-resource lock makes "check the token, append, record the
-mark" one step. A replicated destination would call
-:func:`joblease.fencing.sql.admit` in the same transaction as its insert.
+mark" one step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from joblease.fencing.gate import MemoryGate, TokenGate
-from joblease.fencing.http import HEADER_JOB, HEADER_TOKEN, ASGIApp, FencingMiddleware, Scope
-from joblease.fencing.sql import SqliteGate
+from joblease.errors import InvalidInputError
+from joblease.fencing.gate import MemoryGate, StaleFenceError, TokenGate
+from joblease.fencing.http import (
+    HEADER_JOB,
+    HEADER_TOKEN,
+    SCOPE_KEY,
+    ASGIApp,
+    Fenced,
+    FencingMiddleware,
+    Scope,
+    replayed,
+    route_path,
+)
+from joblease.fencing.sql import SqliteGate, admit
 
 PREFIX = "/resources/"
 
+log = logging.getLogger(__name__)
+
 
 def resource_for(scope: Scope) -> str | None:
-    """``POST /resources/{name}`` is fenced on ``ledger/{name}``; reads are not."""
-    path = str(scope.get("path", ""))
+    """``POST /resources/{name}`` is fenced on ``ledger/{name}``; reads are not.
+
+    Matched on the route path (the path below any ``root_path``), as Starlette
+    routes it: every request that reaches ``append`` is fenced."""
+    path = route_path(scope)
     if scope.get("method") == "POST" and path.startswith(PREFIX) and len(path) > len(PREFIX):
         return "ledger/" + path[len(PREFIX):]
     return None
@@ -86,6 +105,39 @@ class SqliteLedger:
         finally:
             conn.close()
 
+    def _append_admitted(self, name: str, fenced: Fenced, data: Any) -> Response:
+        """Insert the entry and gate it in one transaction (``BEGIN IMMEDIATE``:
+        writers queue on SQLite's write lock). A stale token, a key conflict or
+        any failure rolls the insert back with the mark and the key."""
+        token, job = fenced.headers.token, fenced.headers.job
+        conn = self._connect()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                cur = conn.execute(
+                    "INSERT INTO ledger_entries (name, token, job, data) VALUES (?, ?, ?, ?)",
+                    (name, token, job, json.dumps(data)))
+                response = JSONResponse({"resource": name, "seq": cur.lastrowid, "token": token,
+                                         "job": job, "data": data}, status_code=201)
+                decision = admit(conn, fenced.effect(response.status_code, bytes(response.body),
+                                                     response.raw_headers))
+                if decision.duplicate:  # applied before (by another process): answer as then
+                    conn.execute("ROLLBACK")
+                    status, headers, body = replayed(decision.response)
+                    return Response(body, status, headers={
+                        k.decode("latin-1"): v.decode("latin-1") for k, v in headers})
+                conn.execute("COMMIT")
+                return response
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        finally:
+            conn.close()
+
+    async def append_admitted(self, name: str, fenced: Fenced, data: Any) -> Response:
+        return await asyncio.to_thread(self._append_admitted, name, fenced, data)
+
     def _entries(self, name: str) -> list[dict[str, Any]]:
         conn = self._connect()
         try:
@@ -109,15 +161,29 @@ def create_app(db: str | None = None, gate: TokenGate | None = None) -> ASGIApp:
     ``gate``: override the gate (e.g. an ``EtcdGate``).
     """
     ledger: MemoryLedger | SqliteLedger = SqliteLedger(db) if db else MemoryLedger()
+    # The ledger gates its own inserts when the gate lives in the same SQLite file.
+    one_transaction = isinstance(ledger, SqliteLedger) and gate is None
     if gate is None:
         gate = SqliteGate(db) if db else MemoryGate()
 
-    async def append(request: Request) -> JSONResponse:
+    async def append(request: Request) -> Response:
         name = request.path_params["name"]
         try:
             data = await request.json()
         except ValueError:
             return JSONResponse({"error": "invalid", "message": "body must be JSON"}, 400)
+        fenced = request.scope.get(SCOPE_KEY)
+        if one_transaction and isinstance(ledger, SqliteLedger) and isinstance(fenced, Fenced):
+            try:
+                return await ledger.append_admitted(name, fenced, data)
+            except (StaleFenceError, InvalidInputError) as exc:  # nothing was applied
+                return JSONResponse(exc.to_dict(), exc.http_status)
+            except sqlite3.Error as exc:  # rolled back: entry, mark and key alike
+                log.error("ledger append on %r failed and was rolled back: %s", name, exc)
+                return JSONResponse({"error": "unavailable", "applied": False,
+                                     "message": f"the ledger could not apply the entry ({exc}); "
+                                                "nothing was applied; retry the same request"},
+                                    503)
         # The middleware validated these headers before the app ran.
         token = int(request.headers[HEADER_TOKEN])
         entry = await ledger.append(name, token, request.headers[HEADER_JOB], data)
@@ -138,4 +204,4 @@ def create_app(db: str | None = None, gate: TokenGate | None = None) -> ASGIApp:
         Route("/resources/{name}", read, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
     ])
-    return FencingMiddleware(app, gate, resource_for)
+    return FencingMiddleware(app, gate, resource_for, app_admits=one_transaction)

@@ -71,7 +71,7 @@ class StaleFenceError(StaleTokenError):
 class IdempotencyKeyConflictError(InvalidInputError):
     """An idempotency key was reused for a different resource or token.
 
-    Keys name one effect of one claim's attempt (see :func:`idempotency_key`);
+    Keys name one effect of one claim (see :func:`idempotency_key`);
     reusing one for another effect is a caller bug, refused before anything
     is applied.
     """
@@ -115,19 +115,28 @@ def check_key(key: object) -> str:
     return key
 
 
-def idempotency_key(job: JobRef | str, generation: int, step: str = "") -> str:
-    """The conventional idempotency key of one effect: ``ns/name#g7`` or ``ns/name#g7:step``.
+def idempotency_key(job: JobRef | str, generation: int, step: str = "", *, token: int) -> str:
+    """The conventional idempotency key of one effect: ``ns/name#g7.t1234`` or
+    ``ns/name#g7.t1234:step``.
 
-    ``(job, generation)`` identifies one claim's attempt: the generation is
-    +1 on every successful claim, so two attempts never share a key, while a
-    retry of the same request within one attempt (after a timeout, say) does,
-    and the destination applies it once. ``step`` tells apart the different
-    effects of one attempt (``"upload"``, ``"row-42"``...); omit it only when
-    the attempt makes a single effect per destination.
+    The key names one claim's attempt by its fencing ``token``, which is unique
+    per claim (the etcd revision at which the claim committed: no two claims
+    of any job share it). ``(job, generation)`` alone is not unique: the
+    generation counts the claims of one *registration*, and starts again at 1
+    when a job is unregistered and registered again (a JobLease deleted and
+    re-applied), so a new incarnation's first claim would reuse the old one's
+    keys and durable gates would refuse its effects as key conflicts. The
+    generation stays in the key for people reading it.
+
+    A retry of the same request within one attempt (after a timeout, say)
+    carries the same key, and the destination applies it once. ``step`` tells
+    apart the different effects of one attempt (``"upload"``, ``"row-42"``...);
+    omit it only when the attempt makes a single effect per destination.
     """
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 1:
         raise InvalidInputError(f"invalid generation {generation!r}: must be an integer >= 1")
-    key = f"{job}#g{generation}" + (f":{step}" if step else "")
+    check_token(token)
+    key = f"{job}#g{generation}.t{token}" + (f":{step}" if step else "")
     return check_key(key)
 
 

@@ -85,11 +85,12 @@ _REPLAYED_HEADERS = frozenset({b"content-type", b"location", b"etag"})
 
 def fencing_headers(lease: Lease, step: str = "") -> dict[str, str]:
     """The headers that carry ``lease``'s token (and an idempotency key for
-    ``(job, generation, step)``) to a fenced destination."""
+    ``(job, generation, token, step)``) to a fenced destination."""
     return {
         HEADER_JOB: str(lease.job),
         HEADER_TOKEN: str(lease.token),
-        HEADER_IDEMPOTENCY_KEY: idempotency_key(lease.job, lease.generation, step),
+        HEADER_IDEMPOTENCY_KEY: idempotency_key(lease.job, lease.generation, step,
+                                                token=lease.token),
     }
 
 
@@ -121,7 +122,7 @@ class FencingAuth(httpx.Auth):
         request.headers[HEADER_TOKEN] = str(self.lease.token)
         if self.step is not None and HEADER_IDEMPOTENCY_KEY not in request.headers:
             request.headers[HEADER_IDEMPOTENCY_KEY] = idempotency_key(
-                self.lease.job, self.lease.generation, self.step)
+                self.lease.job, self.lease.generation, self.step, token=self.lease.token)
         yield request
 
 
@@ -134,6 +135,35 @@ class FenceHeaders:
     job: str
     token: int
     idempotency_key: str | None
+
+
+#: ASGI scope key under which the middleware hands a fenced request's
+#: :class:`Fenced` to the app (for apps that admit in their own transaction).
+SCOPE_KEY = "joblease.fence"
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """What the middleware checked for one fenced request: the app's handle
+    for gating its write in its own transaction (see ``app_admits``)."""
+
+    resource: str
+    headers: FenceHeaders
+
+    def effect(self, status: int, body: bytes,
+               headers: list[tuple[bytes, bytes]] | None = None) -> Effect:
+        """The gate's :class:`~joblease.fencing.gate.Effect` for this request, with
+        the response the app is about to send recorded for duplicates."""
+        return Effect(self.resource, self.headers.token, self.headers.idempotency_key,
+                      _Captured(status, list(headers or []), body).encode())
+
+
+def replayed(response: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """A recorded response (``Decision.response``) as status, headers (with
+    ``Joblease-Replayed: true``) and body, for an app that found a duplicate."""
+    first = _Captured.decode(response)
+    headers = [(k, v) for k, v in first.headers or [] if k.lower() != b"content-length"]
+    return first.status, [*headers, (HEADER_REPLAYED.lower().encode(), b"true")], first.body
 
 
 def _shown(value: str) -> str:
@@ -192,11 +222,33 @@ def parse_fence_headers(headers: list[tuple[bytes, bytes]]) -> FenceHeaders:
     return FenceHeaders(job, token, key)
 
 
+def route_path(scope: Scope) -> str:
+    """The path the app routes on: ``scope["path"]`` without ``scope["root_path"]``.
+
+    Behind a path prefix (``uvicorn --root-path /api``, a mount) the ASGI
+    server puts the prefix in both ``path`` and ``root_path``, and Starlette
+    routes on what is left (``starlette._utils.get_route_path``, Starlette
+    0.33 and later, 1.x included). A fence that looked at ``path`` itself
+    would not recognise the routes it guards, and stale or header-less
+    requests would reach the app. This is the same rule: strip ``root_path``
+    only when ``path`` starts with it at a segment boundary.
+    """
+    path = str(scope.get("path", "/"))
+    root_path = str(scope.get("root_path", "") or "")
+    if not root_path or not path.startswith(root_path):
+        return path
+    if path == root_path:
+        return ""
+    if path[len(root_path)] == "/":
+        return path[len(root_path):]
+    return path
+
+
 def default_resource_for(scope: Scope) -> str | None:
-    """Fence every non-safe request, one resource per path."""
+    """Fence every non-safe request, one resource per route path."""
     if scope.get("method", "GET") in _SAFE_METHODS:
         return None
-    return str(scope.get("path", "/"))
+    return route_path(scope) or "/"
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
@@ -244,13 +296,23 @@ class FencingMiddleware:
     :class:`~joblease.fencing.sql.PostgresGate` for a mark that survives
     restarts. ``resource_for`` returns ``None`` for requests that are not
     fenced (default: safe methods); fenced responses are buffered.
+
+    ``app_admits``: the app gates its own write, in the same transaction
+    (:func:`joblease.fencing.sql.admit`, ``EtcdGate.admit(effect, puts)``),
+    using the :class:`Fenced` the middleware puts in ``scope[SCOPE_KEY]``
+    (``Fenced.effect`` builds the effect, recording the response it will
+    send). The middleware then still refuses bad headers, replays known keys
+    and refuses stale tokens before the app runs, but records nothing after
+    it: the effect, the mark and the key commit together or not at all.
     """
 
     def __init__(self, app: ASGIApp, gate: TokenGate | None = None,
-                 resource_for: Callable[[Scope], str | None] | None = None) -> None:
+                 resource_for: Callable[[Scope], str | None] | None = None, *,
+                 app_admits: bool = False) -> None:
         self.app = app
         self.gate: TokenGate = gate if gate is not None else MemoryGate()
         self.resource_for = resource_for or default_resource_for
+        self.app_admits = app_admits
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
     @asynccontextmanager
@@ -298,6 +360,10 @@ class FencingMiddleware:
         highest = await self.gate.highest(resource)
         if fence.token < highest:
             raise StaleFenceError(resource, fence.token, highest)
+        if self.app_admits:
+            scope[SCOPE_KEY] = Fenced(resource, fence)
+            await self.app(scope, receive, send)
+            return
         captured = _Captured()
 
         async def capture(message: Message) -> None:
@@ -312,14 +378,35 @@ class FencingMiddleware:
             try:
                 decision = await self.gate.admit(
                     Effect(resource, fence.token, key, captured.encode()))
-            except StaleFenceError:
+            except StaleFenceError as exc:
                 # Only possible when another process shares the gate: the app has
-                # already applied the effect. Say so loudly; see the module doc.
+                # already applied the effect. Say so, to the log and to the client:
+                # the usual "nothing was applied" of a 409 would be false here.
                 log.error("gate refused token %d on %r after the app applied the effect: "
                           "the gate is shared with another process; make the effect and "
                           "the gate one transaction", fence.token, resource)
-                raise
+                await _send_json(send, 409, {
+                    **exc.to_dict(), "applied": True,
+                    "message": f"token {fence.token} is stale for resource {resource!r} "
+                               f"(highest token {exc.highest_token}), but the app had "
+                               "already applied the effect when the gate refused it"})
+                return
+            except Exception as exc:
+                # The effect is applied; whether the gate recorded it is unknown. A
+                # retry with the same key could apply it again: say so, never "not applied".
+                log.error("the app applied the effect on %r but the gate could not record "
+                          "it: %s", resource, exc, exc_info=True)
+                await _send_json(send, 500, {
+                    "error": getattr(exc, "reason", "unknown"), "applied": True,
+                    "resource": resource, "token": fence.token,
+                    "message": "the app applied the effect but the gate could not record "
+                               f"it ({exc}); a retry with the same idempotency key may "
+                               "apply it again"})
+                return
             if decision.duplicate:  # a concurrent replica applied the same key first
+                log.error("idempotency key %r on %r was recorded by another process while "
+                          "the app applied it here: the effect was applied twice; make the "
+                          "effect and the gate one transaction", key, resource)
                 await self._replay(resource, fence, decision, send)
                 return
         await captured.send_to(send, [])

@@ -11,6 +11,15 @@ keep-alive task has run.
 Loss is one-way: the phase flips to ``lost``, the token files are removed,
 the worker is signalled (or the sidecar exits) and no request is ever sent
 to etcd under the old token again.
+
+A completion ends the lease too: it deletes the holder key. So when the
+lease ends while a completion of this sidecar is in flight (or ended with an
+unknown outcome), the end is not yet a loss: the phase becomes
+``completing`` (no token is handed out, the token files are removed, the
+worker is not signalled) and the job's result decides. A result that
+carries this claim's id and token is completion; a holder key that is no
+longer ours without such a result is loss. Until etcd can say which, the
+sidecar keeps asking.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import random
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +53,7 @@ from joblease.errors import (
     StoreUnavailableError,
 )
 from joblease.lease import Lease, LeaseState
-from joblease.records import ResultRecord
+from joblease.records import JobState, ResultRecord
 from joblease.sidecar.config import SidecarConfig
 from joblease.sidecar.metrics import SidecarMetrics
 
@@ -53,6 +63,8 @@ log = logging.getLogger("joblease.sidecar")
 class Phase(enum.StrEnum):
     CLAIMING = "claiming"
     HELD = "held"
+    #: the lease ended while a completion of ours may have committed; its result decides
+    COMPLETING = "completing"
     LOST = "lost"
     COMPLETED = "completed"
     RELEASED = "released"
@@ -70,9 +82,15 @@ class Outcome:
 
 # -- token files ---------------------------------------------------------------------------------
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = 0o644,
+                 publish_if: Callable[[], bool] | None = None) -> bool:
     """Readers see the old file or the new one, never a torn write: write a
-    temporary file in the same directory, fsync it, rename over, fsync the dir."""
+    temporary file in the same directory, fsync it, rename over, fsync the dir.
+
+    ``publish_if`` is asked right before the rename (the moment the file
+    appears): if it says no, the temporary file is removed and nothing is
+    published. Returns whether the file was published.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -81,12 +99,16 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    if publish_if is not None and not publish_if():
+        remove_quietly(tmp)
+        return False
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    return True
 
 
 def remove_quietly(path: Path | None) -> None:
@@ -187,6 +209,15 @@ class SidecarRunner:
         self._exit_code: int | None = None
         self._op_lock = asyncio.Lock()
         self._servers: list[tuple[_Server, asyncio.Task[None]]] = []
+        #: A completion was sent under ``self.lease`` and is not known to have
+        #: failed: if the lease ends now, the job's result says whether it ended
+        #: by that completion or was lost.
+        self._completion_sent = False
+        self._end_reason: str | None = None  # why the lease ended, while COMPLETING
+        #: A release under ``self.lease`` is in flight: if the lease ends now, the
+        #: job is given back either way (by the release, or by expiry).
+        self._release_sent = False
+        self._settle_task: asyncio.Task[None] | None = None
 
     # -- state -----------------------------------------------------------------------------
 
@@ -198,8 +229,8 @@ class SidecarRunner:
         """The phase, after re-checking a held lease against the monotonic clock."""
         lease = self.lease
         if self.phase is Phase.HELD and lease is not None:
-            if lease.state is LeaseState.LOST or not lease.valid:
-                self._on_loss(lease.lost_reason or "lease no longer valid")
+            if lease.state is not LeaseState.HELD or not lease.valid:
+                self._lease_ended(lease.lost_reason or "lease no longer valid")
         return self.phase
 
     def remaining(self) -> float:
@@ -208,28 +239,71 @@ class SidecarRunner:
         return 0.0
 
     def _held(self, lease: Lease) -> None:
-        cfg = self.config
-        if cfg.token_file is not None and cfg.token_json_file is not None:
-            info = {"job": str(lease.job), "namespace": lease.job.namespace,
-                    "name": lease.job.name, "owner": lease.owner, "token": lease.token,
-                    "generation": lease.generation, "ttl": lease.ttl}
-            # token.json first: whoever sees the token file finds its companion.
-            write_atomic(cfg.token_json_file, json.dumps(info).encode() + b"\n")
-            write_atomic(cfg.token_file, f"{lease.token}\n".encode())
         self.lease = lease
         self._set_phase(Phase.HELD)
         self.metrics.claims.inc()
         log.info("lease held", extra={"job": str(lease.job), "token": lease.token,
                                       "generation": lease.generation, "ttl": lease.ttl})
-        self.current()  # a claim that took longer than its TTL is already lost
+        # A claim that took longer than its TTL is already lost: check before
+        # publishing anything, and again right before each file appears.
+        if self.current() is not Phase.HELD:
+            return
+        cfg = self.config
+        if cfg.token_file is not None and cfg.token_json_file is not None:
+            info = {"job": str(lease.job), "namespace": lease.job.namespace,
+                    "name": lease.job.name, "owner": lease.owner, "token": lease.token,
+                    "generation": lease.generation, "ttl": lease.ttl}
+
+            def still_held() -> bool:
+                return self.current() is Phase.HELD
+
+            # token.json first: whoever sees the token file finds its companion.
+            if write_atomic(cfg.token_json_file, json.dumps(info).encode() + b"\n",
+                            publish_if=still_held):
+                write_atomic(cfg.token_file, f"{lease.token}\n".encode(),
+                             publish_if=still_held)
+        # The writes fsync and can be slow: if the deadline passed meanwhile,
+        # this removes what was published.
+        self.current()
 
     def _drop_token_files(self) -> None:
         remove_quietly(self.config.token_file)
         remove_quietly(self.config.token_json_file)
 
-    def _on_loss(self, reason: str) -> None:
-        """Flip to lost at once: files gone, worker signalled, maybe exit."""
+    def _lease_ended(self, reason: str) -> None:
+        """The held lease is no longer valid. If a completion of ours may have
+        committed, the job's result decides between completion and loss
+        (``completing`` until it does); otherwise this is loss."""
         if self.phase is not Phase.HELD:
+            return
+        if self._release_sent:
+            # The re-check saw the holder key our release deleted, or the lease
+            # expired while the release was on its way: what the worker asked for
+            # is true either way. Not a loss; the release's answer follows.
+            self._set_phase(Phase.RELEASED)
+            self._drop_token_files()
+            log.info("lease ended while its release was in flight",
+                     extra={"job": str(self.config.job), "reason": reason})
+            return
+        if not self._completion_sent:
+            self._on_loss(reason)
+            return
+        self._end_reason = reason
+        self._set_phase(Phase.COMPLETING)
+        self._drop_token_files()
+        log.info("lease ended while a completion may have committed; reading the result",
+                 extra={"job": str(self.config.job), "reason": reason,
+                        "token": self.lease.token if self.lease else None})
+        if self._settle_task is None or self._settle_task.done():
+            self._settle_task = asyncio.get_running_loop().create_task(
+                self._settle_until_known(), name="sidecar-settle-completion")
+
+    def _on_loss(self, reason: str, *, act: bool = True) -> None:
+        """Flip to lost at once: files gone, worker signalled, maybe exit
+        (not with ``act=False``: the worker itself gave the job up)."""
+        if self.phase not in (Phase.HELD, Phase.COMPLETING) and act:
+            return
+        if self.phase is Phase.LOST:
             return
         self.lost_reason = reason
         self._set_phase(Phase.LOST)
@@ -237,7 +311,10 @@ class SidecarRunner:
         self.metrics.losses.inc()
         token = self.lease.token if self.lease else None
         log.warning("lease lost", extra={"job": str(self.config.job), "token": token,
-                                         "reason": reason, "action": self.config.on_loss})
+                                         "reason": reason,
+                                         "action": self.config.on_loss if act else "none"})
+        if not act:
+            return
         if self.config.on_loss in ("signal", "exit"):
             pids = signal_worker(self.config)
             if pids:
@@ -250,22 +327,84 @@ class SidecarRunner:
             self._exit_code = self.config.loss_exit_code
             self._stop.set()
 
+    def _completed(self, lease: Lease, record: ResultRecord) -> Outcome:
+        """The job is completed under our token (``record`` carries our claim id)."""
+        first = self.phase is not Phase.COMPLETED
+        self.result = record
+        self._completion_sent = False
+        self._set_phase(Phase.COMPLETED)
+        self._drop_token_files()
+        if first:
+            self.metrics.completions.inc()
+            log.info("job completed", extra={"job": str(lease.job), "token": lease.token,
+                                             "generation": lease.generation})
+        return Outcome(200, record.to_dict())
+
     def request_stop(self, signame: str = "SIGTERM") -> None:
         if not self._stop.is_set():
             log.info("stop requested", extra={"signal": signame})
             self._stop_signal = signame
             self._stop.set()
 
-    # -- operations the API calls ------------------------------------------------------------
+    # -- reading what etcd decided --------------------------------------------------------------
 
-    async def _current_token(self) -> int | None:
-        """Who holds the job now, per etcd (a read: it never writes)."""
+    async def _read_state(self) -> JobState | None:
+        """The job's state per etcd (a read: it never writes); ``None`` if unreadable."""
         try:
-            state = await asyncio.wait_for(self.client.get(self.config.job), timeout=3.0)
+            return await asyncio.wait_for(self.client.get(self.config.job), timeout=3.0)
         except (JobLeaseError, TimeoutError) as exc:
-            log.info("could not read the current token", extra={"reason": str(exc)})
+            log.info("could not read the job's state", extra={"reason": str(exc)})
+        except (ValueError, KeyError, TypeError) as exc:  # a stored value we cannot decode
+            log.warning("could not decode the job's state", extra={"reason": repr(exc)})
+        return None
+
+    @staticmethod
+    def _own_result(state: JobState, lease: Lease) -> ResultRecord | None:
+        """The job's result if our completion wrote it (our claim id and token)."""
+        r = state.result
+        if r is not None and r.claim_id == lease.claim_id and r.token == lease.token:
+            return r
+        return None
+
+    async def _settle(self) -> JobState | None:
+        """Decide a ``completing`` phase from etcd: ``completed`` if the result
+        carries our claim id, ``lost`` if the holder key is no longer ours
+        without such a result. Returns the state it decided on, or ``None``
+        while etcd cannot say (unreadable, or the holder key is still ours, so
+        our completion could still commit)."""
+        lease = self.lease
+        assert lease is not None and self.phase is Phase.COMPLETING
+        state = await self._read_state()
+        if state is None:
             return None
-        return state.token
+        own = self._own_result(state, lease)
+        if own is not None:
+            self._completed(lease, own)
+            return state
+        if state.holder is not None and state.holder.token == lease.token:
+            return None  # still ours in etcd (its expiry is near): nothing decided yet
+        self._completion_sent = False
+        self._on_loss(f"{self._end_reason or 'lease ended'}; the job has no result of ours")
+        return state
+
+    async def _settled_answer(self, token: int, state: JobState) -> Outcome:
+        """The API's answer once :meth:`_settle` decided."""
+        if self.phase is Phase.COMPLETED and self.result is not None:
+            return Outcome(200, self.result.to_dict())
+        return await self._stale(token, f"token {token} is not current; the lease is lost: "
+                                        f"{self.lost_reason}", state.token, known=True)
+
+    async def _settle_until_known(self) -> None:
+        attempt = 0
+        rng = random.Random()
+        while not self._stop.is_set():
+            async with self._op_lock:
+                if self.phase is not Phase.COMPLETING or await self._settle() is not None:
+                    return
+            await self._sleep_or_stop(self.config.backoff.delay(attempt, rng.random()))
+            attempt += 1
+
+    # -- operations the API calls ------------------------------------------------------------
 
     async def _stale(self, token: int, message: str, current: int | None = None,
                      *, known: bool = False) -> Outcome:
@@ -273,11 +412,25 @@ class SidecarRunner:
         it is read from etcd (the sidecar no longer holds a token of its own)."""
         self.metrics.stale_rejections.inc()
         if not known:
-            current = await self._current_token()
+            state = await self._read_state()
+            current = state.token if state is not None else None
         log.warning("refused a stale token",
                     extra={"token": token, "currentToken": current, "why": message})
         return Outcome(409, {"error": "stale", "message": message, "token": token,
                              "currentToken": current, "state": self.phase.value})
+
+    async def _not_current(self, token: int, why: str) -> Outcome:
+        """The answer for ``token`` when the lease is not held. If ``token`` is
+        our own and the job's result carries our claim id, the job was completed
+        by us (e.g. the retry of a completion that was answered 503): say so."""
+        lease = self.lease
+        state = await self._read_state()
+        if lease is not None and lease.token == token and state is not None:
+            own = self._own_result(state, lease)
+            if own is not None:
+                return self._completed(lease, own)
+        return await self._stale(token, f"token {token} is not current; {why}",
+                                 state.token if state is not None else None, known=True)
 
     async def complete(self, token: int, result: Any) -> Outcome:
         """Complete under ``token`` if and only if it is this sidecar's live token."""
@@ -287,37 +440,50 @@ class SidecarRunner:
             if (phase is Phase.COMPLETED and lease is not None and lease.token == token
                     and self.result is not None):
                 return Outcome(200, self.result.to_dict())  # a retried completion
+            if phase is Phase.COMPLETING and lease is not None and lease.token == token:
+                settled = await self._settle()
+                if settled is not None:
+                    return await self._settled_answer(token, settled)
+                return Outcome(503, {
+                    "error": "unknown", "state": phase.value,
+                    "message": f"the lease ended while the completion under token {token} "
+                               "was in flight and etcd cannot say yet whether it committed; "
+                               "retry the same request"})
             if phase is not Phase.HELD or lease is None:
                 why = (f"the lease is {phase.value}"
                        + (f": {self.lost_reason}" if self.lost_reason else ""))
-                return await self._stale(token, f"token {token} is not current; {why}")
+                return await self._not_current(token, why)
             if token != lease.token:
                 return await self._stale(
                     token, f"token {token} is not the current token {lease.token}", lease.token,
                     known=True)
+            self._completion_sent = True
             try:
                 record = await lease.complete(result)
             except StaleTokenError as exc:
+                # Lease.complete already accepted a result carrying our claim id:
+                # this refusal is definite.
+                self._completion_sent = False
                 self._on_loss(f"etcd refused the completion: {exc}")
                 return await self._stale(token, str(exc), exc.current_token, known=True)
             except LeaseLostError as exc:
+                self._completion_sent = False
                 self._on_loss(str(exc))
                 return await self._stale(token, str(exc))
-            except InvalidInputError as exc:
+            except InvalidInputError as exc:  # refused before anything was sent
+                self._completion_sent = False
                 return Outcome(413 if "too large" in str(exc) else 400, exc.to_dict())
-            except StoreUnavailableError as exc:
-                # Nothing known to be written (read-back found the holder still ours,
-                # or could not read): the worker may retry the same request safely.
-                return Outcome(503, exc.to_dict())
-            except JobLeaseError as exc:  # e.g. permission denied after a rotation
+            except JobLeaseError as exc:
+                # Unavailable, outcome unknown, permission denied...: the completion
+                # may have committed. While the lease is held the same request may be
+                # retried safely (it commits at most once); if the lease ended
+                # meanwhile, the result decides.
+                if self.current() is Phase.COMPLETING:
+                    settled = await self._settle()
+                    if settled is not None:
+                        return await self._settled_answer(token, settled)
                 return Outcome(exc.http_status, exc.to_dict())
-            self.result = record
-            self._set_phase(Phase.COMPLETED)
-            self._drop_token_files()
-            self.metrics.completions.inc()
-            log.info("job completed", extra={"job": str(lease.job), "token": token,
-                                             "generation": lease.generation})
-            return Outcome(200, record.to_dict())
+            return self._completed(lease, record)
 
     async def release(self, token: int) -> Outcome:
         """Give the job back under ``token`` (same condition as completion)."""
@@ -326,6 +492,13 @@ class SidecarRunner:
             lease = self.lease
             if phase is Phase.RELEASED and lease is not None and lease.token == token:
                 return Outcome(200, {"state": "released", "token": token})
+            if (phase is Phase.COMPLETED and lease is not None and lease.token == token
+                    and self.result is not None):
+                # Not "stale" (which would name this very token as the current one).
+                return Outcome(409, {"error": "completed", "token": token,
+                                     "state": phase.value, "result": self.result.to_dict(),
+                                     "message": f"the job was completed under token {token}; "
+                                                "there is nothing to release"})
             if phase is not Phase.HELD or lease is None:
                 return await self._stale(token, f"token {token} is not current; "
                                                 f"the lease is {phase.value}")
@@ -333,15 +506,24 @@ class SidecarRunner:
                 return await self._stale(
                     token, f"token {token} is not the current token {lease.token}", lease.token,
                     known=True)
+            self._release_sent = True
             try:
                 await lease.release()
             except StaleTokenError as exc:
-                self._on_loss(f"etcd refused the release: {exc}")
+                # Someone else took the job before the release: lost, but the worker
+                # is giving it up anyway (if the lease ended meanwhile, it is not
+                # signalled for it).
+                self._on_loss(f"etcd refused the release: {exc}",
+                              act=self.phase is not Phase.RELEASED)
                 return await self._stale(token, str(exc), exc.current_token, known=True)
-            except StoreUnavailableError as exc:
-                return Outcome(503, exc.to_dict())
             except JobLeaseError as exc:
+                # Unavailable or outcome unknown: while the lease is held the same
+                # request may be retried; once it has ended, the job is given back.
+                if self.current() is Phase.RELEASED:
+                    return Outcome(200, {"state": "released", "token": token})
                 return Outcome(exc.http_status, exc.to_dict())
+            finally:
+                self._release_sent = False
             self._set_phase(Phase.RELEASED)
             self._drop_token_files()
             log.info("lease released by the worker", extra={"token": token})
@@ -359,6 +541,10 @@ class SidecarRunner:
                                  "remainingSeconds": round(lease.remaining(), 3)})
         if phase is Phase.CLAIMING:
             return Outcome(503, base)
+        if phase is Phase.COMPLETING:
+            return Outcome(409, {"error": "completing", **base,
+                                 "message": "the lease ended while a completion was in flight; "
+                                            "the job's result decides whether it completed"})
         if phase is Phase.LOST:
             return Outcome(409, {"error": "lost", **base,
                                  "message": f"the lease was lost: {self.lost_reason}"})
@@ -407,6 +593,12 @@ class SidecarRunner:
                     "holder": exc.owner, "token": exc.token, "generation": exc.generation})
             except StoreUnavailableError as exc:
                 log.warning("etcd unavailable; retrying", extra={"reason": str(exc)})
+            except LeaseLostError as exc:
+                # An ambiguous claim that committed, but whose etcd lease was gone
+                # before anyone could use it: nobody holds the job (the attempt is
+                # counted). Not a lost lease of ours to act on: claim again.
+                log.warning("the claim committed but its lease was already gone; claiming "
+                            "again", extra={"reason": str(exc)})
             except JobLeaseError as exc:
                 log.error("cannot claim", extra={"reason": str(exc), "exitCode": exc.exit_code})
                 return exc.exit_code
@@ -422,7 +614,7 @@ class SidecarRunner:
         self._held(outcome)
         state = await outcome.wait_done()
         if state is LeaseState.LOST:
-            self._on_loss(outcome.lost_reason or "lease lost")
+            self._lease_ended(outcome.lost_reason or "lease lost")
         return self._exit_code
 
     async def start_servers(self) -> None:
@@ -463,18 +655,29 @@ class SidecarRunner:
 
     async def _shutdown(self) -> None:
         cfg = self.config
+        if self._settle_task is not None:
+            self._settle_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._settle_task
         async with self._op_lock:
             phase = self.current()
             lease = self.lease
+            if phase is Phase.COMPLETING:
+                log.warning("stopping before etcd could say whether the completion committed",
+                            extra={"job": str(cfg.job), "reason": self._end_reason,
+                                   "token": lease.token if lease else None})
             if phase is Phase.HELD and lease is not None and cfg.release_on_term:
                 try:
-                    await asyncio.wait_for(lease.release(), timeout=10)
+                    # asyncio.timeout, not wait_for: the release runs in this task, so
+                    # no request sees the handle released before the phase says so.
+                    async with asyncio.timeout(10):
+                        await lease.release()
                     log.info("lease released on shutdown", extra={"token": lease.token})
                     self._set_phase(Phase.RELEASED)
                 except (JobLeaseError, TimeoutError) as exc:
                     log.warning("release on shutdown failed", extra={"reason": str(exc)})
             self._drop_token_files()
-            if self.phase is Phase.HELD:
+            if self.phase in (Phase.HELD, Phase.COMPLETING):
                 self._set_phase(Phase.STOPPING)
         await self._stop_servers()
         with contextlib.suppress(Exception):
