@@ -363,7 +363,9 @@ class JobLeaseClient:
         """One linearizable read of every key of ``job``: the raw fields and the state."""
         keys = self.keys.job(job)
         revision, kvs = await self.store.get(keys.prefix, prefix=True)
-        fields = {kv.key[len(keys.prefix):].decode(): kv for kv in kvs}
+        # Tenants can write any key under their prefix: a name that is not UTF-8
+        # is not one of ours and must not stop the read.
+        fields = {kv.key[len(keys.prefix):].decode(errors="replace"): kv for kv in kvs}
         return keys, fields, assemble(job, fields, revision)
 
     async def list(self, namespace: str | None = None) -> list[JobState]:

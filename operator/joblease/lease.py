@@ -348,6 +348,9 @@ class Lease:
         if self._state is LeaseState.HELD:
             try:
                 await self.release()
+            except StoreUnavailableError as e:
+                log.warning("release of %s on exit failed; the job stays held until this "
+                            "handle's etcd lease ends (client closed or expiry): %s", self.job, e)
             except JobLeaseError as e:
                 log.info("release of %s on exit failed: %s", self.job, e)
 

@@ -92,8 +92,9 @@ async def test_list_and_watch_report_a_corrupt_job_and_keep_going(
     client: JobLeaseClient,
 ) -> None:
     """Issue 20 §2.2 (core): a non-JSON ``result`` and a wrong-shaped ``holder``
-    under one job's prefix make that job ``Corrupt``; every other job is still
-    listed and watched."""
+    under one job's prefix make that job ``Corrupt`` (a key whose name is not
+    UTF-8 is ignored); every other job is still listed and watched, and the bad
+    one can still be read on its own."""
     good, bad, other = (JobRef("default", n) for n in ("good", "bad", "other"))
     for job in (good, bad, other):
         await client.register(job, JobSpec(10, 0))
@@ -103,6 +104,7 @@ async def test_list_and_watch_report_a_corrupt_job_and_keep_going(
     assert {s.phase for s in snapshot} == {Phase.PENDING}
     await client.store.put(keys.result, b"{not json")  # type: ignore[attr-defined]
     await client.store.put(keys.holder, b'["not", "a", "holder"]')  # type: ignore[attr-defined]
+    await client.store.put(keys.prefix + b"\xff\xfe", b"x")  # type: ignore[attr-defined]
     lease = await client.claim(good, "worker-a")
     seen: list[JobState] = []
     async with asyncio.timeout(10):
