@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -47,7 +48,7 @@ from joblease.keys import JobKeys, JobRef, KeySpace
 from joblease.lease import Lease
 from joblease.records import Holder, JobSpec, JobState, ResultRecord, decoding
 from joblease.session import Session
-from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, TxnResult
+from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, TxnResult, WatchEvent
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -576,7 +577,9 @@ class JobLeaseClient:
         """One linearizable read of every key of ``job``: the raw fields and the state."""
         keys = self.keys.job(job)
         revision, kvs = await self.store.get(keys.prefix, prefix=True)
-        fields = {kv.key[len(keys.prefix):].decode(): kv for kv in kvs}
+        # Tenants can write any key under their prefix: a name that is not UTF-8
+        # is not one of ours and must not stop the read.
+        fields = {kv.key[len(keys.prefix):].decode(errors="replace"): kv for kv in kvs}
         return keys, fields, assemble(job, fields, revision)
 
     async def list(self, namespace: str | None = None) -> list[JobState]:
@@ -596,12 +599,28 @@ class JobLeaseClient:
 
     async def watch(self, namespace: str | None = None) -> AsyncIterator[JobState]:
         """Every job's state from a consistent snapshot, then each change in
-        revision order. After a compaction it resyncs from a new snapshot, so
-        a consumer sees every job's latest state (intermediate states may be
-        skipped; none is ever reported out of order)."""
+        revision order, one state per job per revision (etcd packs several
+        revisions into one watch response; each is applied and reported on its
+        own, so a claim and a release in one response are both seen).
+
+        After a compaction, or a failure the store's watch does not resume by
+        itself (etcd unreachable for a while), it resyncs from a new snapshot
+        and reports jobs that vanished meanwhile as not registered, so a
+        consumer always ends up with every job's latest state (intermediate
+        states may be skipped then; none is ever reported out of order).
+        Errors that retrying cannot fix (e.g. ``PermissionDeniedError``) are
+        raised.
+        """
         previous: set[JobRef] = set()
+        delay = 0.1
         while True:
-            revision, grouped = await self._snapshot(namespace)
+            try:
+                revision, grouped = await self._snapshot(namespace)
+            except StoreUnavailableError as exc:
+                log.warning("watch snapshot failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)
+                continue
             for job in sorted(previous - set(grouped)):
                 yield assemble(job, {}, revision)  # vanished while we were not watching
             for job, fields in sorted(grouped.items()):
@@ -609,19 +628,20 @@ class JobLeaseClient:
             try:
                 async for batch in self.store.watch(self.keys.namespace_prefix(namespace),
                                                     prefix=True, start_revision=revision + 1):
-                    by_revision: dict[int, set[JobRef]] = defaultdict(set)
-                    for event in batch.events:
-                        parsed = self.keys.parse(event.kv.key)
-                        if parsed is None:
-                            continue
-                        job, field = parsed
-                        if event.kind == "put":
-                            grouped[job][field] = event.kv
-                        else:
-                            grouped[job].pop(field, None)
-                        by_revision[event.kv.mod_revision].add(job)
-                    for rev in sorted(by_revision):
-                        for job in sorted(by_revision[rev]):
+                    delay = 0.1
+                    for rev, events in _by_revision(batch.events):
+                        touched: set[JobRef] = set()
+                        for event in events:
+                            parsed = self.keys.parse(event.kv.key)
+                            if parsed is None:
+                                continue
+                            job, field = parsed
+                            touched.add(job)
+                            if event.kind == "put":
+                                grouped[job][field] = event.kv
+                            else:
+                                grouped[job].pop(field, None)
+                        for job in sorted(touched):
                             fields = grouped.get(job, {})
                             yield assemble(job, fields, rev)
                             if not fields:
@@ -629,3 +649,15 @@ class JobLeaseClient:
             except CompactedError as exc:
                 log.warning("watch fell behind a compaction (%s); resyncing", exc)
                 previous = set(grouped)
+            except StoreUnavailableError as exc:
+                previous = set(grouped)
+                log.warning("watch failed (%s); resyncing from a snapshot in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)
+
+
+def _by_revision(events: list[WatchEvent]) -> Iterator[tuple[int, list[WatchEvent]]]:
+    """Split a watch batch into its revisions, in order (etcd sends events in
+    revision order; a delete's ``mod_revision`` is the deletion's)."""
+    for rev, group in itertools.groupby(events, key=lambda e: e.kv.mod_revision):
+        yield rev, list(group)

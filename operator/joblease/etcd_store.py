@@ -62,6 +62,15 @@ _OPS = {
 }
 # Messages gRPC gives when a request never left the client: safe to send elsewhere.
 _NOT_SENT_HINTS = ("failed to connect", "connection refused", "no address", "dns resolution")
+# etcd's answers to a request carrying an auth token it no longer accepts (a simple
+# token dies with the etcd process that issued it; an auth change makes old tokens
+# "old"). Either way the request was refused before it was applied, so the client
+# gets a fresh token and sends it again, as etcd's Go client does.
+_STALE_TOKEN_HINTS = ("invalid auth token", "revision of auth store is old")
+
+
+def _stale_token(details: str) -> bool:
+    return any(h in details for h in _STALE_TOKEN_HINTS)
 
 
 @dataclass(frozen=True)
@@ -248,6 +257,12 @@ class EtcdStore:
         assert self._token is not None
         return (("token", self._token),)
 
+    def _token_rejected(self, metadata: Sequence[tuple[str, str]]) -> None:
+        """Forget the token ``metadata`` carried (not a fresher one another call got)."""
+        used = dict(metadata).get("token")
+        if used is not None and used == self._token:
+            self._token = None
+
     async def _call_raw(self, fn: Any, *, write: bool, authenticate: bool = True) -> Any:
         """Run ``fn(stubs, metadata)`` with failover; map gRPC errors to ours.
 
@@ -263,8 +278,8 @@ class EtcdStore:
             except grpc.aio.AioRpcError as exc:
                 last = exc
                 code, details = exc.code(), (exc.details() or "")
-                if code == grpc.StatusCode.UNAUTHENTICATED and "invalid auth token" in details:
-                    self._token = None  # expired token: rejected before any apply
+                if authenticate and metadata and _stale_token(details):
+                    self._token_rejected(metadata)  # refused before any apply
                     continue
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                             grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
@@ -385,14 +400,23 @@ class EtcdStore:
         self, key: bytes, *, prefix: bool, start_revision: int
     ) -> AsyncIterator[WatchBatch]:
         """Yield batches from ``start_revision`` on; reconnects (and fails over)
-        on dropped streams, resuming after the last revision it delivered."""
+        on dropped streams, resuming after the last revision it delivered.
+
+        A watch refused for a stale auth token (etcd restarted, simple tokens
+        died with it) is re-created at once with a fresh token; other failures
+        back off exponentially (50 ms doubling to 2 s), and the backoff is only
+        reset by a stream that etcd accepted, so a refused watch never spins.
+        """
         next_revision = start_revision
         failures = 0
+        reauthenticated = False  # since the last stream etcd accepted
         while True:
-            metadata = (*await self._metadata(), ("hasleader", "true"))
-            stub = self._stub()
-            call = stub.watch.Watch(metadata=metadata)
+            call: Any = None
+            metadata: tuple[tuple[str, str], ...] = ()
             try:
+                metadata = (*await self._metadata(), ("hasleader", "true"))
+                stub = self._stub()
+                call = stub.watch.Watch(metadata=metadata)
                 await call.write(rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(
                     key=key, range_end=prefix_end(key) if prefix else b"",
                     start_revision=next_revision, progress_notify=True)))
@@ -400,11 +424,11 @@ class EtcdStore:
                     resp = await call.read()
                     if resp is grpc.aio.EOF:
                         raise StoreUnavailableError("watch stream closed")
-                    failures = 0
                     if resp.compact_revision:
                         raise CompactedError(int(resp.compact_revision))
                     if resp.canceled:
-                        raise StoreUnavailableError(f"watch canceled: {resp.cancel_reason}")
+                        raise _WatchRefused(resp.cancel_reason)
+                    failures, reauthenticated = 0, False
                     if resp.created and not resp.events:
                         continue
                     events = [
@@ -418,17 +442,28 @@ class EtcdStore:
                     else:
                         next_revision = max(next_revision, revision + 1)
                     yield WatchBatch(revision, events)
-            except (grpc.aio.AioRpcError, StoreUnavailableError) as exc:
+            except (grpc.aio.AioRpcError, StoreUnavailableError, _WatchRefused) as exc:
                 failures += 1
-                if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
+                details = (exc.details() or "") if isinstance(exc, grpc.aio.AioRpcError) \
+                    else str(exc)
+                if _stale_token(details) and self.config.username is not None:
+                    self._token_rejected(metadata)
+                    if not reauthenticated:
+                        reauthenticated = True
+                        log.info("etcd watch refused a stale auth token; re-authenticating")
+                        continue  # at once: the next attempt carries a fresh token
+                elif isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
                         grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
                     raise self._map_error(exc) from exc
+                elif isinstance(exc, _WatchRefused) and "permission denied" in details:
+                    raise PermissionDeniedError(f"etcd refused the watch: {exc.args[0]}") from exc
                 log.info("etcd watch interrupted (%s); resuming from revision %d",
                          exc, next_revision)
                 self._fail_over()
                 await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
             finally:
-                call.cancel()
+                if call is not None:
+                    call.cancel()
 
     async def close(self) -> None:
         stubs, self._stubs = self._stubs, {}
@@ -442,6 +477,13 @@ class EtcdStore:
         await self.close()
 
 
+class _WatchRefused(Exception):
+    """etcd cancelled a watch (``cancel_reason`` says why)."""
+
+    def __str__(self) -> str:
+        return f"watch canceled: {self.args[0]}"
+
+
 class _KeepAliveStream:
     """One persistent LeaseKeepAlive stream, reopened (on the next endpoint) when it breaks."""
 
@@ -449,15 +491,35 @@ class _KeepAliveStream:
         self._store = store
         self._lease_id = lease_id
         self._call: Any = None
+        self._metadata: tuple[tuple[str, str], ...] = ()  # what the open stream carries
 
     async def renew(self, timeout: float) -> int:
+        """One keep-alive on the stream, (re)opened with the store's auth token.
+
+        A stream refused for a stale auth token (etcd restarted) is reopened
+        once, within ``timeout``, with a fresh token: a keep-alive refused that
+        way never reached the lease, and giving up would lose every lease on
+        an etcd restart.
+        """
         try:
             async with asyncio.timeout(timeout):
-                if self._call is None:
-                    metadata = await self._store._metadata()
-                    self._call = self._store._stub().lease.LeaseKeepAlive(metadata=metadata)
-                await self._call.write(rpc_pb2.LeaseKeepAliveRequest(ID=self._lease_id))
-                resp = await self._call.read()
+                for attempt in (1, 2):
+                    metadata: tuple[tuple[str, str], ...] = ()
+                    try:
+                        if self._call is None:
+                            metadata = await self._store._metadata()
+                            self._metadata = metadata
+                            self._call = self._store._stub().lease.LeaseKeepAlive(
+                                metadata=metadata)
+                        await self._call.write(rpc_pb2.LeaseKeepAliveRequest(ID=self._lease_id))
+                        resp = await self._call.read()
+                        break
+                    except grpc.aio.AioRpcError as exc:
+                        if attempt == 1 and _stale_token(exc.details() or ""):
+                            await self.close()
+                            self._store._token_rejected(self._metadata)
+                            continue
+                        raise
         except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError) as exc:
             await self.close()
             self._store._fail_over()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from joblease import validation
 from joblease.errors import (
+    CorruptRecordError,
     JobLeaseError,
     LeaseLostError,
     OutcomeUnknownError,
@@ -29,12 +30,32 @@ from joblease.errors import (
 )
 from joblease.keys import JobKeys, JobRef
 from joblease.records import Holder, ResultRecord
-from joblease.store import Compare, Delete, Get, Put, Store, TxnResult
+from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, TxnResult
 
 if TYPE_CHECKING:
     from joblease.session import Session
 
 log = logging.getLogger(__name__)
+
+#: How long an unknown outcome is read back (etcd unreachable) before the
+#: operation gives up with OutcomeUnknownError.
+READ_BACK_SECONDS = 30.0
+
+
+def _holder_owner(kv: KeyValue) -> tuple[str | None, str]:
+    """The owner a stored holder names, or ``(None, why it cannot be decoded)``."""
+    try:
+        return str(Holder.decode_value(kv.value)["owner"]), ""
+    except CorruptRecordError as exc:
+        return None, str(exc)
+
+
+def _result_record(kv: KeyValue) -> tuple[ResultRecord | None, str]:
+    """The stored result, or ``(None, why it cannot be decoded)``."""
+    try:
+        return ResultRecord.decode(kv.value, kv.mod_revision), ""
+    except CorruptRecordError as exc:
+        return None, str(exc)
 
 
 class LeaseState(enum.StrEnum):
@@ -188,20 +209,30 @@ class Lease:
     def _describe_change(self, r: TxnResult) -> str:
         holder, result = r.kv(0), r.kv(1)
         if holder is not None:
-            owner = Holder.decode_value(holder.value).get("owner")
+            owner, problem = _holder_owner(holder)
+            if owner is None:
+                return f"job now held with token {holder.create_revision} ({problem})"
             return f"job now held by {owner!r} with token {holder.create_revision}"
         if result is not None:
-            return f"job completed with token {ResultRecord.decode(result.value).token}"
+            rec, problem = _result_record(result)
+            if rec is None:
+                return f"job has a result ({problem})"
+            return f"job completed with token {rec.token}"
         return "holder key deleted (expired, released or job unregistered)"
 
     def _stale(self, r: TxnResult, detail: str = "") -> StaleTokenError:
+        """The refusal, naming who holds (or completed) the job now. Never raises
+        for stored data: a record that cannot be decoded is named as such."""
         holder, result = r.kv(0), r.kv(1)
         if holder is not None:
-            owner = str(Holder.decode_value(holder.value).get("owner"))
+            owner, problem = _holder_owner(holder)
             return StaleTokenError(str(self.job), self.token, holder.create_revision, owner,
-                                   detail)
+                                   detail or problem)
         if result is not None:
-            rec = ResultRecord.decode(result.value)
+            rec, problem = _result_record(result)
+            if rec is None:
+                return StaleTokenError(str(self.job), self.token, None, None,
+                                       detail or f"the job has a result: {problem}")
             return StaleTokenError(str(self.job), self.token, rec.token, rec.owner,
                                    detail or "the job was completed under that token")
         return StaleTokenError(str(self.job), self.token, None, None, detail)
@@ -231,7 +262,7 @@ class Lease:
                 # Invariant 7: read back. If our result is there, it committed; if
                 # the holder is still ours, it did not and the same conditional
                 # transaction is safe to send again (it can commit at most once).
-                outcome = await self._read_back_completion()
+                outcome = await self._read_back("completion")
                 if outcome is None:
                     continue
                 r = outcome
@@ -241,31 +272,49 @@ class Lease:
                 self._finish()
                 return self.result
             stored = r.kv(1)
-            if stored is not None and ResultRecord.decode(stored.value).claim_id == self.claim_id:
-                self.result = ResultRecord.decode(stored.value, revision=stored.mod_revision)
+            rec = _result_record(stored)[0] if stored is not None else None
+            if rec is not None and rec.claim_id == self.claim_id:
+                self.result = rec
                 self._state = LeaseState.COMPLETED
                 self._finish()
                 return self.result
             self._lose(self._describe_change(r))
             raise self._stale(r)
-        raise OutcomeUnknownError(f"completion of {self.job} could not be confirmed")
+        raise OutcomeUnknownError(
+            f"completion of {self.job} could not be confirmed: three copies had unknown "
+            "outcomes and the holder was still ours after each; the job is not completed "
+            "yet and this handle still holds it (a copy still in flight may commit)")
 
-    async def _read_back_completion(self) -> TxnResult | None:
-        """``None`` when the holder is still ours (the completion did not commit)."""
-        deadline = time.monotonic() + 30
+    async def _read_back(self, what: str) -> TxnResult | None:
+        """After an unknown outcome: ``None`` when the holder is still ours (the
+        write has not committed); else the holder and result as they are now.
+
+        Raises :class:`OutcomeUnknownError` (not a plain "unavailable", which
+        would claim nothing was written) when etcd cannot be read for 30 s.
+        """
+        deadline = time.monotonic() + READ_BACK_SECONDS
         while True:
             try:
                 r = await self.store.txn(self._ours(), [], [Get(self._keys.holder),
                                                             Get(self._keys.result)])
-            except StoreUnavailableError:
+            except StoreUnavailableError as exc:
                 if time.monotonic() > deadline:
-                    raise
+                    raise OutcomeUnknownError(
+                        f"{what} of {self.job} has an unknown outcome and etcd could not "
+                        f"be read back: {exc}") from exc
                 await asyncio.sleep(0.2)
                 continue
             return None if r.succeeded else r
 
     async def release(self) -> None:
-        """Give the job back (it becomes claimable at once; the attempt stays counted)."""
+        """Give the job back (it becomes claimable at once; the attempt stays counted).
+
+        Returns only once etcd confirmed the holder is gone. Raises
+        :class:`StaleTokenError` if someone else holds or completed the job,
+        and :class:`OutcomeUnknownError` if the release could not be confirmed:
+        then the holder is (as far as etcd was last seen) still ours, this
+        handle still holds the job, and calling ``release`` again is safe.
+        """
         if self._state in (LeaseState.RELEASED, LeaseState.COMPLETED):
             return
         for _ in range(3):
@@ -273,17 +322,22 @@ class Lease:
                 r = await self.store.txn(self._ours(), [Delete(self._keys.holder)],
                                          [Get(self._keys.holder), Get(self._keys.result)])
             except OutcomeUnknownError:
-                outcome = await self._read_back_completion()
+                log.info("release of %s has an unknown outcome; reading back", self.job)
+                outcome = await self._read_back("release")
                 if outcome is None:
-                    continue
-                holder = outcome.kv(0)
-                if holder is None and outcome.kv(1) is None:
+                    continue  # still ours: not applied; the conditional delete is safe to resend
+                if outcome.kv(0) is None and outcome.kv(1) is None:
                     break  # our delete committed (or the key expired): released either way
                 r = outcome
             if not r.succeeded:
                 self._lose(self._describe_change(r))
                 raise self._stale(r)
             break
+        else:
+            raise OutcomeUnknownError(
+                f"release of {self.job} could not be confirmed: three copies had unknown "
+                "outcomes and the holder was still ours after each; the job is still held "
+                "by this handle (release again, or close the client to revoke its lease)")
         self._state = LeaseState.RELEASED
         self._finish()
 
@@ -294,6 +348,9 @@ class Lease:
         if self._state is LeaseState.HELD:
             try:
                 await self.release()
+            except StoreUnavailableError as e:
+                log.warning("release of %s on exit failed; the job stays held until this "
+                            "handle's etcd lease ends (client closed or expiry): %s", self.job, e)
             except JobLeaseError as e:
                 log.info("release of %s on exit failed: %s", self.job, e)
 

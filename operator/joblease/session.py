@@ -11,6 +11,12 @@ answer) means the deadline can only be early, never late, whatever the
 network delay; the monotonic clock keeps running while the process is paused
 (SIGSTOP) and ignores wall-clock steps, so a paused worker wakes up past its
 deadline and knows it. Past the deadline, handles report themselves lost.
+
+Loss is sticky: once the deadline has passed (whoever notices first, the
+keep-alive loop or a reader of ``alive``), a keep-alive answered later does
+not revive the session, even one sent before the deadline. A lost session
+revokes its etcd lease (best effort), so the jobs its handles held become
+claimable at once instead of staying held by a lease nobody trusts.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from joblease import validation
 from joblease.errors import JobLeaseError, LeaseNotFoundError, StoreUnavailableError
 from joblease.store import Store
 
@@ -48,7 +55,7 @@ class Session:
     ) -> None:
         self.store = store
         self.ttl = ttl
-        self.margin = default_margin(ttl) if margin is None else margin
+        self.margin = default_margin(ttl) if margin is None else validation.margin(margin, ttl)
         self.lease_id = 0
         self.deadline = 0.0
         self.lost_reason: str | None = None
@@ -60,6 +67,7 @@ class Session:
         self._holders: set[object] = set()
         self._check_holders = check_holders
         self._lost = asyncio.Event()
+        self._closing = False
 
     @property
     def interval(self) -> float:
@@ -68,13 +76,19 @@ class Session:
 
     @property
     def alive(self) -> bool:
-        return self.lost_reason is None and self._clock() < self.deadline
+        """True until the safety deadline passes or the session is lost; never again after."""
+        if self.lost_reason is None and self._clock() >= self.deadline:
+            self._expire()
+        return self.lost_reason is None
 
     def remaining(self) -> float:
         """Seconds of local safety left (0 once lost)."""
-        if self.lost_reason is not None:
+        if not self.alive:
             return 0.0
         return max(0.0, self.deadline - self._clock())
+
+    def _expire(self) -> None:
+        self.lose("no keep-alive succeeded before the safety deadline")
 
     async def start(self) -> Session:
         sent = self._clock()
@@ -123,38 +137,58 @@ class Session:
     async def _run(self) -> None:
         stream = self.store.keep_alive(self.lease_id)
         try:
-            while self.lost_reason is None:
-                now = self._clock()
-                if now >= self.deadline:
-                    self.lose("no keep-alive succeeded before the safety deadline")
-                    break
-                await asyncio.sleep(min(self.interval, max(0.0, self.deadline - now)))
-                if self._clock() >= self.deadline:
-                    # woke up late (paused, starved): past the deadline nothing counts
-                    self.lose("no keep-alive succeeded before the safety deadline")
-                    break
+            while self.alive:
+                # Sleep until the next keep-alive is due; wake at once if the
+                # session is lost meanwhile (a reader saw the deadline pass).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._lost.wait(),
+                        timeout=min(self.interval, max(0.0, self.deadline - self._clock())))
+                if not self.alive:
+                    break  # lost, or woke up late (paused, starved): nothing counts now
                 sent = self._clock()
                 try:
-                    ttl = await stream.renew(timeout=max(0.1, min(self.interval,
-                                                                  self.deadline - sent)))
+                    # No point waiting past the deadline: an answer after it is ignored.
+                    ttl = await stream.renew(timeout=min(self.interval, self.deadline - sent))
                 except (StoreUnavailableError, LeaseNotFoundError) as exc:
                     log.info("keep-alive for lease %x failed: %s", self.lease_id, exc)
                     continue
                 except JobLeaseError as exc:
                     self.lose(f"keep-alive refused: {exc}")
                     break
+                if not self.alive:
+                    # Answered after the deadline (sent before it): loss is final,
+                    # whatever etcd did with this keep-alive.
+                    break
                 if ttl <= 0:
-                    self.lose("etcd reports the lease expired")
+                    self.lose("etcd reports the lease expired (or it was revoked)")
                     break
                 self.deadline = max(self.deadline, sent + ttl - self.margin)
                 self.last_renewal = sent
                 if self._check_holders is not None and self._holders:
-                    await self._check_holders(list(self._holders))
+                    try:
+                        await self._check_holders(list(self._holders))
+                    except Exception:  # the keep-alive must outlive a failed re-check
+                        log.exception("holder re-check for lease %x failed", self.lease_id)
         finally:
             await stream.close()
+        if self.lost_reason is not None and not self._closing:
+            await self._revoke()
+
+    async def _revoke(self) -> None:
+        """Give back what a lost session still holds in etcd (best effort: if etcd
+        cannot be reached, nothing renews the lease and etcd expires it)."""
+        if not self.lease_id:
+            return
+        try:
+            await self.store.revoke(self.lease_id)
+        except JobLeaseError as exc:
+            log.info("revoking lost etcd lease %x failed (it expires by itself): %s",
+                     self.lease_id, exc)
 
     async def close(self, *, revoke: bool = True) -> None:
         """Stop renewing; with ``revoke``, give the held jobs back at once."""
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

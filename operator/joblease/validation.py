@@ -7,6 +7,7 @@ schema, so a value the API server accepts is one the protocol accepts.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -56,6 +57,23 @@ def ttl(seconds: object) -> int:
             f"(etcd's minimum TTL) and {MAX_TTL_SECONDS} seconds"
         )
     return seconds
+
+
+def margin(value: object, ttl_seconds: int) -> float:
+    """The safety margin subtracted from a session's deadline: seconds in ``[0, ttl)``.
+
+    A negative margin would put the local deadline after etcd's expiry (a
+    holder could act after etcd freed the job); one of the TTL or more leaves
+    no time at all in which the lease is valid.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInputError(f"invalid margin {value!r}: must be a number of seconds")
+    if not 0 <= value < ttl_seconds:
+        raise InvalidInputError(
+            f"invalid margin {value}s: must be at least 0 and less than the lease "
+            f"duration ({ttl_seconds}s)"
+        )
+    return float(value)
 
 
 def max_attempts(value: object) -> int:
