@@ -194,3 +194,32 @@ def test_every_cluster_image_carries_the_reference_users_write() -> None:
     for tool in ("/usr/bin/sh", "/usr/bin/cat", "/usr/bin/tail", "/usr/bin/grep",
                  "/usr/bin/sed", "/usr/bin/sleep", "/usr/bin/mv", "/usr/bin/printf"):
         assert tool in curl_files, tool
+
+
+def test_build_is_cached_by_inputs_and_concurrent_runs_wait_for_each_other(
+        tmp_path: Path) -> None:
+    """hack/build-images into an empty cache, twice at once, then again: one run
+    builds, the other waits on the lock and then skips; the third skips; the index
+    lists the one archive whose name carries the input hash."""
+    script = Path(__file__).resolve().parent.parent / "hack" / "build-images"
+    env = dict(os.environ, JOBLEASE_CACHE=str(tmp_path / "cache"))
+    runs = [subprocess.Popen([str(script), "pause"], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for _ in range(2)]
+    outputs = [run.communicate(timeout=600)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    assert sorted("built pause" in out for out in outputs) == [False, True], outputs
+    waited = next(out for out in outputs if "built pause" not in out)
+    assert "skip  pause" in waited, waited
+    again = subprocess.run([str(script), "pause"], env=env, text=True, capture_output=True,
+                           timeout=300)
+    assert again.returncode == 0 and "skip  pause" in again.stdout, again.stdout + again.stderr
+    index = json.loads((tmp_path / "cache" / "images" / "index.json").read_text())
+    (entry,) = index
+    assert entry["ref"] == "registry.k8s.io/pause:3.10.2" and entry["name"] == "pause"
+    assert Path(entry["archive"]).name == f"pause-{entry['id'][:16]}.tar"
+    archives = sorted(p.name for p in (tmp_path / "cache" / "images").glob("*.tar"))
+    assert archives == [Path(entry["archive"]).name]
+    # the same inputs give the same id as the shared cache's build
+    (shared,) = ensure_images(("pause",))
+    assert shared.id == entry["id"]
