@@ -18,7 +18,10 @@ RUN python -m venv /opt/joblease
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
 # A regular (non-editable) install of the package and the operator extra (kopf).
+# pip and setuptools are build tools: they leave the venv before it is copied
+# (nothing installs at run time).
 RUN /opt/joblease/bin/pip install --no-compile ".[operator]" \
+ && /opt/joblease/bin/python -m pip uninstall --yes --quiet pip setuptools \
  && /opt/joblease/bin/python -m compileall -q /opt/joblease/lib \
  && /opt/joblease/bin/joblease --help >/dev/null
 

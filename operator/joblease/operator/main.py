@@ -14,6 +14,10 @@ kopf settings, each chosen on purpose (see docs/operator.md):
   later so a silently dead connection is noticed.
 - ``posting.level = WARNING``: kopf's own Events only for failures; the
   operator's lifecycle Events (Claimed, Expired, ...) come from the mirror.
+
+kopf is also given the operator's identity (:func:`operator_identity`) instead
+of guessing it with ``getpass.getuser()``, which fails for a UID without a
+passwd entry: the image's 65532, or any ``runAsUser`` a cluster picks.
 """
 
 from __future__ import annotations
@@ -22,9 +26,15 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
+import time
 from dataclasses import dataclass
 
 import kopf
+
+# kopf.operator(identity=...) takes this NewType; kopf's public namespace does
+# not re-export it (kopf's own CLI imports it from here too).
+from kopf._core.engines.peering import Identity
 
 from joblease.client import JobLeaseClient
 from joblease.errors import JobLeaseError
@@ -84,6 +94,25 @@ def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     return settings
 
 
+def operator_identity() -> Identity:
+    """Who this operator process is, for kopf (peering records, logs).
+
+    kopf's default (``peering.detect_own_id``) is ``user@host/...`` with the
+    user from ``getpass.getuser()``, which raises ``KeyError`` when the UID has
+    no passwd entry and neither ``LOGNAME`` nor ``USER`` is set: the image runs
+    as 65532, which its base (python:slim) does not list, so the operator
+    crash-looped in a pod. This identity needs no account database: kopf's own
+    ``POD_ID`` if set, else the numeric UID, the host name (the pod's name in a
+    pod), the start time and the pid.
+    """
+    pod = os.environ.get("POD_ID")
+    if pod:
+        return Identity(pod)
+    host = socket.gethostname() or "localhost"
+    started = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+    return Identity(f"uid-{os.getuid()}@{host}/{started}/{os.getpid()}")
+
+
 async def run_operator(config: OperatorConfig) -> None:
     """Run kopf (registration, finalizer) and the mirror (status, events) until a
     signal stops kopf or the mirror fails; the process then exits so that
@@ -133,6 +162,7 @@ async def run_operator(config: OperatorConfig) -> None:
                  ", per-namespace tenant credentials" if tenants is not None else "")
         kopf_task = asyncio.create_task(kopf.operator(
             registry=registry, settings=settings, standalone=True,
+            identity=operator_identity(),
             clusterwide=config.clusterwide, namespaces=list(config.namespaces),
             ready_flag=ready_flag, stop_flag=stop_flag,
         ), name="kopf")
