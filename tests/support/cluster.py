@@ -112,6 +112,9 @@ KUBELET_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SHIM_SOCKET_DIR = Path("/run/containerd/s")
 CLONE_NEWNET = 0x40000000
+# libcni's result cache (containerd's CRI has no setting for it): files named
+# <network>-<sandbox id>-<interface>, removed by CNI DEL, which killed pods skip
+CNI_RESULTS = Path("/var/lib/cni/results")
 
 
 class ClusterError(RuntimeError):
@@ -434,6 +437,8 @@ class Cluster:
             "pids": {}, "sysctls": {k: _read_sysctl(k) for k in KUBELET_SYSCTLS},
             "shim_socket_dir_existed": SHIM_SOCKET_DIR.exists(),
             "run_containerd_existed": SHIM_SOCKET_DIR.parent.exists(),
+            "cni_results_existed": CNI_RESULTS.exists(),
+            "var_lib_cni_existed": CNI_RESULTS.parent.exists(),
         }
         self._save_state()
         self._make_netns()
@@ -960,7 +965,22 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
         if state and not state.get("run_containerd_existed", True):
             with contextlib.suppress(OSError):
                 SHIM_SOCKET_DIR.parent.rmdir()
-        # 6. mounts (pod rootfs overlays, shm, volumes, netns bind mounts)
+        # 6. libcni's cached results for our sandboxes
+        sandboxes = {d.name for base in ("root", "state")
+                     for d in (self.state_dir / "containerd" / base
+                               / "io.containerd.grpc.v1.cri" / "sandboxes").glob("*")}
+        if CNI_RESULTS.exists():
+            for cached in CNI_RESULTS.iterdir():
+                if cached.name.startswith(f"{self.netns}-") or any(
+                        f"-{sandbox}-" in cached.name for sandbox in sandboxes):
+                    with contextlib.suppress(OSError):
+                        cached.unlink()
+        for path, existed in ((CNI_RESULTS, "cni_results_existed"),
+                              (CNI_RESULTS.parent, "var_lib_cni_existed")):
+            if state and not state.get(existed, True):
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+        # 7. mounts (pod rootfs overlays, shm, volumes, netns bind mounts)
         for attempt in range(3):
             points = _mountpoints_under(self.state_dir)
             if not points:
@@ -971,7 +991,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
                 except ClusterError as exc:
                     if attempt == 2:
                         problems.append(str(exc))
-        # 7. cgroups, network namespace, sysctls, CNI cache, state dir
+        # 8. cgroups, network namespace, sysctls, state dir
         for top in _cgroup_dirs(self.cgroup):
             for pid in _pids_in_cgroup(top):
                 with contextlib.suppress(ProcessLookupError):
@@ -990,9 +1010,6 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
                     _write_sysctl(key, value)
             except OSError as exc:
                 problems.append(f"restore sysctl {key}={value}: {exc}")
-        for cached in Path("/var/lib/cni/results").glob(f"{self.netns}-*"):
-            with contextlib.suppress(OSError):
-                cached.unlink()
         if self.state_dir.exists() and not _mountpoints_under(self.state_dir):
             shutil.rmtree(self.state_dir, ignore_errors=True)
         self._procs.clear()
