@@ -2,13 +2,16 @@
 
 Tests opt in with ``@pytest.mark.cluster`` and the ``cluster`` fixture; the
 cluster starts once per session, on first use, and is torn down at the end
-of the session. If the teardown leaves anything behind (a process, mount,
+of the session. Each test process gets its own cluster name (``t<pid>``), so
+concurrent test runs do not collide; clusters of crashed runs (their lock is
+free) are cleaned up first. If the teardown leaves anything behind (a process, mount,
 cgroup, network namespace, state dir), the teardown fails and so does the run.
 With ``JOBLEASE_TEST_KUBECONFIG`` set, that cluster is used instead.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +22,11 @@ from tests.waiting import wait_until
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    instance = Cluster("test")
+    # a name of its own per test process: several test runs may share the machine
+    cleaned = Cluster.recover_stale()  # clusters of crashed earlier runs
+    if cleaned:
+        print(f"\ncleaned up clusters of crashed runs: {cleaned}")
+    instance = Cluster(f"t{os.getpid()}")
     instance.up()
     if instance.startup_seconds is not None:
         print(f"\ncluster ready in {instance.startup_seconds}s {instance.timings}")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import Cluster, image_ref
+from tests.support.cluster import Cluster, ClusterError, image_ref
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
@@ -241,28 +241,27 @@ def _host_iptables() -> list[str]:
     return sorted(lines)
 
 
-def _host_snapshot() -> dict[str, Any]:
+def _host_snapshot(name: str) -> dict[str, Any]:
     from tests.support.cluster import KUBELET_SYSCTLS, _read_sysctl
 
     return {
         "iptables": _host_iptables(),
         "sysctls": {key: _read_sysctl(key) for key in KUBELET_SYSCTLS},
-        "netns": sorted(p.name for p in Path("/run/netns").glob("jl-td*")),
+        "netns": sorted(p.name for p in Path("/run/netns").glob(f"jl-{name}")),
         "run_containerd": Path("/run/containerd").exists(),
-        "cni_results": sorted(p.name for p in Path("/var/lib/cni/results").glob("jl-td*")),
+        "cni_results": sorted(p.name for p in Path("/var/lib/cni/results").glob(f"jl-{name}-*")),
     }
 
 
-def test_down_leaves_nothing_even_after_a_crashed_run(cluster: Cluster) -> None:
-    """A second cluster in its own state dir and namespace: start it, run a pod,
+def test_down_leaves_nothing_even_after_a_crashed_run() -> None:
+    """A cluster of its own (state dir, cgroups, namespace): start it, run a pod,
     kill its processes as a crash would (pods, mounts, cgroups, netns stay), start
     it again (``up`` cleans up first), run a pod, ``down``: nothing remains."""
     import os
-    import signal
 
-    other = Cluster("td", ready_timeout=400)
-    other.down()  # anything a previous test run left
-    before = _host_snapshot()
+    name = f"d{os.getpid()}"
+    other = Cluster(name, ready_timeout=400, local=True)
+    before = _host_snapshot(name)
     assert not other.leftovers()
 
     def start_and_run_pod() -> None:
@@ -287,22 +286,24 @@ def test_down_leaves_nothing_even_after_a_crashed_run(cluster: Cluster) -> None:
         start_and_run_pod()
         # while it runs: its rules live in its namespace only, not on the host
         assert _host_iptables() == before["iptables"]
-        state = json.loads(other.state_file.read_text())
+        # the same name is refused while it runs (its processes hold the lock)
+        with pytest.raises(ClusterError, match="is running"):
+            Cluster(name, local=True).up()
+        assert other.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok"
         running = [f"{kind}" for kind in other.leftovers()]
         assert any("mount" in item for item in running), running
         assert any("cgroup" in item for item in running), running
         # crash: SIGKILL every process of the fixture; nothing gets cleaned up
-        for pid in state["pids"].values():
-            if other._ours(pid):
-                os.kill(pid, signal.SIGKILL)
+        other.crash()
+        assert not other.in_use()
         crashed = other.leftovers()
         assert any("mount" in item for item in crashed), crashed
         assert any("network namespace" in item for item in crashed), crashed
         # a new instance with the same name recovers and works
-        other = Cluster("td", ready_timeout=400)
+        other = Cluster(name, ready_timeout=400, local=True)
         start_and_run_pod()
     finally:
         other.down()
     assert other.leftovers() == []
-    after = _host_snapshot()
+    after = _host_snapshot(name)
     assert after == before

@@ -62,7 +62,6 @@ import argparse
 import contextlib
 import ctypes
 import errno
-import hashlib
 import importlib
 import json
 import logging
@@ -109,8 +108,6 @@ NODE_NAME = "localhost"
 APISERVER_PORT = 6443
 # The host sysctls the kubelet rewrites (kubelet/cm setupKernelTunables).
 KUBELET_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-SHIM_SOCKET_DIR = Path("/run/containerd/s")
 CLONE_NEWNET = 0x40000000
 # libcni's result cache (containerd's CRI has no setting for it): files named
 # <network>-<sandbox id>-<interface>, removed by CNI DEL, which killed pods skip
@@ -180,6 +177,15 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot ("" if gone): with the
+    pid, it names one process (pids are reused, start times are not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
 
 
 def _kill_and_wait(pids: list[int], deadline_s: float, sig: int = signal.SIGTERM) -> list[int]:
@@ -346,7 +352,10 @@ class Cluster:
     """
 
     def __init__(self, name: str = "default", state_dir: Path | None = None,
-                 die_with_parent: bool = True, ready_timeout: float = 300.0) -> None:
+                 die_with_parent: bool = True, ready_timeout: float = 300.0,
+                 local: bool = False) -> None:
+        """``local=True`` starts a cluster here even if JOBLEASE_TEST_KUBECONFIG is set
+        (the teardown test needs one of its own)."""
         if not name.replace("-", "").isalnum() or len(name) > 10:
             raise ValueError(f"cluster name {name!r}: use up to 10 letters, digits or '-'")
         self.name = name
@@ -356,7 +365,7 @@ class Cluster:
         self.state_dir = (state_dir or root / name).resolve()
         self.die_with_parent = die_with_parent
         self.ready_timeout = ready_timeout
-        self.external = bool(os.environ.get("JOBLEASE_TEST_KUBECONFIG"))
+        self.external = bool(os.environ.get("JOBLEASE_TEST_KUBECONFIG")) and not local
         self.kubeconfig = self.state_dir / "admin.kubeconfig"
         self.server = ""
         self.startup_seconds: float | None = None
@@ -403,15 +412,48 @@ class Cluster:
             raise
         return self
 
+    def in_use(self) -> bool:
+        """True while a process recorded in the state file still runs (checked
+        against its command line, so a reused pid does not count). A crashed run
+        leaves none: the test process's children die with it (PR_SET_PDEATHSIG)."""
+        with contextlib.suppress(OSError, ValueError):
+            state = json.loads(self.state_file.read_text())
+            owner = state.get("owner", [0, ""])
+            if owner[0] and _start_time(owner[0]) == owner[1]:
+                return True  # the process running `up` (before it started anything)
+            pids = state.get("pids", {})
+            return any(self._ours(pid) for name, pid in pids.items() if name != "import")
+        return False
+
     def recover(self) -> None:
-        """Clean up what a crashed earlier run with the same name left behind."""
+        """Clean up what a crashed earlier run with the same name left behind;
+        refuse (ClusterError) if that cluster is still running."""
         if self.external:
             return
+        if self.in_use():
+            raise ClusterError(f"cluster {self.name} is running (state dir {self.state_dir}); "
+                               f"`hack/cluster down --name {self.name}` stops it")
         leftovers = (self.state_dir.exists() or _netns_inode(self.netns) is not None
                      or bool(_cgroup_dirs(self.cgroup)))
         if leftovers:
             log.warning("cluster %s: cleaning up a previous run", self.name)
             self.down()
+
+    @classmethod
+    def recover_stale(cls) -> list[str]:
+        """Tear down every cluster under the state root whose processes are all
+        gone (crashed test runs with other names); return their names."""
+        root = Path(os.environ.get("JOBLEASE_CLUSTER_DIR") or STATE_ROOT)
+        cleaned = []
+        for state_dir in sorted(root.glob("*")) if root.is_dir() else []:
+            if not state_dir.is_dir():
+                continue
+            stale = cls(state_dir.name, state_dir=state_dir, local=True)
+            young = time.time() - state_dir.stat().st_mtime < 120  # being created now
+            if not young and not stale.in_use():
+                stale.recover()
+                cleaned.append(state_dir.name)
+        return cleaned
 
     def _mark(self, what: str, began: float) -> None:
         self.timings[what] = round(time.monotonic() - began, 2)
@@ -433,10 +475,9 @@ class Cluster:
         self.state_dir.mkdir(parents=True)
         self.logs.mkdir()
         self._state = {
+            "owner": [os.getpid(), _start_time(os.getpid())],
             "name": self.name, "netns": self.netns, "cgroup": self.cgroup,
             "pids": {}, "sysctls": {k: _read_sysctl(k) for k in KUBELET_SYSCTLS},
-            "shim_socket_dir_existed": SHIM_SOCKET_DIR.exists(),
-            "run_containerd_existed": SHIM_SOCKET_DIR.parent.exists(),
             "cni_results_existed": CNI_RESULTS.exists(),
             "var_lib_cni_existed": CNI_RESULTS.parent.exists(),
         }
@@ -868,6 +909,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
             state = json.loads(self.state_file.read_text())
         pids = state.get("pids", {})
         return {
+            "running": self.in_use(),
             "state_dir": str(self.state_dir) if self.state_dir.exists() else None,
             "kubeconfig": str(self.kubeconfig) if self.kubeconfig.exists() else None,
             "processes": {n: p for n, p in pids.items() if self._ours(p)},
@@ -935,7 +977,6 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
         socket_path = str(self.containerd_socket)
         shims = [p for p in _pids() if "containerd-shim" in _cmdline(p)
                  and socket_path in _cmdline(p)]
-        shim_ids = [self._shim_id(p) for p in shims]
         if shims:
             _kill_and_wait(shims, 5)
         inode = _netns_inode(self.netns)
@@ -949,23 +990,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
         if rest:
             left = _kill_and_wait(rest, 5)
             problems += [f"process {p} ({_cmdline(p)[:60]}) did not exit" for p in left]
-        # 5. shim sockets in /run/containerd/s (named by hash of address/ns/id)
-        task_root = self.state_dir / "containerd" / "state" / "io.containerd.runtime.v2.task"
-        ids = set(shim_ids)
-        if task_root.exists():
-            ids |= {(ns.name, d.name) for ns in task_root.iterdir() if ns.is_dir()
-                    for d in ns.iterdir()}
-        for ns, cid in ids:
-            digest = hashlib.sha256(f"{socket_path}/{ns}/{cid}".encode()).hexdigest()
-            with contextlib.suppress(FileNotFoundError):
-                (SHIM_SOCKET_DIR / digest).unlink()
-        if state and not state.get("shim_socket_dir_existed", True):
-            with contextlib.suppress(OSError):
-                SHIM_SOCKET_DIR.rmdir()
-        if state and not state.get("run_containerd_existed", True):
-            with contextlib.suppress(OSError):
-                SHIM_SOCKET_DIR.parent.rmdir()
-        # 6. libcni's cached results for our sandboxes
+        # 5. libcni's cached results for our sandboxes
         sandboxes = {d.name for base in ("root", "state")
                      for d in (self.state_dir / "containerd" / base
                                / "io.containerd.grpc.v1.cri" / "sandboxes").glob("*")}
@@ -980,7 +1005,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
             if state and not state.get(existed, True):
                 with contextlib.suppress(OSError):
                     path.rmdir()
-        # 7. mounts (pod rootfs overlays, shm, volumes, netns bind mounts)
+        # 6. mounts (pod rootfs overlays, shm, volumes, netns bind mounts)
         for attempt in range(3):
             points = _mountpoints_under(self.state_dir)
             if not points:
@@ -991,7 +1016,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
                 except ClusterError as exc:
                     if attempt == 2:
                         problems.append(str(exc))
-        # 8. cgroups, network namespace, sysctls, state dir
+        # 7. cgroups, network namespace, sysctls, state dir
         for top in _cgroup_dirs(self.cgroup):
             for pid in _pids_in_cgroup(top):
                 with contextlib.suppress(ProcessLookupError):
@@ -1016,12 +1041,18 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
         if problems:
             raise ClusterError("teardown incomplete: " + "; ".join(problems))
 
-    @staticmethod
-    def _shim_id(pid: int) -> tuple[str, str]:
-        args = _cmdline(pid).split()
-        ns = args[args.index("-namespace") + 1] if "-namespace" in args else "k8s.io"
-        cid = args[args.index("-id") + 1] if "-id" in args else ""
-        return ns, cid
+    def crash(self) -> None:
+        """For recovery tests: end this instance as a killed test process would
+        (SIGKILL to every process it started, as PR_SET_PDEATHSIG does) and clean
+        nothing: pods, shims, mounts, cgroups and the network namespace stay."""
+        for proc in self._procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        for proc in self._procs.values():
+            proc.wait()
+        self._procs.clear()
+        self._state["owner"] = [0, ""]  # as if the process that ran `up` had died
+        self._save_state()
 
     def __enter__(self) -> Cluster:
         return self.up()
