@@ -1037,6 +1037,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
                 problems.append(f"restore sysctl {key}={value}: {exc}")
         if self.state_dir.exists() and not _mountpoints_under(self.state_dir):
             shutil.rmtree(self.state_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the state root too, once the last one is gone
+            self.state_dir.parent.rmdir()
         self._procs.clear()
         if problems:
             raise ClusterError("teardown incomplete: " + "; ".join(problems))
