@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import Cluster
+from tests.support.cluster import KUBELET_SYSCTLS, STATE_ROOT, Cluster, _read_sysctl
 from tests.waiting import wait_until
 
 
@@ -27,6 +28,8 @@ def cluster() -> Iterator[Cluster]:
     if cleaned:
         print(f"\ncleaned up clusters of crashed runs: {cleaned}")
     instance = Cluster(f"t{os.getpid()}")
+    others_before = running_clusters()
+    sysctls_before = {key: _read_sysctl(key) for key in KUBELET_SYSCTLS}
     instance.up()
     if instance.startup_seconds is not None:
         print(f"\ncluster ready in {instance.startup_seconds}s {instance.timings}")
@@ -34,6 +37,16 @@ def cluster() -> Iterator[Cluster]:
     instance.down()
     left = instance.leftovers()
     assert not left, f"the session cluster left things behind: {left}"
+    if not others_before and not running_clusters():  # else the last one restores them
+        sysctls_after = {key: _read_sysctl(key) for key in KUBELET_SYSCTLS}
+        assert sysctls_after == sysctls_before, "the kubelet's sysctls were not restored"
+
+
+def running_clusters() -> list[str]:
+    """Clusters of other processes running on this machine now."""
+    root = Path(os.environ.get("JOBLEASE_CLUSTER_DIR") or STATE_ROOT)
+    return [d.name for d in root.glob("*")
+            if d.is_dir() and Cluster(d.name, state_dir=d, local=True).in_use()]
 
 
 @pytest.fixture

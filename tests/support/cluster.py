@@ -456,6 +456,26 @@ class Cluster:
                 cleaned.append(state_dir.name)
         return cleaned
 
+    def _original_sysctls(self) -> dict[str, str]:
+        """The host sysctls as they were before any cluster's kubelet ran. The first
+        cluster records them in ``<state root>/sysctls.json``; later and concurrent
+        ones (and the one after a crash) read that file; the last ``down`` restores
+        them and removes it."""
+        saved = self.state_dir.parent / "sysctls.json"
+        current = {key: _read_sysctl(key) for key in KUBELET_SYSCTLS}
+        try:
+            fd = os.open(saved, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            with contextlib.suppress(OSError, ValueError):
+                recorded: dict[str, str] = json.loads(saved.read_text())
+                if set(recorded) == set(KUBELET_SYSCTLS):
+                    return recorded
+            saved.write_text(json.dumps(current))
+            return current
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(current))
+        return current
+
     def _mark(self, what: str, began: float) -> None:
         self.timings[what] = round(time.monotonic() - began, 2)
 
@@ -478,7 +498,7 @@ class Cluster:
         self._state = {
             "owner": [os.getpid(), _start_time(os.getpid())],
             "name": self.name, "netns": self.netns, "cgroup": self.cgroup,
-            "pids": {}, "sysctls": {k: _read_sysctl(k) for k in KUBELET_SYSCTLS},
+            "pids": {}, "sysctls": self._original_sysctls(),
             "cni_results_existed": CNI_RESULTS.exists(),
             "var_lib_cni_existed": CNI_RESULTS.parent.exists(),
         }
@@ -1042,12 +1062,25 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
             result = _run(["ip", "netns", "delete", self.netns], check=False)
             if result.returncode != 0:
                 problems.append(f"ip netns delete {self.netns}: {result.stderr.strip()}")
-        for key, value in state.get("sysctls", {}).items():
-            try:
-                if _read_sysctl(key) != value:
-                    _write_sysctl(key, value)
-            except OSError as exc:
-                problems.append(f"restore sysctl {key}={value}: {exc}")
+        # the last cluster on the machine to go restores the sysctls (another
+        # one's kubelet still runs with its values otherwise)
+        others = [d.name for d in self.state_dir.parent.glob("*")
+                  if d.is_dir() and d != self.state_dir
+                  and Cluster(d.name, state_dir=d, local=True).in_use()]
+        if not others:
+            saved = self.state_dir.parent / "sysctls.json"
+            originals: dict[str, str] = state.get("sysctls", {})
+            with contextlib.suppress(OSError, ValueError):
+                originals = json.loads(saved.read_text())
+            for key, value in originals.items():
+                try:
+                    if _read_sysctl(key) != value:
+                        _write_sysctl(key, value)
+                except OSError as exc:
+                    problems.append(f"restore sysctl {key}={value}: {exc}")
+            if not problems:
+                with contextlib.suppress(FileNotFoundError):
+                    saved.unlink()
         if self.state_dir.exists() and not _mountpoints_under(self.state_dir):
             shutil.rmtree(self.state_dir, ignore_errors=True)
         with contextlib.suppress(OSError):  # the state root too, once the last one is gone
