@@ -1,4 +1,7 @@
-"""Locate the external binaries the tests run: etcd, kube-apiserver, helm, kubectl.
+"""Locate the external binaries the tests run: etcd, kube-apiserver, helm, kubectl,
+and for the single-node cluster (tests/support/cluster.py) kubelet,
+kube-controller-manager, kube-scheduler, kube-proxy, containerd (+ its runc shim
+and ctr), and the Debian-packaged runc, CNI plugins, iptables and socat.
 
 Why a module of its own: every test that starts a real process must find the
 same pinned binary, and a machine may provide it in several ways. Order of
@@ -54,7 +57,10 @@ def _executable(path: Path | str | None) -> str | None:
     return None
 
 
-def _find(name: str, env_var: str, version_key: str, envtest: bool) -> str | None:
+def _find(name: str, env_var: str, version_key: str, envtest: bool,
+          build: str | None = None) -> str | None:
+    """``build`` names the cache dir when it differs from ``name`` (containerd's
+    three binaries live in ``containerd-<version>/``)."""
     explicit = os.environ.get(env_var)
     if explicit:
         found = _executable(explicit)
@@ -67,7 +73,7 @@ def _find(name: str, env_var: str, version_key: str, envtest: bool) -> str | Non
         if found:
             return found
     version = versions()[version_key]
-    return _executable(cache_dir() / "bin" / f"{name}-{version}" / name)
+    return _executable(cache_dir() / "bin" / f"{build or name}-{version}" / name)
 
 
 def _missing(name: str, env_var: str, envtest: bool = True) -> BinaryNotFound:
@@ -99,6 +105,81 @@ def helm_binary() -> str:
     if not found:
         raise _missing("helm", "JOBLEASE_HELM", envtest=False)
     return found
+
+
+def _cluster_binary(name: str, env_var: str, version_key: str,
+                    build: str | None = None) -> str:
+    found = _find(name, env_var, version_key, envtest=False, build=build)
+    if not found:
+        raise BinaryNotFound(
+            f"{name} not found. Run `hack/build-test-binaries {build or name}` (needs Go "
+            f"and the Go module proxy), or set {env_var} to a binary."
+        )
+    return found
+
+
+def kubelet_binary() -> str:
+    return _cluster_binary("kubelet", "JOBLEASE_KUBELET", "KUBE_APISERVER_VERSION")
+
+
+def kube_controller_manager_binary() -> str:
+    return _cluster_binary("kube-controller-manager", "JOBLEASE_KUBE_CONTROLLER_MANAGER",
+                           "KUBE_APISERVER_VERSION")
+
+
+def kube_scheduler_binary() -> str:
+    return _cluster_binary("kube-scheduler", "JOBLEASE_KUBE_SCHEDULER", "KUBE_APISERVER_VERSION")
+
+
+def kube_proxy_binary() -> str:
+    return _cluster_binary("kube-proxy", "JOBLEASE_KUBE_PROXY", "KUBE_APISERVER_VERSION")
+
+
+def containerd_binary() -> str:
+    """containerd 2.x; its shim ``containerd-shim-runc-v2`` and ``ctr`` sit next to it."""
+    return _cluster_binary("containerd", "JOBLEASE_CONTAINERD", "CONTAINERD_VERSION")
+
+
+def containerd_shim_binary() -> str:
+    return _cluster_binary("containerd-shim-runc-v2", "JOBLEASE_CONTAINERD_SHIM",
+                           "CONTAINERD_VERSION", build="containerd")
+
+
+def ctr_binary() -> str:
+    return _cluster_binary("ctr", "JOBLEASE_CTR", "CONTAINERD_VERSION", build="containerd")
+
+
+# Debian packages (hack/test installs them): runc, containernetworking-plugins,
+# iptables, socat.
+CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
+
+
+def system_binary(name: str, package: str, *candidates: str) -> str:
+    """A binary from a Debian package: the first executable candidate, else PATH."""
+    for candidate in candidates:
+        found = _executable(candidate)
+        if found:
+            return found
+    found = _executable(shutil.which(name))
+    if not found:
+        raise BinaryNotFound(f"{name} not found: apt-get install {package} (hack/test does)")
+    return found
+
+
+def runc_binary() -> str:
+    return system_binary("runc", "runc", "/usr/sbin/runc", "/usr/bin/runc")
+
+
+def cni_bin_dir() -> str:
+    """The directory holding the CNI plugins (Debian: /usr/lib/cni)."""
+    for directory in (os.environ.get("JOBLEASE_CNI_BIN_DIR"), "/usr/lib/cni", "/opt/cni/bin"):
+        if directory and all(_executable(Path(directory) / p) for p in CNI_PLUGINS):
+            return directory
+    raise BinaryNotFound(
+        f"CNI plugins {', '.join(CNI_PLUGINS)} not found in /usr/lib/cni: "
+        "apt-get install containernetworking-plugins (hack/test does), or set "
+        "JOBLEASE_CNI_BIN_DIR"
+    )
 
 
 def _wheel_kubectl() -> str | None:
@@ -135,7 +216,10 @@ def kubectl_binary() -> str:
 
 
 if __name__ == "__main__":  # pragma: no cover - a human's quick check
-    for fn in (etcd_binary, kube_apiserver_binary, helm_binary, kubectl_binary):
+    for fn in (etcd_binary, kube_apiserver_binary, helm_binary, kubectl_binary,
+               kubelet_binary, kube_controller_manager_binary, kube_scheduler_binary,
+               kube_proxy_binary, containerd_binary, containerd_shim_binary, ctr_binary,
+               runc_binary, cni_bin_dir):
         try:
             print(f"{fn.__name__}: {fn()}")
         except BinaryNotFound as exc:

@@ -127,8 +127,22 @@ def _cert(
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def _write_pki(pki: Path) -> None:
-    """CA, API server serving cert, admin client cert, service-account RSA key."""
+SERVING_NAMES = ("127.0.0.1", "localhost", "10.0.0.1", "kubernetes",
+                 "kubernetes.default", "kubernetes.default.svc")
+
+
+def write_pki(
+    pki: Path,
+    *,
+    server_names: tuple[str, ...] = SERVING_NAMES,
+    clients: tuple[tuple[str, str, tuple[str, ...]], ...] = (),
+) -> None:
+    """CA, API server serving cert, admin client cert, service-account RSA key.
+
+    ``server_names`` are the serving cert's SANs; each ``(stem, common_name,
+    organizations)`` in ``clients`` adds a client cert ``<stem>.crt``/``<stem>.key``
+    signed by the same CA (Kubernetes reads CN as user, O as groups).
+    """
     pki.mkdir(parents=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = _cert(
@@ -139,30 +153,33 @@ def _write_pki(pki: Path) -> None:
     serving = _cert(
         x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
         serving_key, ca, ca_key,
-        server_names=("127.0.0.1", "localhost", "10.0.0.1", "kubernetes",
-                      "kubernetes.default", "kubernetes.default.svc"),
+        server_names=server_names,
     )
-    admin_key = ec.generate_private_key(ec.SECP256R1())
-    admin = _cert(
-        x509.Name([
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
-            x509.NameAttribute(NameOID.COMMON_NAME, "admin"),
-        ]),
-        admin_key, ca, ca_key, client=True,
-    )
+    client_certs: dict[str, tuple[x509.Certificate, Any]] = {}
+    for stem, common_name, organizations in (("admin", "admin", ("system:masters",)),
+                                             *clients):
+        key = ec.generate_private_key(ec.SECP256R1())
+        client_certs[stem] = (_cert(
+            x509.Name([
+                *(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations),
+                x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+            ]),
+            key, ca, ca_key, client=True,
+        ), key)
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = serialization.Encoding.PEM
     files = {
         "ca.crt": ca.public_bytes(pem),
         "apiserver.crt": serving.public_bytes(pem),
         "apiserver.key": _pem_key(serving_key),
-        "admin.crt": admin.public_bytes(pem),
-        "admin.key": _pem_key(admin_key),
         "sa.key": _pem_key(sa_key),
         "sa.pub": sa_key.public_key().public_bytes(
             pem, serialization.PublicFormat.SubjectPublicKeyInfo
         ),
     }
+    for stem, (cert, key) in client_certs.items():
+        files[f"{stem}.crt"] = cert.public_bytes(pem)
+        files[f"{stem}.key"] = _pem_key(key)
     for name, data in files.items():
         (pki / name).write_bytes(data)
         (pki / name).chmod(0o600)
@@ -248,7 +265,7 @@ class ControlPlane:
         began = time.monotonic()
         etcd_bin, apiserver_bin = etcd_binary(), kube_apiserver_binary()  # fail fast
         pki = self.tmp / "pki"
-        _write_pki(pki)
+        write_pki(pki)
         client_port, peer_port, secure_port = free_port(), free_port(), free_port()
         client_url = f"http://127.0.0.1:{client_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"

@@ -1,0 +1,62 @@
+"""The session-scoped single-node cluster (tests/support/cluster.py).
+
+Tests opt in with ``@pytest.mark.cluster`` and the ``cluster`` fixture; the
+cluster starts once per session, on first use, and is torn down at the end
+of the session. Each test process gets its own cluster name (``t<pid>``), so
+concurrent test runs do not collide; clusters of crashed runs (their lock is
+free) are cleaned up first. If the teardown leaves anything behind (a process, mount,
+cgroup, network namespace, state dir), the teardown fails and so does the run.
+With ``JOBLEASE_TEST_KUBECONFIG`` set, that cluster is used instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import KUBELET_SYSCTLS, STATE_ROOT, Cluster, _read_sysctl
+from tests.waiting import wait_until
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    # a name of its own per test process: several test runs may share the machine
+    cleaned = Cluster.recover_stale()  # clusters of crashed earlier runs
+    if cleaned:
+        print(f"\ncleaned up clusters of crashed runs: {cleaned}")
+    instance = Cluster(f"t{os.getpid()}")
+    others_before = running_clusters()
+    sysctls_before = {key: _read_sysctl(key) for key in KUBELET_SYSCTLS}
+    instance.up()
+    if instance.startup_seconds is not None:
+        print(f"\ncluster ready in {instance.startup_seconds}s {instance.timings}")
+    yield instance
+    instance.down()
+    left = instance.leftovers()
+    assert not left, f"the session cluster left things behind: {left}"
+    if not others_before and not running_clusters():  # else the last one restores them
+        sysctls_after = {key: _read_sysctl(key) for key in KUBELET_SYSCTLS}
+        assert sysctls_after == sysctls_before, "the kubelet's sysctls were not restored"
+
+
+def running_clusters() -> list[str]:
+    """Clusters of other processes running on this machine now."""
+    root = Path(os.environ.get("JOBLEASE_CLUSTER_DIR") or STATE_ROOT)
+    return [d.name for d in root.glob("*")
+            if d.is_dir() and Cluster(d.name, state_dir=d, local=True).in_use()]
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test (deleted afterwards, without waiting). Waits for
+    its ``default`` ServiceAccount: pods are refused until the controller made it."""
+    name = "t-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    cluster.kubectl("create", "namespace", name, check=True)
+    wait_until(lambda: cluster.kubectl("get", "serviceaccount", "default", "-n",
+                                       name).returncode == 0,
+               timeout=120, what=f"serviceaccount default in {name}", interval=0.5)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false")
