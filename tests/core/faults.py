@@ -1,18 +1,13 @@
 """Fault injection between the protocol and a real etcd.
 
-- :class:`FaultyStore` wraps a real :class:`~joblease.etcd_store.EtcdStore`;
-  a test sets one of its hooks to make a chosen request fail, or its answer
-  late, the way a network or a busy etcd would. Everything else goes to etcd
-  unchanged. (Faked: only the failure itself; etcd and the data are real.)
-- :class:`DelayingProxy` is a TCP proxy on a free loopback port that holds
-  back every byte etcd sends for ``delay`` seconds (requests pass at once), so
-  every answer is slow on its way back while etcd acts on time.
+:class:`FaultyStore` wraps a real :class:`~joblease.etcd_store.EtcdStore`;
+a test sets one of its hooks to make a chosen request fail, or its answer
+late, the way a network or a busy etcd would. Everything else goes to etcd
+unchanged. (Faked: only the failure itself; etcd and the data are real.)
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -90,69 +85,3 @@ class _HookedKeepAlive:
 
     async def close(self) -> None:
         await self._inner.close()
-
-
-class DelayingProxy:
-    """Forwards loopback TCP to ``upstream``, delaying the server's bytes by ``delay`` s."""
-
-    def __init__(self, upstream_host: str, upstream_port: int, delay: float) -> None:
-        self.upstream = (upstream_host, upstream_port)
-        self.delay = delay
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def start(self) -> DelayingProxy:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        late: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-
-        async def forward(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            with contextlib.suppress(Exception):
-                dst.close()
-
-        async def hold_back() -> None:
-            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
-                while data := await up_reader.read(65536):
-                    late.put_nowait((time.monotonic() + self.delay, data))
-            late.put_nowait((time.monotonic() + self.delay, b""))
-
-        async def release() -> None:
-            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
-                while True:
-                    due, data = await late.get()
-                    await asyncio.sleep(max(0.0, due - time.monotonic()))
-                    if not data:
-                        break
-                    writer.write(data)
-                    await writer.drain()
-            with contextlib.suppress(Exception):
-                writer.close()
-
-        self._spawn(forward(reader, up_writer))
-        self._spawn(hold_back())
-        self._spawn(release())
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)

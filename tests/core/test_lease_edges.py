@@ -30,7 +30,8 @@ from joblease.etcd_store import EtcdStore
 from joblease.lease import LeaseState
 from joblease.session import Session, default_margin
 from joblease.store import Compare, Delete, Get, KeepAlive, Put, TxnOp
-from tests.core.faults import DelayingProxy, FaultyStore
+from tests.core.faults import FaultyStore
+from tests.support.proxy import DelayingProxy
 from tests.waiting import claim_when_free
 
 
