@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
-from tests.waiting import poll
+from tests.waiting import poll as poll  # re-exported: several tests import it from here
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_PY = ROOT / "examples" / "workers" / "worker.py"
