@@ -29,8 +29,9 @@ from joblease import (
     StoreUnavailableError,
 )
 from joblease.errors import ClaimOutcomeUnknownError, ClaimRevokedError
+from joblease.etcd_store import EtcdStore
 from joblease.store import Compare, TxnOp, TxnResult
-from tests.core.faulty_store import FaultyStore, is_claim, is_unregister
+from tests.support.faulty_store import FaultyStore, is_claim, is_unregister
 
 
 async def eventually(predicate: Callable[[], Any], timeout: float, what: str,
@@ -50,7 +51,7 @@ async def eventually(predicate: Callable[[], Any], timeout: float, what: str,
 
 @pytest.fixture
 async def faulty(etcd_config: EtcdConfig) -> AsyncIterator[tuple[JobLeaseClient, FaultyStore]]:
-    store = FaultyStore(etcd_config)
+    store = FaultyStore(EtcdStore(etcd_config))
     async with JobLeaseClient(etcd_config, store=store, read_back_timeout=0.5) as c:
         yield c, store
         store.fail_reads = store.fail_revokes = False
@@ -374,7 +375,7 @@ async def test_claim_during_a_slow_keep_alive_answer_does_not_revoke_jobs_held_o
     every job it holds, lives on to its own deadline and is renewed by that
     answer. (TTL 2, margin 0.8: the renew's timeout ends at the deadline, so the
     answer can be held through the whole last half second.)"""
-    store = FaultyStore(etcd_config)
+    store = FaultyStore(EtcdStore(etcd_config))
     async with JobLeaseClient(etcd_config, store=store, margin=0.8) as c:
         held_job, new_job = JobRef("default", "held-on-ttl-2"), JobRef("default", "new-on-ttl-2")
         await client.register(held_job, JobSpec(2, 0))
