@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,3 +36,19 @@ async def claim_when_free(client: JobLeaseClient, job: JobRef, owner: str,
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(interval)
+
+
+async def poll(cond: Callable[[], Any], timeout: float, what: str,
+               interval: float = 0.05) -> Any:
+    """Call ``cond`` (sync or async) until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = cond()
+        if inspect.isawaitable(last):
+            last = await last
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+        await asyncio.sleep(interval)

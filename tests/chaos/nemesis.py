@@ -67,7 +67,7 @@ Mode = Literal["pass", "blackhole", "delay"]
 
 
 class ChaosProxy:
-    """A TCP proxy to one etcd member (after tests/core/proxy.py's LossyProxy).
+    """A TCP proxy to one etcd member (after tests/support/proxy.py's LossyProxy).
 
     ``pass`` forwards; ``blackhole`` swallows every byte both ways (connections
     stay open, nothing arrives: a partition); ``delay`` holds each chunk for

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec, Phase
-from tests.core.proxy import LossyProxy
+from tests.support.proxy import LossyProxy
 
 
 @pytest.fixture

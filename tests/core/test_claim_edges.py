@@ -11,8 +11,7 @@ behind that nobody owns.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -29,28 +28,15 @@ from joblease import (
     StoreUnavailableError,
 )
 from joblease.errors import ClaimOutcomeUnknownError, ClaimRevokedError
+from joblease.etcd_store import EtcdStore
 from joblease.store import Compare, TxnOp, TxnResult
-from tests.core.faulty_store import FaultyStore, is_claim, is_unregister
-
-
-async def eventually(predicate: Callable[[], Any], timeout: float, what: str,
-                     interval: float = 0.01) -> Any:
-    """Await ``predicate()`` (sync or async) until truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
+from tests.support.faulty_store import FaultyStore, is_claim, is_unregister
+from tests.waiting import poll
 
 
 @pytest.fixture
 async def faulty(etcd_config: EtcdConfig) -> AsyncIterator[tuple[JobLeaseClient, FaultyStore]]:
-    store = FaultyStore(etcd_config)
+    store = FaultyStore(EtcdStore(etcd_config))
     async with JobLeaseClient(etcd_config, store=store, read_back_timeout=0.5) as c:
         yield c, store
         store.fail_reads = store.fail_revokes = False
@@ -115,7 +101,7 @@ async def test_unregister_whose_request_was_lost_is_sent_again_and_deletes_the_j
     assert lost
     state = await client.get(job)
     assert not state.registered and state.holder is None and state.generation == 0
-    await eventually(lambda: not lease.valid, 10, "the holder to learn it lost the job")
+    await poll(lambda: not lease.valid, 10, "the holder to learn it lost the job", interval=0.01)
 
 
 # -- ambiguous claims -----------------------------------------------------------------------
@@ -179,8 +165,8 @@ async def test_ambiguous_claim_whose_revoke_fails_too_stops_renewing_so_etcd_exp
     assert "expires within" in str(info.value)
     store.fail_reads = store.fail_revokes = False
     assert (await client.get(job)).holder is not None, "the claim committed"
-    await eventually(lambda: _free(client, job), ttl + 5,
-                     "etcd to expire the holder of the unsettled claim")
+    await poll(lambda: _free(client, job), ttl + 5,
+               "etcd to expire the holder of the unsettled claim", interval=0.01)
 
 
 async def _free(client: JobLeaseClient, job: JobRef) -> bool:
@@ -359,8 +345,8 @@ async def test_claim_cancelled_in_flight_leaves_no_holder_renewed(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await eventually(lambda: _free(client, job), 5,
-                     "the cancelled claim's holder to be revoked (TTL is 30 s)")
+    await poll(lambda: _free(client, job), 5,
+               "the cancelled claim's holder to be revoked (TTL is 30 s)", interval=0.01)
 
 
 # -- sessions -------------------------------------------------------------------------------
@@ -374,7 +360,7 @@ async def test_claim_during_a_slow_keep_alive_answer_does_not_revoke_jobs_held_o
     every job it holds, lives on to its own deadline and is renewed by that
     answer. (TTL 2, margin 0.8: the renew's timeout ends at the deadline, so the
     answer can be held through the whole last half second.)"""
-    store = FaultyStore(etcd_config)
+    store = FaultyStore(EtcdStore(etcd_config))
     async with JobLeaseClient(etcd_config, store=store, margin=0.8) as c:
         held_job, new_job = JobRef("default", "held-on-ttl-2"), JobRef("default", "new-on-ttl-2")
         await client.register(held_job, JobSpec(2, 0))
@@ -389,10 +375,10 @@ async def test_claim_during_a_slow_keep_alive_answer_does_not_revoke_jobs_held_o
 
         gate = asyncio.Event()
         store.reply_gate = gate
-        await eventually(lambda: store.reply_held.is_set() and session.alive
-                         and session.remaining() < 0.5, 10,
-                         "a keep-alive answer held while under 0.5 s of safety is left",
-                         interval=0.002)
+        await poll(lambda: store.reply_held.is_set() and session.alive
+                   and session.remaining() < 0.5, 10,
+                   "a keep-alive answer held while under 0.5 s of safety is left",
+                   interval=0.002)
         claiming = asyncio.create_task(c.claim(new_job, "worker-a"))
         await asyncio.sleep(0)  # the claim has chosen its session
         store.reply_gate = None
@@ -401,7 +387,8 @@ async def test_claim_during_a_slow_keep_alive_answer_does_not_revoke_jobs_held_o
 
         assert a.lost_reason is None, f"the held job was lost: {a.lost_reason}"
         assert b.lease_id != a.lease_id, "the new claim used the nearly expired session"
-        await eventually(lambda: a.remaining() > 0.5, 5, "the held answer to renew the session")
+        await poll(lambda: a.remaining() > 0.5, 5, "the held answer to renew the session",
+                   interval=0.01)
         state = await client.get(held_job)
         assert state.holder is not None and state.holder.token == a.token
         assert a.lease_id not in store.revoked
@@ -431,8 +418,8 @@ async def test_long_lived_client_keeps_a_bounded_spec_cache_and_few_sessions(
         assert len(c._specs) <= 3
     assert kept.valid and kept.lease_id not in store.revoked
     # open: the kept one, the last one used and at most two idle ones
-    await eventually(lambda: len(set(store.granted) - set(store.revoked)) <= 4, 5,
-                     "sessions without holders to be closed")
+    await poll(lambda: len(set(store.granted) - set(store.revoked)) <= 4, 5,
+               "sessions without holders to be closed", interval=0.01)
     assert await _all_revoked(store, store.revoked), "closed sessions are still known to etcd"
     assert (await client.get(keep)).holder is not None
     await kept.release()

@@ -2,7 +2,8 @@
 local deadline, revoked etcd leases, bad margins and corrupt stored records.
 
 Real etcd throughout; faults are injected between the client and etcd by
-``tests/core/faults.py`` (a wrapped store, or a proxy that slows answers).
+``tests/support/faulty_store.py`` (a wrapped store) or ``tests/support/proxy.py``
+(a proxy that slows answers).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from joblease.etcd_store import EtcdStore
 from joblease.lease import LeaseState
 from joblease.session import Session, default_margin
 from joblease.store import Compare, Delete, Get, KeepAlive, Put, TxnOp
-from tests.core.faults import DelayingProxy, FaultyStore
+from tests.support.faulty_store import FaultyStore
+from tests.support.proxy import DelayingProxy
 from tests.waiting import claim_when_free
 
 

@@ -22,7 +22,7 @@ from joblease import (
 )
 from joblease.etcd_store import EtcdStore
 from joblease.store import WatchBatch
-from tests.core.faults import FaultyStore
+from tests.support.faulty_store import FaultyStore
 
 
 async def test_each_revision_in_one_watch_response_is_reported_with_its_own_state(

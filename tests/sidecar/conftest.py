@@ -8,14 +8,11 @@ are polls with deadlines, never bare sleeps.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -25,25 +22,10 @@ import httpx
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
+from tests.waiting import poll as poll  # re-exported: several tests import it from here
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_PY = ROOT / "examples" / "workers" / "worker.py"
-
-
-async def poll(cond: Callable[[], Any], timeout: float, what: str,
-               interval: float = 0.05) -> Any:
-    """Call ``cond`` (sync or async) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = cond()
-        if inspect.isawaitable(last):
-            last = await last
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-        await asyncio.sleep(interval)
 
 
 class Proc:

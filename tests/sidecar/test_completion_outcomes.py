@@ -1,7 +1,8 @@
 """A completion ends the lease: the sidecar must not take its own completion for a loss.
 
 Real etcd, the real sidecar runner serving real HTTP, a real worker process
-to signal; faults are injected around the store (see ``tests/sidecar/faults.py``).
+to signal; faults are injected around the store (see ``tests/support/faulty_store.py``
+and ``tests/support/sidecar.py``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import pytest
 
 from joblease import JobLeaseClient, JobSpec
 from joblease.sidecar.runner import Phase
-from tests.sidecar.conftest import WORKER_PY, Env, Proc, poll
-from tests.sidecar.faults import FileEvents, sidecar_in_process
+from tests.sidecar.conftest import WORKER_PY, Env, Proc
+from tests.support.sidecar import FileEvents, sidecar_in_process
+from tests.waiting import poll
 
 
 def _worker(env: Env) -> tuple[Proc, dict[str, object]]:
