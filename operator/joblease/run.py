@@ -174,7 +174,7 @@ class _ResultTap:
     def feed(self, chunk: bytes) -> None:
         *lines, rest = chunk.split(b"\n")
         for line in lines:
-            if not self._overlong:
+            if not self._overlong and len(self._pending) + len(line) <= validation.MAX_RESULT_BYTES:
                 self._consider(bytes(self._pending) + line)
             self._pending.clear()
             self._overlong = False
@@ -309,6 +309,8 @@ class Runner:
         if pump is not None:
             await self._drain(pump)
         code = exit_code_of(proc.returncode if proc.returncode is not None else 1)
+        if not lease.valid:  # lost while the output drained: no effect under the old token
+            return await self._lost(lease, exited, None)
         if code != 0:
             self.say(f"command exited {code}; releasing {opts.job} (the attempt stays counted)")
             return await self._release(lease, code)
@@ -358,6 +360,11 @@ class Runner:
         except StaleTokenError as e:
             self.say(f"release refused: {e}")
             return LeaseLostError.exit_code
+        except JobLeaseError as e:
+            # Closing the client revokes the session's etcd lease, which frees
+            # the job too; the command's status is still what to report.
+            self.say(f"release of {self.opts.job} failed ({e.reason}: {e}); "
+                      "the session's etcd lease is revoked on exit")
         return code
 
     async def _complete(self, lease: Lease, tap: _ResultTap | None) -> int:

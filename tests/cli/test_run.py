@@ -333,13 +333,15 @@ def test_signals_to_the_wrapper_are_forwarded_to_the_child(
 
 
 async def _wait_for_etcd_to_expire_a_probe_lease(config: EtcdConfig) -> None:
-    """Proof that at least a TTL passed on etcd's own clock (a probe lease of
-    2 s, granted after the pause began, has expired): no bare sleep."""
+    """Proof that more than the waiter's TTL passed since its pause began: a
+    2 s probe lease granted after the pause has expired on etcd (TTL -1; etcd
+    reports 0 for the last second before expiry, so 0 is not enough). The
+    waiter's local deadline, its last keep-alive + 2 s - margin, was before."""
     store = EtcdStore(config)
     try:
         lease_id, _ = await store.grant(2)
         deadline = time.monotonic() + START
-        while await store.time_to_live(lease_id) > 0:
+        while await store.time_to_live(lease_id) >= 0:
             assert time.monotonic() < deadline, "probe lease never expired"
             await asyncio.sleep(0.1)
     finally:
@@ -373,3 +375,33 @@ def test_run_help_and_kubectl_plugin_entry_point() -> None:
                           timeout=START)
     assert done.returncode == 0, done.stderr
     assert "JOBLEASE_TOKEN" in done.stdout and "--grace" in done.stdout
+
+
+def test_result_is_the_last_json_line_across_chunks_and_overlong_lines_are_not_results(
+) -> None:
+    """The stdout tap in-process (no etcd needed): output passes through byte
+    for byte; a line is judged whole however the pipe splits it; a line over
+    the result limit is never a result, even if it is JSON."""
+    import io
+
+    from joblease import validation
+    from joblease.run import _ResultTap
+
+    out = io.BytesIO()
+    tap = _ResultTap(out)
+    big = b'"' + b"x" * (validation.MAX_RESULT_BYTES + 10) + b'"'
+    chunks = [b"log line\n{\"a\"", b": 1}\n", big[:1000], big[1000:], b"\nnot json", b"\n"]
+
+    async def pump() -> None:
+        reader = asyncio.StreamReader()
+        for chunk in chunks:
+            reader.feed_data(chunk)
+        reader.feed_eof()
+        await tap.pump(reader)
+
+    asyncio.run(pump())
+    assert out.getvalue() == b"".join(chunks)
+    assert tap.result == {"a": 1}
+    tap.feed(b"[2]")  # a last line without a newline counts too
+    tap.finish()
+    assert tap.result == [2]
