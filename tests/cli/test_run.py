@@ -369,6 +369,10 @@ def test_wait_gives_up_with_its_own_code_when_its_session_is_lost(
 def test_run_help_and_kubectl_plugin_entry_point() -> None:
     """The ``kubectl-joblease`` console script is installed (pyproject's
     ``[project.scripts]``) and is the same CLI: ``kubectl joblease run --help``."""
+    from importlib.metadata import entry_points
+
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    assert scripts.get("kubectl-joblease") == scripts.get("joblease") == "joblease.cli:main"
     exe = Path(sys.executable).parent / "kubectl-joblease"
     assert exe.exists(), "pip install -e . installs the kubectl-joblease script"
     done = subprocess.run([str(exe), "run", "--help"], capture_output=True, text=True,
