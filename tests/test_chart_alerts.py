@@ -41,22 +41,12 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
-from tests.support.binaries import REPO_ROOT
+from tests.support.binaries import REPO_ROOT, versions
 from tests.waiting import wait_until
 
 CHART = REPO_ROOT / "charts" / "joblease-operator"
 UNIT_TESTS = REPO_ROOT / "tests" / "alerts" / "joblease-alerts.test.yaml"
-HELM_VERSION = "v3.22.0"
 METRIC = re.compile(r"\bjoblease_[a-zA-Z0-9_]+\b")
-
-
-def _versions() -> dict[str, str]:
-    out = {}
-    for line in (REPO_ROOT / "hack" / "versions.env").read_text().splitlines():
-        if "=" in line and not line.lstrip().startswith("#"):
-            key, _, value = line.partition("=")
-            out[key.strip()] = value.strip()
-    return out
 
 
 @pytest.fixture(scope="session")
@@ -66,14 +56,14 @@ def promtool() -> str:
                           text=True, timeout=3600)
     assert done.returncode == 0, done.stderr
     path = done.stdout.strip().splitlines()[-1]
-    assert f"promtool-{_versions()['PROMETHEUS_VERSION']}" in path and os.access(path, os.X_OK)
+    assert f"promtool-{versions()['PROMETHEUS_VERSION']}" in path and os.access(path, os.X_OK)
     return path
 
 
 @pytest.fixture(scope="session")
 def helm() -> str:
     cache = Path(os.environ.get("JOBLEASE_CACHE", Path.home() / ".cache" / "joblease"))
-    path = cache / "bin" / f"helm-{HELM_VERSION}" / "helm"
+    path = cache / "bin" / f"helm-{versions()['HELM_VERSION']}" / "helm"
     if not path.exists():
         subprocess.run([str(REPO_ROOT / "hack" / "build-test-binaries"), "helm"], check=True,
                        timeout=3600)
