@@ -333,6 +333,43 @@ def release(job: str, namespace: str, owner: str, token: int, output: str, **kw:
     emit(run(go()), output, lambda d: [[d["job"], d["token"]]], ("JOB", "RELEASED-TOKEN"))
 
 
+@main.command("run")
+@job_argument
+@click.option("--owner", envvar="JOBLEASE_OWNER", default=None,
+              help="Who claims (default: HOSTNAME:PID).")
+@click.option("--wait", "wait_seconds", type=float, default=0.0, show_default=True,
+              help="Retry for up to this many seconds while someone else holds the job "
+                   "('inf': forever). Gives up with exit 9 if the wrapper's own session "
+                   "is lost while waiting.")
+@click.option("--grace", type=float, default=10.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL when the lease is lost.")
+@click.option("--result-file", type=click.Path(dir_okay=False), default=None,
+              help="Complete with this file's JSON (default: the last JSON line of the "
+                   "command's stdout, which is passed through).")
+@etcd_options
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run_(job: str, namespace: str, owner: str | None, wait_seconds: float, grace: float,
+         result_file: str | None, command: tuple[str, ...], **kw: Any) -> None:
+    """Run COMMAND holding JOB's lease: joblease run JOB -- COMMAND [ARGS...].
+
+    The command gets JOBLEASE_JOB, JOBLEASE_TOKEN, JOBLEASE_GENERATION and
+    JOBLEASE_OWNER. Exit 0 completes the job; any other exit releases it and is
+    propagated; losing the lease stops the command (SIGTERM, SIGKILL after
+    --grace) and exits 8. See docs/cli.md.
+    """
+    import os
+    import socket
+    from pathlib import Path
+
+    from joblease.run import RunOptions, run_with_config
+
+    config, ref = split_etcd(kw), job_ref(job, namespace)
+    opts = RunOptions(job=ref, owner=owner or f"{socket.gethostname()}:{os.getpid()}",
+                      command=command, wait=wait_seconds, grace=grace,
+                      result_file=Path(result_file) if result_file else None)
+    sys.exit(run(run_with_config(lambda: JobLeaseClient(config), opts)))
+
+
 @main.command()
 @job_argument
 @etcd_options
