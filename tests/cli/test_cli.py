@@ -15,6 +15,13 @@ import pytest
 from joblease import EtcdConfig
 from tests.waiting import wait_until
 
+#: TTL for jobs whose holder must still be there a few CLI runs later. A claim
+#: without ``--hold`` is never renewed, and each ``jl`` call is a fresh Python
+#: process (seconds apiece on a loaded machine), so a short TTL lets the holder
+#: expire between steps and the test observe an expiry it is not about. No test
+#: here waits for this TTL: it is a lifetime longer than any test, not a wait.
+LONG_TTL = "600"
+
 
 def jl(config: EtcdConfig, *args: str, check: int | None = 0, timeout: float = 60
        ) -> subprocess.CompletedProcess[str]:
@@ -32,7 +39,7 @@ def as_json(done: subprocess.CompletedProcess[str]) -> Any:
 
 
 def test_register_claim_complete_get_list_cycle(etcd_config: EtcdConfig) -> None:
-    jl(etcd_config, "register", "nightly", "-n", "team-a", "--ttl", "10", "--max-attempts", "2",
+    jl(etcd_config, "register", "nightly", "-n", "team-a", "--ttl", LONG_TTL, "--max-attempts", "2",
        "--parameters", '{"date": "2026-11-29"}')
     claimed = as_json(jl(etcd_config, "claim", "team-a/nightly", "--owner", "w1", "-o", "json"))
     assert claimed["generation"] == 1 and claimed["owner"] == "w1"
@@ -70,7 +77,7 @@ def test_errors_are_one_line_with_distinct_exit_codes(
 def test_held_completed_stale_and_exhausted_have_their_own_codes(
     etcd_config: EtcdConfig,
 ) -> None:
-    jl(etcd_config, "register", "job", "--ttl", "10", "--max-attempts", "2")
+    jl(etcd_config, "register", "job", "--ttl", LONG_TTL, "--max-attempts", "2")
     first = as_json(jl(etcd_config, "claim", "job", "--owner", "a", "-o", "json"))
     held = jl(etcd_config, "claim", "job", "--owner", "b", check=4)
     assert "held by 'a'" in held.stderr and str(first["token"]) in held.stderr
@@ -85,7 +92,7 @@ def test_held_completed_stale_and_exhausted_have_their_own_codes(
     jl(etcd_config, "release", "job", "--owner", "b", "--token", str(second["token"]))
     exhausted = jl(etcd_config, "claim", "job", "--owner", "c", check=6)
     assert "2 of 2 attempts" in exhausted.stderr
-    jl(etcd_config, "register", "done", "--ttl", "10")
+    jl(etcd_config, "register", "done", "--ttl", LONG_TTL)
     d = as_json(jl(etcd_config, "claim", "done", "--owner", "a", "-o", "json"))
     jl(etcd_config, "complete", "done", "--owner", "a", "--token", str(d["token"]))
     jl(etcd_config, "claim", "done", "--owner", "b", check=5)
@@ -94,7 +101,7 @@ def test_held_completed_stale_and_exhausted_have_their_own_codes(
 def test_claim_wait_shows_progress_then_succeeds_after_release(
     etcd_config: EtcdConfig,
 ) -> None:
-    jl(etcd_config, "register", "queued", "--ttl", "10")
+    jl(etcd_config, "register", "queued", "--ttl", LONG_TTL)
     first = as_json(jl(etcd_config, "claim", "queued", "--owner", "a", "-o", "json"))
     env = {**os.environ, "JOBLEASE_ETCD_ENDPOINTS": ",".join(etcd_config.endpoints),
            "JOBLEASE_ROOT": etcd_config.root}
@@ -152,7 +159,7 @@ def test_claim_hold_keeps_the_lease_until_interrupted(etcd_config: EtcdConfig) -
 
 
 def test_watch_prints_changes_as_json_lines(etcd_config: EtcdConfig) -> None:
-    jl(etcd_config, "register", "w", "--ttl", "5")
+    jl(etcd_config, "register", "w", "--ttl", LONG_TTL)
     env = {**os.environ, "JOBLEASE_ETCD_ENDPOINTS": ",".join(etcd_config.endpoints),
            "JOBLEASE_ROOT": etcd_config.root}
     proc = subprocess.Popen([sys.executable, "-m", "joblease.cli", "watch", "--count", "3"],

@@ -4,14 +4,15 @@ finds no crash, no 5xx, no undocumented exit code and no write on refusal."""
 
 from __future__ import annotations
 
-import base64
 import json
+import socket
 import string
-import urllib.request
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import h11
 import httpx
 import pytest
 from click.testing import CliRunner
@@ -26,7 +27,8 @@ from joblease.errors import InvalidInputError
 from joblease.sidecar.api import RateLimiter, build_app, rate_limit_from_env
 from joblease.sidecar.config import SidecarConfig
 from joblease.sidecar.runner import SidecarRunner
-from tests.sidecar.conftest import Env
+from tests.sidecar.conftest import Env, Sidecar
+from tests.support.etcd_keys import KeyRevisions, gateway_snapshot, writes
 
 #: Exit codes the CLI documents (joblease/cli.py, joblease/errors.py).
 DOCUMENTED_EXIT_CODES = {0, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12}
@@ -35,19 +37,19 @@ FUZZ = settings(max_examples=60, deadline=None, database=None,
                                        HealthCheck.too_slow])
 
 
-def etcd_revision(cluster: EtcdCluster) -> int:
-    """The store's revision, through etcd's JSON gateway (independent of our client)."""
-    body = json.dumps({"key": base64.b64encode(b"\0").decode()}).encode()
-    url = f"http://{cluster.endpoints[0]}/v3/kv/range"
-    with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=5) as r:
-        return int(json.load(r)["header"]["revision"])
+def root_keys(cluster: EtcdCluster, config: EtcdConfig) -> KeyRevisions:
+    """Every key under the test's own root with its revisions, through etcd's JSON
+    gateway (independent of our client). Not the store's revision: the session etcd
+    is shared, and other tests' writes and lease expiries move it."""
+    return gateway_snapshot(cluster.endpoints[0], f"{config.root}/")
 
 
 # -- limits ------------------------------------------------------------------------------------
 
 
 async def test_limits_are_refused_with_clear_errors(client: JobLeaseClient,
-                                                    etcd: EtcdCluster) -> None:
+                                                    etcd: EtcdCluster,
+                                                    etcd_config: EtcdConfig) -> None:
     job = JobRef("default", "limits")
     big = {"blob": "x" * v.MAX_PARAMETERS_BYTES}
     cases: list[tuple[Any, str]] = [
@@ -60,27 +62,27 @@ async def test_limits_are_refused_with_clear_errors(client: JobLeaseClient,
         (client.claim(job, "o" * (v.MAX_OWNER_LENGTH + 1)), "1..253 characters"),
         (client.claim(job, "has space"), "printable ASCII"),
     ]
-    before = etcd_revision(etcd)
+    before = root_keys(etcd, etcd_config)
     for coro, words in cases:
         with pytest.raises(InvalidInputError) as info:
             await coro
         assert words in str(info.value), str(info.value)
-    assert etcd_revision(etcd) == before
+    assert not writes(before, root_keys(etcd, etcd_config))
 
     await client.register(job, JobSpec(5, 1))
     lease = await client.claim(job, "worker")
-    before = etcd_revision(etcd)
+    before = root_keys(etcd, etcd_config)
     with pytest.raises(InvalidInputError) as info:
         await lease.complete({"blob": "y" * v.MAX_RESULT_BYTES})
     assert f"the limit is {v.MAX_RESULT_BYTES} bytes" in str(info.value)
-    assert etcd_revision(etcd) == before
+    assert not writes(before, root_keys(etcd, etcd_config))
     await lease.release()
 
 
 def test_cli_limits(etcd_config: EtcdConfig, etcd: EtcdCluster) -> None:
     env = {"JOBLEASE_ETCD_ENDPOINTS": ",".join(etcd.endpoints), "JOBLEASE_ROOT": etcd_config.root}
     runner = CliRunner()
-    before = etcd_revision(etcd)
+    before = root_keys(etcd, etcd_config)
     big = json.dumps({"blob": "x" * v.MAX_PARAMETERS_BYTES})
     for args, words in (
         (["register", "j", "--ttl", "5", "--parameters", big], "parameters too large"),
@@ -93,7 +95,7 @@ def test_cli_limits(etcd_config: EtcdConfig, etcd: EtcdCluster) -> None:
         r = runner.invoke(main, args, env=env)
         assert r.exit_code == 2, (args[:3], r.output)
         assert words in r.output and "Traceback" not in r.output
-    assert etcd_revision(etcd) == before
+    assert not writes(before, root_keys(etcd, etcd_config))
 
 
 # -- rate limiting -----------------------------------------------------------------------------
@@ -165,11 +167,55 @@ JSONISH = st.recursive(
 PATHS = st.sampled_from(["/v1/lease", "/v1/complete", "/v1/release", "/healthz", "/readyz",
                          "/metrics", "/v1/", "/v1/lease/", "/v1//complete"]) | st.text(
     alphabet=string.ascii_letters + string.digits + "/-._~%", max_size=30).map(lambda s: "/" + s)
-HEADER_TEXT = st.text(alphabet=string.printable.strip() + " ", max_size=40)
+#: Header values the client can send: an RFC 7230 field-value, i.e. visible ASCII or
+#: obs-text (0x80-0xFF) words joined by spaces/tabs, no leading or trailing whitespace,
+#: no control characters. httpx refuses anything else before it leaves the process
+#: (``LocalProtocolError: Illegal header value``); malformed HTTP is sent as raw bytes
+#: on a socket by ``test_malformed_http_is_refused_and_changes_nothing``.
+FIELD_VCHARS = list(range(0x21, 0x7F)) + list(range(0x80, 0x100))
+_WORD = st.lists(st.sampled_from(FIELD_VCHARS), min_size=1, max_size=12).map(bytes)
 
 
-async def test_fuzz_sidecar_http_api(tmp_path: Path, etcd_config: EtcdConfig,
-                                     etcd: EtcdCluster, client: JobLeaseClient) -> None:
+def _field_value(min_words: int) -> st.SearchStrategy[bytes]:
+    return st.lists(st.tuples(st.sampled_from([b" ", b"\t", b" \t "]), _WORD),
+                    min_size=min_words, max_size=4).map(
+        lambda parts: b"".join(sep + word for sep, word in parts).lstrip(b" \t"))
+
+
+HEADER_TEXT = _field_value(0) | _field_value(1).map(lambda v: b"Bearer " + v)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(value=HEADER_TEXT)
+def test_generated_header_values_are_sendable(value: bytes) -> None:
+    """The fuzzer's header values pass the client's own check (h11 validates a
+    request's headers the way httpx will when sending it), so a fuzz failure is
+    always the server's answer, never the client refusing to send."""
+    h11.Request(method="GET", target="/", headers=[("Host", "x"), ("Authorization", value)])
+
+
+class FuzzTarget:
+    """A real sidecar process holding a real lease, and what must not change."""
+
+    def __init__(self, env: Env, sidecar: Sidecar, bearer: str, token: int) -> None:
+        self.env, self.sidecar, self.bearer, self.token = env, sidecar, bearer, token
+
+    def assert_unharmed(self, tolerate: str | None = None) -> None:
+        """Still running, no secret logged, no traceback logged (except one whose text
+        contains ``tolerate``)."""
+        assert self.sidecar.returncode() is None, self.sidecar.output()
+        assert self.bearer not in self.sidecar.output()
+        tracebacks = [r for r in self.sidecar.log_records() if "Traceback" in str(r)]
+        if tolerate is not None:
+            tracebacks = [r for r in tracebacks if tolerate not in str(r.get("exc"))]
+        assert not tracebacks, tracebacks
+        assert "Traceback" not in "\n".join(  # nor on a line that is not JSON
+            line for line in self.sidecar.output().splitlines() if not line.startswith("{"))
+
+
+@pytest.fixture
+async def fuzz_target(tmp_path: Path, etcd_config: EtcdConfig, client: JobLeaseClient
+                      ) -> AsyncIterator[FuzzTarget]:
     env = Env(tmp_path, etcd_config)
     await env.register(client, ttl=10)
     bearer = "fuzz-bearer-" + uuid.uuid4().hex
@@ -180,45 +226,122 @@ async def test_fuzz_sidecar_http_api(tmp_path: Path, etcd_config: EtcdConfig,
     try:
         await sidecar.started()
         token = (await sidecar.held())["token"]
-        revision = etcd_revision(etcd)
-        not_token = st.integers().filter(lambda i: i != token)
-        bodies = st.one_of(
-            st.none(), st.binary(max_size=300),
-            st.fixed_dictionaries({}, optional={
-                "token": not_token | JSONISH, "result": JSONISH, "extra": JSONISH}),
-            JSONISH)
-
-        @FUZZ
-        @given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD",
-                                       "OPTIONS"]),
-               path=PATHS, auth=st.sampled_from(["right", "none"]) | HEADER_TEXT,
-               content_type=st.sampled_from(["application/json", "text/plain", ""]),
-               body=bodies)
-        def fuzz(method: str, path: str, auth: str, content_type: str, body: Any) -> None:
-            headers = {"Content-Type": content_type} if content_type else {}
-            if auth == "right":
-                headers["Authorization"] = f"Bearer {bearer}"
-            elif auth != "none":
-                headers["Authorization"] = auth
-            content = body if isinstance(body, bytes) else (
-                None if body is None else json.dumps(body).encode())
-            r = http.request(method, path, headers=headers, content=content)
-            assert r.status_code < 500, (method, path, r.status_code, r.text)
-            if path in ("/v1/lease", "/v1/complete", "/v1/release") and method != "HEAD":
-                body_json = r.json()
-                if r.status_code >= 400:
-                    assert body_json["error"] and body_json["message"], body_json
-            assert etcd_revision(etcd) == revision, (method, path, body)
-
-        with httpx.Client(base_url=sidecar.url, timeout=10) as http:
-            fuzz()
-        assert sidecar.returncode() is None, sidecar.output()
+        yield FuzzTarget(env, sidecar, bearer, token)
         assert (await sidecar.lease())["token"] == token  # still held, same token
-        assert "Traceback" not in sidecar.output()
-        assert bearer not in sidecar.output()
     finally:
         for p in env.procs:
             p.stop()
+
+
+async def test_fuzz_sidecar_http_api(fuzz_target: FuzzTarget, etcd_config: EtcdConfig,
+                                     etcd: EtcdCluster) -> None:
+    sidecar, bearer, token = fuzz_target.sidecar, fuzz_target.bearer, fuzz_target.token
+    before = root_keys(etcd, etcd_config)
+    not_token = st.integers().filter(lambda i: i != token)
+    bodies = st.one_of(
+        st.none(), st.binary(max_size=300),
+        st.fixed_dictionaries({}, optional={
+            "token": not_token | JSONISH, "result": JSONISH, "extra": JSONISH}),
+        JSONISH)
+
+    @FUZZ
+    @given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD",
+                                   "OPTIONS"]),
+           path=PATHS, auth=st.sampled_from(["right", "none"]) | HEADER_TEXT,
+           content_type=st.sampled_from(["application/json", "text/plain", ""]),
+           body=bodies)
+    def fuzz(method: str, path: str, auth: str | bytes, content_type: str, body: Any) -> None:
+        headers: dict[str, str | bytes] = {"Content-Type": content_type} if content_type else {}
+        if auth == "right":
+            headers["Authorization"] = f"Bearer {bearer}"
+        elif auth != "none":
+            headers["Authorization"] = auth
+        content = body if isinstance(body, bytes) else (
+            None if body is None else json.dumps(body).encode())
+        r = http.request(method, path, headers=headers, content=content)
+        assert r.status_code < 500, (method, path, r.status_code, r.text)
+        if path in ("/v1/lease", "/v1/complete", "/v1/release") and method != "HEAD":
+            body_json = r.json()
+            if r.status_code >= 400:
+                assert body_json["error"] and body_json["message"], body_json
+        assert not writes(before, root_keys(etcd, etcd_config)), (method, path, body)
+
+    with httpx.Client(base_url=sidecar.url, timeout=10) as http:
+        fuzz()
+    fuzz_target.assert_unharmed()
+
+
+def raw_http(url: str, request: bytes, timeout: float = 10) -> bytes:
+    """Send ``request`` as bytes on a fresh connection; everything the server sends
+    until it closes the connection (or ``timeout`` passes without a byte)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _status(answer: bytes) -> int:
+    line = answer.split(b"\r\n", 1)[0]
+    assert line.startswith(b"HTTP/1.1 "), answer[:200]
+    return int(line.split()[1])
+
+
+def _get(auth: bytes) -> bytes:
+    return (b"GET /v1/lease HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n"
+            b"Authorization: " + auth + b"\r\n\r\n")
+
+
+#: What httpx will not send: each is a 400 from the server (or, where h11 still
+#: parses the bytes as HTTP, e.g. by unfolding an obs-fold or stripping whitespace,
+#: a 401 from the bearer check), never a 5xx, a crash or a write.
+MALFORMED_HTTP: list[tuple[str, bytes, set[int]]] = [
+    ("whitespace-only header value", _get(b"  "), {401}),
+    ("leading and trailing whitespace", _get(b" \tBearer x\t "), {401}),
+    ("control characters in a value", _get(b"Bearer \x01\x1b[2J\x7f"), {400, 401}),
+    ("NUL in a value", _get(b"Bearer a\x00b"), {400}),
+    ("bare CR in a value", _get(b"Bearer a\rb"), {400}),
+    ("obs-fold continuation line", _get(b"Bearer a\r\n b"), {400, 401}),
+    ("space in a header name", b"GET /v1/lease HTTP/1.1\r\nHost: s\r\nBad Name: x\r\n\r\n",
+     {400}),
+    ("no colon", b"GET /v1/lease HTTP/1.1\r\nHost: s\r\nnocolon\r\n\r\n", {400}),
+    ("garbage request line", b"\x00\xff GARBAGE\r\n\r\n", {400}),
+    ("unknown HTTP version", b"GET /v1/lease HTTP/9.9\r\nHost: s\r\nConnection: close\r\n\r\n",
+     {400, 401, 505}),
+    ("TLS hello on the plain port", bytes.fromhex("16030100a5010000a10303") + b"\x00" * 40,
+     {400}),
+    ("two Content-Lengths", b"POST /v1/complete HTTP/1.1\r\nHost: s\r\nContent-Length: 2\r\n"
+     b"Content-Length: 3\r\n\r\n{}", {400}),
+    ("bad chunked body", b"POST /v1/complete HTTP/1.1\r\nHost: s\r\n"
+     b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", {400}),
+    ("100 KB header", _get(b"Bearer " + b"a" * 100_000), {400, 401, 431}),
+]
+
+
+#: uvicorn's h11 protocol answers a bad chunked body with its own 400 while the app is
+#: already running, then logs the app's response as "Exception in ASGI application"
+#: (h11 refuses a second response). The client still gets the 400 and the sidecar
+#: keeps serving; the traceback is uvicorn's, not ours.
+UVICORN_H11_WART = "can't handle event type Response when role=SERVER and state=MUST_CLOSE"
+
+
+def test_malformed_http_is_refused_and_changes_nothing(
+        fuzz_target: FuzzTarget, etcd_config: EtcdConfig, etcd: EtcdCluster) -> None:
+    url, bearer = fuzz_target.sidecar.url, fuzz_target.bearer
+    before = root_keys(etcd, etcd_config)
+    tolerate: str | None = None
+    for what, request_bytes, expect in MALFORMED_HTTP:
+        answer = raw_http(url, request_bytes)
+        assert _status(answer) in expect, (what, answer[:300])
+        assert not writes(before, root_keys(etcd, etcd_config)), what
+        if what == "bad chunked body":
+            tolerate = UVICORN_H11_WART
+        fuzz_target.assert_unharmed(tolerate)
+        # and the next connection is served normally
+        ok = raw_http(url, _get(f"Bearer {bearer}".encode()))
+        assert _status(ok) == 200, (what, ok[:300])
 
 
 async def test_deeply_nested_json_is_a_400() -> None:
@@ -258,14 +381,15 @@ def test_fuzz_cli_inputs(etcd_config: EtcdConfig, etcd: EtcdCluster) -> None:
     seen: set[int] = set()
 
     def check(args: list[str]) -> None:
-        before = etcd_revision(etcd)
+        before = root_keys(etcd, etcd_config)
         r = runner.invoke(main, args, env=env)
         seen.add(r.exit_code)
         assert r.exception is None or isinstance(r.exception, SystemExit), (args, r.output)
         assert r.exit_code in DOCUMENTED_EXIT_CODES, (args, r.exit_code, r.output)
         assert "Traceback" not in r.output
         if r.exit_code != 0:
-            assert etcd_revision(etcd) == before, (args, r.exit_code, r.output)
+            assert not writes(before, root_keys(etcd, etcd_config)), (args, r.exit_code,
+                                                                      r.output)
 
     @FUZZ
     @given(verb=st.sampled_from(["register", "claim", "complete", "release", "get"]),

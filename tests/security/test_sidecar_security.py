@@ -17,6 +17,7 @@ from joblease.errors import PermissionDeniedError
 from joblease.tenancy import TenantCredentials
 from tests.security.conftest import Tenants
 from tests.sidecar.conftest import Sidecar, poll
+from tests.support.etcd_keys import snapshot, writes
 
 
 class Sidecars:
@@ -87,14 +88,15 @@ async def test_sidecar_with_tenant_credentials(sidecars: Sidecars, tenants: Tena
         state = await root.get(job_a)
         assert state.result is not None and state.result.token == lease["token"]
 
-        before = await root.get(job_b)
+        keys_b = root.keys.job(job_b).prefix
+        before = await snapshot(root.store, keys_b)
         bad = sidecars.start("b", job_b, t.a)
         assert await bad.wait_exit(30) == PermissionDeniedError.exit_code, bad.output()
         errors = [r for r in bad.log_records() if r.get("level") == "error"]
         assert errors and "permission denied" in errors[0].get("reason", ""), bad.output()
         assert "Traceback" not in bad.output()
-        after = await root.get(job_b)
-        assert after.revision == before.revision and after.holder is None
+        assert not writes(before, await snapshot(root.store, keys_b))
+        assert (await root.get(job_b)).holder is None
 
         # SIGTERM: clean exit, then no secret in any log line
         good.signal(15)

@@ -56,15 +56,20 @@ class Proc:
         return code
 
     def output(self) -> str:
-        self._log_f.flush()
+        """Everything the child wrote so far; readable after ``stop()`` too (the
+        fixtures attach logs after stopping, when the log is complete)."""
         return self.log.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGCONT)
-            self.popen.kill()
-            self.popen.wait(10)
-        self._log_f.close()
+        """Kill the child (if still running) and reap it, then close our copy of the
+        log file: in that order, and only once."""
+        try:
+            if self.popen.poll() is None:
+                self.popen.send_signal(signal.SIGCONT)
+                self.popen.kill()
+                self.popen.wait(10)
+        finally:
+            self._log_f.close()
 
 
 class Sidecar(Proc):

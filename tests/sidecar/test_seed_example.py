@@ -14,6 +14,7 @@ import time
 
 from joblease import JobLeaseClient
 from tests.sidecar.conftest import Env, poll
+from tests.support.etcd_keys import snapshot, writes
 
 
 async def test_paused_sidecar_loses_and_refuses_stale_completion(
@@ -45,7 +46,8 @@ async def test_paused_sidecar_loses_and_refuses_stale_completion(
     assert not a.token_file.exists()
     assert not (a.workdir / "token.json").exists()
 
-    revision_before = (await client.get(env.job)).revision
+    job_prefix = client.keys.job(env.job).prefix
+    keys_before = await snapshot(client.store, job_prefix)
     hold.touch()  # A's worker now tries to complete under A's old token
     assert await worker_a.wait_exit(30) == 7, worker_a.output()
     done = next(json.loads(line) for line in worker_a.output().splitlines()
@@ -56,7 +58,7 @@ async def test_paused_sidecar_loses_and_refuses_stale_completion(
     assert done["body"]["currentToken"] == lease_b["token"]
     after_refusal = await client.get(env.job)
     assert after_refusal.result is None
-    assert after_refusal.revision == revision_before  # nothing was written
+    assert not writes(keys_before, await snapshot(client.store, job_prefix))  # nothing written
 
     worker_b = env.worker(b, "worker-b")
     assert await worker_b.wait_exit(30) == 0, worker_b.output()
