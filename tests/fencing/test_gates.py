@@ -335,6 +335,13 @@ def test_effects_with_invalid_tokens_are_refused_before_any_gate_runs(token: Any
         Effect("r", token)
 
 
+@pytest.mark.parametrize("resource, key", [("r\n", "k"), ("r", "k\n"), ("", "k"), ("r\x00", "k")])
+def test_effects_with_unprintable_resources_or_keys_are_refused(resource: str, key: str) -> None:
+    """A trailing newline is refused too (a ``$`` anchor would let it through)."""
+    with pytest.raises(InvalidInputError):
+        Effect(resource, 5, key)
+
+
 def test_idempotency_key_names_one_claims_attempt() -> None:
     assert idempotency_key("ns/job", 7, token=1234) == "ns/job#g7.t1234"
     assert idempotency_key("ns/job", 7, "upload", token=1234) == "ns/job#g7.t1234:upload"

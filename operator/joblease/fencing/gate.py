@@ -38,7 +38,7 @@ from joblease.keys import JobRef
 MAX_TOKEN = 2**63 - 1
 MAX_RESOURCE_LENGTH = 1024
 MAX_KEY_LENGTH = 512
-_PRINTABLE = re.compile(r"^[\x20-\x7e]+$")
+_PRINTABLE = re.compile(r"[\x20-\x7e]+")  # used with fullmatch: "$" would admit a final "\n"
 
 
 class StaleFenceError(StaleTokenError):
@@ -97,7 +97,7 @@ def check_token(token: object) -> int:
 
 def check_resource(resource: object) -> str:
     if not isinstance(resource, str) or not 0 < len(resource) <= MAX_RESOURCE_LENGTH \
-            or not _PRINTABLE.match(resource):
+            or not _PRINTABLE.fullmatch(resource):
         raise InvalidInputError(
             f"invalid resource {resource!r}: must be 1..{MAX_RESOURCE_LENGTH} printable "
             "ASCII characters"
@@ -107,7 +107,7 @@ def check_resource(resource: object) -> str:
 
 def check_key(key: object) -> str:
     if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LENGTH \
-            or not _PRINTABLE.match(key):
+            or not _PRINTABLE.fullmatch(key):
         raise InvalidInputError(
             f"invalid idempotency key {key!r}: must be 1..{MAX_KEY_LENGTH} printable "
             "ASCII characters"

@@ -75,7 +75,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-_DIGITS = re.compile(r"^[+-]?[0-9]+$")
+_DIGITS = re.compile(r"[+-]?[0-9]+")  # used with fullmatch
 _MAX_JOB_LENGTH = 63 + 1 + 253
 # Response headers worth replaying; the server adds its own framing headers.
 _REPLAYED_HEADERS = frozenset({b"content-type", b"location", b"etag"})
@@ -176,7 +176,7 @@ def parse_token(value: str | None) -> int:
         raise InvalidInputError(f"missing {HEADER_TOKEN} header: a fenced request must carry "
                                 "the fencing token of the worker's lease")
     text = value.strip()
-    if not _DIGITS.match(text):
+    if not _DIGITS.fullmatch(text):
         raise InvalidInputError(f"invalid {HEADER_TOKEN} {_shown(value)}: must be a decimal "
                                 "integer")
     if text.startswith("-"):
