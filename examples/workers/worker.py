@@ -5,9 +5,11 @@
 2. do the work, passing the fencing token to every external effect;
 3. complete through the sidecar with that token.
 
-Exit codes: 0 done (or the job was already completed), 7 the sidecar refused
-the token as stale (someone else holds the job now: stop, produce nothing),
-8 the lease was lost or released before we could finish, 1 anything else.
+Exit codes: 0 done (or the job was already completed: nothing to do), 7 the
+sidecar refused the token as stale (someone else holds the job now: stop,
+produce nothing), 8 the lease was lost or released before we could finish,
+the sidecar's ``exitCode`` when the claim was refused for good (6 attempts
+exhausted, 3 not registered, ...), 1 anything else.
 SIGTERM (the sidecar's signal on loss) ends the process at once (Python's
 default action), which is what we want: no effects after loss.
 
@@ -79,9 +81,16 @@ def wait_for_lease(timeout: float) -> dict[str, Any]:
             if file_token == lease["token"]:
                 return lease
         elif status == 409:
-            # lost, released or completed: nothing for us to do under this pod's claim
+            # The sidecar's final answer: nothing for us to do under this pod's claim.
             say("no_lease", status=status, body=lease)
-            sys.exit(0 if lease.get("error") == "completed" else 8)
+            if lease.get("error") == "completed":  # already completed: success
+                sys.exit(0)
+            if lease.get("error") == "failed":  # refused for good: say why, fail the pod
+                print(f"the job cannot run: {lease.get('reason')}: {lease.get('message')}",
+                      file=sys.stderr, flush=True)
+                code = lease.get("exitCode")
+                sys.exit(code if isinstance(code, int) and 0 < code < 256 else 1)
+            sys.exit(8)  # lost or released
         if time.monotonic() > deadline:
             say("timeout", status=status, body=lease)
             sys.exit(1)

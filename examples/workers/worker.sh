@@ -1,13 +1,16 @@
 #!/bin/sh
 # A worker in shell beside the joblease sidecar: curl + the token file.
 #
-#   1. wait until the sidecar holds the lease (the token file appears and
-#      GET /v1/lease answers 200 with the same token);
+#   1. wait until the sidecar holds the lease (GET /v1/lease answers 200 and the
+#      token file holds the same token), or gives its final answer (409);
 #   2. do the work, passing the token along with every external effect;
 #   3. complete through the sidecar with that token.
 #
-# Exit codes: 0 done, 7 stale token (someone else holds the job: stop),
-# 8 lease lost/released, 1 anything else. Needs curl and a POSIX sh.
+# Exit codes: 0 done, or the job was already completed (nothing to do);
+# 7 stale token (someone else holds the job: stop); 8 lease lost/released;
+# the sidecar's "exitCode" when the claim was refused for good (6 attempts
+# exhausted, 3 not registered, ...); 1 anything else. SIGTERM (the sidecar's
+# signal on loss) ends the shell at once. Needs curl and a POSIX sh.
 set -eu
 
 URL="${JOBLEASE_SIDECAR_URL:-http://127.0.0.1:8470}"
@@ -31,20 +34,32 @@ api() {  # api METHOD PATH [BODY] -> prints the body, then the status on the las
   fi
 }
 
-# 1. wait for the lease (the token file is written only while it is held)
+field() {  # field NAME JSON -> a top-level string or number field's value (the
+  # sidecar's error bodies: "error" comes first, the others are not nested)
+  printf '%s\n' "$2" | sed -n "s/.*\"$1\":\"*\([^\",}]*\).*/\1/p" | head -n 1
+}
+
+# 1. wait for the lease, or for the sidecar's final answer
 i=0
 while :; do
-  if [ -s "$TOKEN_FILE" ]; then
-    TOKEN="$(cat "$TOKEN_FILE")"
-    out="$(api GET /v1/lease || true)"
-    status="$(printf '%s\n' "$out" | tail -n 1)"
-    case "$status" in
-      200) printf '%s\n' "$out" | grep -q "\"token\":$TOKEN[,}]" && break ;;
-      409) echo "no lease: $out" >&2; exit 8 ;;
-    esac
-  fi
+  out="$(api GET /v1/lease || printf '\n000')"
+  status="$(printf '%s\n' "$out" | tail -n 1)"
+  body="$(printf '%s\n' "$out" | sed '$d')"
+  case "$status" in
+    200) if [ -s "$TOKEN_FILE" ]; then
+           TOKEN="$(cat "$TOKEN_FILE")"
+           printf '%s\n' "$body" | grep -q "\"token\":$TOKEN[,}]" && break
+         fi ;;
+    409) case "$(printf '%s\n' "$body" | sed -n 's/^{"error":"\([a-z_]*\)".*/\1/p')" in
+           completed) echo "the job is already completed: nothing to do ($body)"; exit 0 ;;
+           failed) code="$(field exitCode "$body")"
+                   echo "the job cannot run: $(field reason "$body"): $body" >&2
+                   exit "${code:-1}" ;;
+           *) echo "no lease: $body" >&2; exit 8 ;;
+         esac ;;
+  esac
   i=$((i + 1))
-  [ "$i" -gt $((WAIT * 10)) ] && { echo "timed out waiting for the lease" >&2; exit 1; }
+  [ "$i" -gt $((WAIT * 10)) ] && { echo "timed out waiting for the lease: $out" >&2; exit 1; }
   sleep 0.1
 done
 echo "holding the lease with token $TOKEN"
@@ -52,6 +67,10 @@ echo "holding the lease with token $TOKEN"
 # 2. the work: every external effect carries the token
 for item in 1 2 3; do
   echo "work item $item (X-Fencing-Token: $TOKEN)"
+done
+# (demos and tests: pretend the work lasts until this file exists)
+while [ -n "${JOBLEASE_EXAMPLE_HOLD_FILE:-}" ] && [ ! -e "$JOBLEASE_EXAMPLE_HOLD_FILE" ]; do
+  sleep 0.1
 done
 
 # 3. complete through the sidecar; a 503/429 or no answer means "outcome not known

@@ -477,6 +477,8 @@ class Worker:
              "--owner", self.sidecar_owner(n), "--port", "0",
              "--port-file", str(port_file),
              "--token-file", str(self.run / f"{self.args.id}.token"), "--on-loss", "none",
+             # a plain process here: a final claim answer ends it with its code
+             "--on-final", "exit",
              "--claim-backoff-initial", "0.05", "--claim-backoff-max", "0.3",
              "--registration-wait", "5"],
             env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)

@@ -42,6 +42,8 @@ class Sidecars:
             "JOBLEASE_TOKEN_FILE": str(workdir / "token"),
             "JOBLEASE_SIDECAR_ON_LOSS": "none",
             "JOBLEASE_SIDECAR_REGISTRATION_WAIT": "2",
+            # plain processes: a refused claim ends them with the error's exit code
+            "JOBLEASE_SIDECAR_ON_FINAL": "exit",
         })
         if creds is not None:
             pw = workdir / "etcd-password"

@@ -60,8 +60,9 @@ async def test_worker_completes_through_sidecar(registered: Env, client: JobLeas
     assert "joblease_sidecar_completions_total 1.0" in metrics
     assert 'joblease_sidecar_state{state="completed"} 1.0' in metrics
 
-    # a second sidecar for a completed job exits 0 with a clear log line
-    late = env.sidecar("late")
+    # a second sidecar for a completed job exits 0 with a clear log line (with
+    # on-final "exit"; the default "serve" is tests/sidecar/test_terminal_cases.py)
+    late = env.sidecar("late", JOBLEASE_SIDECAR_ON_FINAL="exit")
     assert await late.wait_exit(30) == 0, late.output()
     assert any(r.get("msg") == "job already completed; nothing to do"
                for r in late.log_records())

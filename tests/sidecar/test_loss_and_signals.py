@@ -116,8 +116,10 @@ async def test_sigterm_while_claiming_exits_zero(registered: Env, client: JobLea
 
 async def test_refused_claims_exit_with_the_error_code(env: Env, client: JobLeaseClient
                                                       ) -> None:
-    # not registered within the wait: NotRegisteredError's exit code
-    lonely = env.sidecar("lonely", JOBLEASE_SIDECAR_REGISTRATION_WAIT="0.5")
+    # not registered within the wait: NotRegisteredError's exit code (with on-final
+    # "exit"; the default "serve" is tests/sidecar/test_terminal_cases.py)
+    lonely = env.sidecar("lonely", JOBLEASE_SIDECAR_REGISTRATION_WAIT="0.5",
+                         JOBLEASE_SIDECAR_ON_FINAL="exit")
     assert await lonely.wait_exit(20) == 3
     assert any(r.get("msg") == "job is not registered" for r in lonely.log_records())
 
@@ -131,5 +133,5 @@ async def test_refused_claims_exit_with_the_error_code(env: Env, client: JobLeas
     assert await late.wait_exit(15) == 0
 
     # attempts exhausted: AttemptsExhaustedError's exit code
-    spent = env.sidecar("spent")
+    spent = env.sidecar("spent", JOBLEASE_SIDECAR_ON_FINAL="exit")
     assert await spent.wait_exit(20) == 6

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from joblease.sidecar.runner import Outcome, Phase
+from joblease.sidecar.runner import Outcome
 
 if TYPE_CHECKING:
     from joblease.sidecar.runner import SidecarRunner
@@ -207,9 +207,9 @@ def _probe_routes(runner: SidecarRunner) -> list[Route]:
         return JSONResponse({"status": "ok", "state": runner.current().value})
 
     async def readyz(request: Request) -> Response:
-        phase = runner.current()
-        ready = phase is Phase.HELD
-        return JSONResponse({"ready": ready, "state": phase.value}, 200 if ready else 503)
+        ready = runner.ready()
+        return JSONResponse({"ready": ready, "state": runner.phase.value},
+                            200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
         body = runner.metrics.render(runner.remaining())

@@ -13,7 +13,13 @@ import click
 
 from joblease.errors import InvalidInputError
 from joblease.keys import JobRef
-from joblease.sidecar.config import ON_LOSS_ACTIONS, Backoff, SidecarConfig, read_secret
+from joblease.sidecar.config import (
+    ON_FINAL_ACTIONS,
+    ON_LOSS_ACTIONS,
+    Backoff,
+    SidecarConfig,
+    read_secret,
+)
 from joblease.sidecar.logs import configure_logging
 from joblease.sidecar.runner import run_sidecar
 
@@ -37,6 +43,9 @@ _PATH = click.Path(dir_okay=False, path_type=Path)
               help="Token file [JOBLEASE_TOKEN_FILE; /run/joblease/token].")
 @click.option("--on-loss", type=click.Choice(ON_LOSS_ACTIONS),
               help="Action on loss [JOBLEASE_SIDECAR_ON_LOSS; signal].")
+@click.option("--on-final", type=click.Choice(ON_FINAL_ACTIONS),
+              help="On a final claim answer (already completed, refused for good): "
+                   "serve it or exit with its code [JOBLEASE_SIDECAR_ON_FINAL; serve].")
 @click.option("--worker-pid-file", type=_PATH,
               help="Worker pid file [JOBLEASE_WORKER_PID_FILE].")
 @click.option("--worker-process-name",
@@ -58,7 +67,7 @@ def sidecar_command(job: str | None, namespace: str | None, owner: str | None,
                     host: str | None, port: int | None, port_file: Path | None,
                     probe_host: str | None, probe_port: int | None,
                     probe_port_file: Path | None, token_file: Path | None,
-                    on_loss: str | None, worker_pid_file: Path | None,
+                    on_loss: str | None, on_final: str | None, worker_pid_file: Path | None,
                     worker_process_name: str | None, release_on_term: bool | None,
                     api_token_file: Path | None, max_result_bytes: int | None,
                     claim_backoff_initial: float | None, claim_backoff_max: float | None,
@@ -82,7 +91,7 @@ def _config(opts: dict[str, Any]) -> SidecarConfig:
         overrides["job"] = JobRef.parse(opts["job"] or env.get("JOBLEASE_JOB_NAME", ""),
                                         namespace)
     for key in ("owner", "host", "port", "port_file", "probe_host", "probe_port_file",
-                "token_file", "on_loss", "worker_pid_file", "worker_process_name",
+                "token_file", "on_loss", "on_final", "worker_pid_file", "worker_process_name",
                 "release_on_term", "max_result_bytes", "registration_wait"):
         if opts[key] is not None:
             overrides[key] = opts[key]

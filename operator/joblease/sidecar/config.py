@@ -23,6 +23,10 @@ from joblease.keys import JobRef
 
 #: Actions on loss of the lease.
 ON_LOSS_ACTIONS = ("signal", "exit", "none")
+#: What to do with a final answer to the claim (already completed, refused for good):
+#: ``serve`` it until stopped (a native sidecar: the worker reads it and ends the
+#: pod), or ``exit`` with its code (a plain process, e.g. under a supervisor).
+ON_FINAL_ACTIONS = ("serve", "exit")
 
 DEFAULT_PORT = 8470
 DEFAULT_PROBE_PORT = 8471
@@ -100,6 +104,7 @@ class SidecarConfig:
     probe_port_file: Path | None = None
     token_file: Path | None = Path(DEFAULT_TOKEN_FILE)
     on_loss: str = "signal"
+    on_final: str = "serve"
     worker_pid_file: Path | None = None
     worker_process_name: str | None = None
     release_on_term: bool = True
@@ -116,6 +121,9 @@ class SidecarConfig:
         if self.on_loss not in ON_LOSS_ACTIONS:
             raise InvalidInputError(
                 f"invalid on-loss action {self.on_loss!r}: one of {', '.join(ON_LOSS_ACTIONS)}")
+        if self.on_final not in ON_FINAL_ACTIONS:
+            raise InvalidInputError(
+                f"invalid on-final action {self.on_final!r}: one of {', '.join(ON_FINAL_ACTIONS)}")
         if not 0 <= self.port < 65536:
             raise InvalidInputError(f"invalid port {self.port}")
         if self.probe_port is not None and not 0 <= self.probe_port < 65536:
@@ -153,7 +161,7 @@ class SidecarConfig:
             "probeListen": None if self.probe_port is None
             else f"{self.probe_host}:{self.probe_port}",
             "tokenFile": str(self.token_file) if self.token_file else None,
-            "onLoss": self.on_loss, "releaseOnTerm": self.release_on_term,
+            "onLoss": self.on_loss, "onFinal": self.on_final, "releaseOnTerm": self.release_on_term,
             "apiAuth": self.api_token is not None, "maxResultBytes": self.max_result_bytes,
             "registrationWait": self.registration_wait,
         }
@@ -187,6 +195,7 @@ class SidecarConfig:
             "probe_port_file": _path(env, "JOBLEASE_SIDECAR_PROBE_PORT_FILE"),
             "token_file": _path(env, "JOBLEASE_TOKEN_FILE", DEFAULT_TOKEN_FILE),
             "on_loss": env.get("JOBLEASE_SIDECAR_ON_LOSS", "signal"),
+            "on_final": env.get("JOBLEASE_SIDECAR_ON_FINAL", "serve"),
             "worker_pid_file": _path(env, "JOBLEASE_WORKER_PID_FILE"),
             "worker_process_name": env.get("JOBLEASE_WORKER_PROCESS_NAME") or None,
             "release_on_term": parse_bool(env.get("JOBLEASE_SIDECAR_RELEASE_ON_TERM", "true"),

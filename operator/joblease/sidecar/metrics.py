@@ -11,7 +11,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-STATES = ("claiming", "held", "completing", "lost", "completed", "released", "stopping")
+STATES = ("claiming", "held", "completing", "lost", "completed", "failed", "released",
+          "stopping")
 
 
 class SidecarMetrics:

@@ -8,6 +8,12 @@ before answering. A sidecar that was paused past its deadline therefore
 answers "lost" on the very first request after it resumes, even before its
 keep-alive task has run.
 
+A final answer to the claim (the job already completed, or the claim
+refused for good: no attempts left, not registered in time, ...) is served,
+not exited on: phase ``completed`` or ``failed``, ``GET /v1/lease`` says why,
+and ``/readyz`` lets the worker start once to read it (see :meth:`ready`), so
+a native sidecar's pod always ends (docs/sidecar.md, "Terminal cases").
+
 Loss is one-way: the phase flips to ``lost``, the token files are removed,
 the worker is signalled (or the sidecar exits) and no request is ever sent
 to etcd under the old token again.
@@ -67,6 +73,8 @@ class Phase(enum.StrEnum):
     COMPLETING = "completing"
     LOST = "lost"
     COMPLETED = "completed"
+    #: the claim was refused for good (attempts exhausted, not registered in time, ...)
+    FAILED = "failed"
     RELEASED = "released"
     STOPPING = "stopping"
 
@@ -203,6 +211,14 @@ class SidecarRunner:
         self.lease: Lease | None = None
         self.lost_reason: str | None = None
         self.result: ResultRecord | None = None
+        #: the job was already completed (by anyone) when this sidecar tried to claim it
+        self.completed_before_claim = False
+        #: why the claim was refused for good (the error body), in phase ``failed``
+        self.failure: dict[str, Any] | None = None
+        #: ``/readyz`` has answered 200 once: the startup probe let the worker in
+        self._gate_opened = False
+        #: the lease was lost and the on-loss action found no worker to signal
+        self._loss_found_no_worker = False
         self.ports: dict[str, int] = {}
         self._stop = asyncio.Event()
         self._stop_signal: str | None = None
@@ -237,6 +253,26 @@ class SidecarRunner:
         if self.current() is Phase.HELD and self.lease is not None:
             return self.lease.remaining()
         return 0.0
+
+    def ready(self) -> bool:
+        """``/readyz``: should the worker run now?
+
+        While the lease is held, yes. In a final state reached before ``/readyz``
+        ever said 200 (the startup probe has not let the worker in yet) also yes
+        when the worker must start to learn the outcome and end the pod with it:
+        the job was already completed, the claim was refused for good, or the
+        lease was lost before there was a worker to signal (on-loss ``signal`` or
+        ``exit``). A startup probe that never passes would hang the pod. In every
+        other case no: the worker, if any, has been let in already.
+        """
+        phase = self.current()
+        ok = phase is Phase.HELD or (not self._gate_opened and (
+            phase is Phase.FAILED
+            or (phase is Phase.COMPLETED and self.completed_before_claim)
+            or (phase is Phase.LOST and self._loss_found_no_worker)))
+        if ok:
+            self._gate_opened = True
+        return ok
 
     def _held(self, lease: Lease) -> None:
         self.lease = lease
@@ -317,12 +353,13 @@ class SidecarRunner:
             return
         if self.config.on_loss in ("signal", "exit"):
             pids = signal_worker(self.config)
+            self._loss_found_no_worker = not pids
             if pids:
                 log.warning("sent SIGTERM to the worker", extra={"pids": pids})
             elif self.config.on_loss == "signal":
                 log.warning("no worker process found to signal",
                             extra={"pidFile": str(self.config.worker_pid_file or ""),
-                                   "processName": self.config.worker_process_name})
+                                   "workerProcessName": self.config.worker_process_name})
         if self.config.on_loss == "exit":
             self._exit_code = self.config.loss_exit_code
             self._stop.set()
@@ -548,10 +585,19 @@ class SidecarRunner:
         if phase is Phase.LOST:
             return Outcome(409, {"error": "lost", **base,
                                  "message": f"the lease was lost: {self.lost_reason}"})
+        if phase is Phase.COMPLETED and self.completed_before_claim:
+            r = self.result
+            by = f" by {r.owner} under token {r.token}" if r is not None else ""
+            return Outcome(409, {"error": "completed", **base,
+                                 "message": f"the job was already completed{by}; "
+                                            "nothing to do",
+                                 "result": r.to_dict() if r else None, "exitCode": 0})
         if phase is Phase.COMPLETED:
             return Outcome(409, {"error": "completed", **base,
                                  "message": "the job is completed",
                                  "result": self.result.to_dict() if self.result else None})
+        if phase is Phase.FAILED and self.failure is not None:
+            return Outcome(409, {**self.failure, **base})
         if phase is Phase.RELEASED:
             return Outcome(409, {"error": "released", **base,
                                  "message": "the lease was released"})
@@ -564,7 +610,9 @@ class SidecarRunner:
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
 
     async def claim(self) -> Lease | int:
-        """Claim with backoff; a lease, or the exit code when the sidecar must stop."""
+        """Claim with backoff; a lease, or the exit code of a final answer
+        (0 if the job is already completed; the phase is then ``completed``
+        or ``failed``), or 0 when stopped while claiming."""
         cfg = self.config
         registration_deadline = time.monotonic() + cfg.registration_wait
         attempt = 0
@@ -576,17 +624,23 @@ class SidecarRunner:
             except AlreadyCompletedError as exc:
                 log.info("job already completed; nothing to do", extra={
                     "job": str(cfg.job), "completedBy": exc.owner, "token": exc.token})
+                state = await self._read_state()
+                self.result = state.result if state is not None else None
+                self.completed_before_claim = True
+                self._set_phase(Phase.COMPLETED)
                 return 0
             except AttemptsExhaustedError as exc:
                 log.error("job has no attempts left", extra={**exc.details(),
                                                              "exitCode": exc.exit_code})
-                return exc.exit_code
+                return self._failed(exc, str(exc))
             except NotRegisteredError as exc:
                 if time.monotonic() >= registration_deadline:
                     log.error("job is not registered", extra={
                         "job": str(cfg.job), "waited": cfg.registration_wait,
                         "exitCode": exc.exit_code})
-                    return exc.exit_code
+                    return self._failed(exc, f"job {cfg.job} is not registered (waited "
+                                             f"{cfg.registration_wait:g} s): is there a "
+                                             "JobLease of that name in this namespace?")
                 log.info("job not registered yet; waiting", extra={"job": str(cfg.job)})
             except HeldError as exc:
                 log.info("job held by another owner; backing off", extra={
@@ -601,16 +655,30 @@ class SidecarRunner:
                             "again", extra={"reason": str(exc)})
             except JobLeaseError as exc:
                 log.error("cannot claim", extra={"reason": str(exc), "exitCode": exc.exit_code})
-                return exc.exit_code
+                return self._failed(exc, f"cannot claim job {cfg.job}: {exc}")
             await self._sleep_or_stop(cfg.backoff.delay(attempt, rng.random()))
             attempt += 1
         return 0
+
+    def _failed(self, exc: JobLeaseError, message: str) -> int:
+        """The claim was refused for good: phase ``failed``; returns the exit code."""
+        self.failure = {"error": "failed", "reason": exc.reason, "message": message,
+                        "exitCode": exc.exit_code, **exc.details()}
+        self._set_phase(Phase.FAILED)
+        return exc.exit_code
 
     async def _lifecycle(self) -> int | None:
         """Claim, then hold until the lease ends. An exit code means "exit now"."""
         outcome = await self.claim()
         if isinstance(outcome, int):
-            return outcome
+            if self._stop.is_set() or self.config.on_final == "exit":
+                return outcome
+            # "serve": stay up with the final answer (the worker reads it and ends
+            # the pod; see ready()), until stopped.
+            log.info("serving the final answer until stopped", extra={
+                "job": str(self.config.job), "state": self.phase.value,
+                "exitCode": outcome})
+            return None
         self._held(outcome)
         state = await outcome.wait_done()
         if state is LeaseState.LOST:
@@ -724,7 +792,8 @@ class SidecarRunner:
 
 
 async def run_sidecar(config: SidecarConfig) -> int:
-    """Run the sidecar until SIGTERM (exit 0), a refused claim (the error's exit
-    code; 0 if the job is already completed) or, with ``on_loss="exit"``, loss
-    of the lease (exit 8)."""
+    """Run the sidecar until SIGTERM (exit 0) or, with ``on_loss="exit"``, loss
+    of the lease (exit 8). A final answer to the claim (already completed,
+    refused for good) is served until SIGTERM; with ``on_final="exit"`` the
+    sidecar exits with its code instead (0 if the job is already completed)."""
     return await SidecarRunner(config).run()
