@@ -24,8 +24,8 @@ from joblease.operator.kube import KubeApi, login
 from joblease.operator.metrics import OperatorMetrics
 from joblease.operator.mirror import CONFLICT_RETRIES, Mirror
 from joblease.store import KeyValue, WatchBatch
-from tests.kube.test_operator import Kube, wait_for
 from tests.support.controlplane import ControlPlane
+from tests.support.operator import Kube, wait_for
 
 pytestmark = pytest.mark.kube
 

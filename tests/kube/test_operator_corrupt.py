@@ -18,8 +18,8 @@ import pytest
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef
 from joblease.store import Delete, Put
-from tests.kube.test_operator import Kube, OperatorProcess, wait_for
 from tests.support.controlplane import ControlPlane
+from tests.support.operator import Kube, OperatorProcess, running_operator, wait_for
 
 pytestmark = pytest.mark.kube
 
@@ -56,15 +56,8 @@ async def two_namespace_operator(crds_installed: ControlPlane, namespace: str,
                                  ) -> AsyncIterator[OperatorProcess]:
     """The operator serving both namespaces (one glob: ``<first>*``)."""
     op = OperatorProcess(crds_installed, etcd_config, f"{namespace}*", tmp_path / "operator.log")
-    op.start()
-    try:
-        await op.wait_ready()
-        yield op
-    finally:
-        op.stop()
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            rep.sections.append(("operator log", op.log_tail()))
+    async with running_operator(op, request) as running:
+        yield running
 
 
 async def test_one_jobs_undecodable_records_do_not_stop_the_operator_for_other_jobs(

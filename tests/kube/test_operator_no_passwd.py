@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from joblease import EtcdConfig
-from tests.kube.test_operator import Kube, OperatorProcess, wait_for
 from tests.support.controlplane import ControlPlane
+from tests.support.operator import Kube, OperatorProcess, running_operator, wait_for
 
 pytestmark = pytest.mark.kube
 UID = GID = 65532
@@ -90,13 +90,8 @@ async def no_passwd_operator(crds_installed: ControlPlane, namespace: str,
                              ) -> AsyncIterator[NoPasswdOperator]:
     op = NoPasswdOperator(crds_installed, etcd_config, namespace, tmp_path / "operator.log",
                           home)
-    try:
-        yield op
-    finally:
-        op.stop()
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            rep.sections.append(("operator log", op.log_tail()))
+    async with running_operator(op, request, start=False) as running:
+        yield running
 
 
 async def test_operator_starts_as_a_uid_without_a_passwd_entry(

@@ -27,8 +27,8 @@ import yaml
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef
 from tests.kube.test_chart import CHART, helm_ok, release_name, set_args
-from tests.kube.test_operator import Kube, OperatorProcess, wait_for
 from tests.support.controlplane import ControlPlane
+from tests.support.operator import Kube, OperatorProcess, running_operator, wait_for
 
 pytestmark = pytest.mark.kube
 
@@ -127,15 +127,8 @@ async def chart_operator(crds_installed: ControlPlane, namespace: str, release: 
                                   tmp_path / "operator.kubeconfig")
     op = ChartOperator(cp, etcd_config, namespace, tmp_path / "operator.log", container,
                        kubeconfig)
-    op.start()
-    try:
-        await op.wait_ready()
-        yield op
-    finally:
-        op.stop()
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            rep.sections.append(("operator log", op.log_tail()))
+    async with running_operator(op, request) as running:
+        yield running
 
 
 def forbidden_lines(log: str) -> list[str]:

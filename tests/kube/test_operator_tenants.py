@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -34,9 +33,9 @@ from joblease.operator.tenants import (
 )
 from joblease.records import JobSpec
 from joblease.tenancy import EtcdAuthAdmin, tenant_status
-from tests.kube.test_operator import Kube, OperatorProcess, wait_for
 from tests.security.conftest import ROOT_PASSWORD, Pki, auth_etcd, pki  # noqa: F401
 from tests.support.controlplane import ControlPlane
+from tests.support.operator import Kube, OperatorProcess, running_operator, wait_for
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -101,15 +100,8 @@ async def tenant_operator(crds_installed: ControlPlane, namespace: str, base_con
     password_file.write_text(ROOT_PASSWORD + "\n")
     op = TenantOperator(crds_installed, base_config, namespace, tmp_path / "operator.log",
                         password_file)
-    op.start()
-    try:
-        await op.wait_ready()
-        yield op
-    finally:
-        op.stop()
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and (rep.failed or os.environ.get("JOBLEASE_TEST_OPERATOR_LOG")):
-            rep.sections.append(("operator log", op.log_tail(250)))
+    async with running_operator(op, request, log_lines=250) as running:
+        yield running
 
 
 # ----------------------------------------------------------------------------- tests
