@@ -124,24 +124,24 @@ def secret_data(rel: Release, name: str) -> dict[str, str]:
     return data
 
 
-def run_curl_pod(rel: Release, name: str, script: str) -> str:
-    """Run ``script`` in a pod of the curl image with the client Secret at /tls."""
+def run_curl_pod(cluster: Cluster, namespace: str, name: str, secret: str, script: str) -> str:
+    """Run ``script`` in a pod of the curl image with Secret ``secret`` at /tls."""
     pod = {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": rel.namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "restartPolicy": "Never",
             "containers": [{
                 "name": "curl", "image": image_ref("docker.io/curlimages/curl"),
                 "imagePullPolicy": "Never", "command": ["sh", "-c", script],
                 "volumeMounts": [{"name": "tls", "mountPath": "/tls", "readOnly": True}]}],
-            "volumes": [{"name": "tls", "secret": {"secretName": f"{rel.etcd}-client",
+            "volumes": [{"name": "tls", "secret": {"secretName": secret,
                                                    "defaultMode": 0o444}}],
         },
     }
-    rel.cluster.apply(json.dumps(pod))
-    phase = rel.cluster.wait_pod_done(name, rel.namespace, timeout=300)
-    logs = rel.cluster.kubectl("logs", name, "-n", rel.namespace)
+    cluster.apply(json.dumps(pod))
+    phase = cluster.wait_pod_done(name, namespace, timeout=300)
+    logs = cluster.kubectl("logs", name, "-n", namespace)
     assert phase == "Succeeded", f"{phase}: {logs.stdout}{logs.stderr}"
     return logs.stdout
 
@@ -188,7 +188,7 @@ def test_install_with_defaults_runs_etcd_and_the_operator_over_tls(release: Rele
 
     # the client port refuses plain HTTP and TLS without a client certificate
     url = f"{rel.etcd}:2379/health"
-    out_text = run_curl_pod(rel, "curl-etcd", (
+    out_text = run_curl_pod(rel.cluster, rel.namespace, "curl-etcd", f"{rel.etcd}-client", (
         f"curl -fsS --max-time 10 http://{url}; echo plain=$?; "
         f"curl -fsS --max-time 10 --cacert /tls/ca.crt https://{url}; echo nocert=$?; "
         f"curl -fsS --max-time 10 --retry 10 --retry-all-errors --cacert /tls/ca.crt "
@@ -232,3 +232,31 @@ def test_upgrade_keeps_the_certificates_and_the_registrations(release: Release) 
     assert after.get("generation") == before.get("generation")
     ca = base64.b64decode(server["ca.crt"])
     assert ca.startswith(b"-----BEGIN CERTIFICATE-----") and server["ca.crt"] == client["ca.crt"]
+
+
+def test_three_members_and_a_worker_namespace_copy_of_the_client_secret(
+        release: Release, cluster: Cluster) -> None:
+    """3 members form one cluster; a sidecar's namespace gets the client Secret and
+    reaches etcd through the client Service with it."""
+    rel = release
+    workers = f"{rel.namespace[:50]}-workers"
+    cluster.kubectl("create", "namespace", workers, check=True)
+    try:
+        rel.helm("install", rel.name, str(CHART), *TEST_CLUSTER_VALUES,
+                 "--set", "etcd.replicas=3", "--set", f"etcd.workerSecret.namespaces[0]={workers}")
+        rel.wait_ready()
+        assert rel.get("statefulset", rel.etcd)["status"]["readyReplicas"] == 3
+        rel.apply_joblease("three")
+        rel.wait_registered("three")
+
+        copy = json.loads(cluster.kubectl("get", "secret", "joblease-etcd-client", "-n", workers,
+                                          "-o", "json", check=True).stdout)
+        assert copy["data"] == secret_data(rel, f"{rel.etcd}-client")
+        url = f"https://{rel.etcd}.{rel.namespace}.svc:2379/v3/cluster/member/list"
+        out = run_curl_pod(cluster, workers, "members", "joblease-etcd-client", (
+            "curl -fsS --max-time 10 --retry 10 --retry-all-errors --cacert /tls/ca.crt "
+            f"--cert /tls/tls.crt --key /tls/tls.key -X POST -d '{{}}' {url}"))
+        members = json.loads(out)["members"]
+        assert sorted(m["name"] for m in members) == [f"{rel.etcd}-{i}" for i in range(3)]
+    finally:
+        cluster.kubectl("delete", "namespace", workers, "--wait=false")
