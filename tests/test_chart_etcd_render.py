@@ -173,12 +173,11 @@ def test_own_etcd_renders_no_etcd_objects() -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--set", "etcd.replicas=2"], "at '/etcd/replicas': value must be one of 1, 3"),
     (["--set", "etcd.enabled=false"], "at '/etcd/endpoints': minItems: got 0, want 1"),
-    (["--set-json", 'etcd.endpoints=["etcd:2379"]'], "at '/etcd/endpoints': maxItems"),
     (["--set", "etcd.persistence.size=lots"], "at '/etcd/persistence/size'"),
     (["--set", "etcd.workerSecret.namespaces[0]=Team_A"],
      "at '/etcd/workerSecret/namespaces/0'"),
     (["--set", "etcd.bogus=1"], "additional properties 'bogus' not allowed"),
-], ids=["two-members", "own-etcd-without-endpoints", "endpoints-with-bundled-etcd",
+], ids=["two-members", "own-etcd-without-endpoints",
         "bad-size", "bad-namespace", "unknown-key"])
 def test_schema_refuses_bad_values(args: list[str], message: str) -> None:
     result = helm_template(*args)
@@ -187,7 +186,15 @@ def test_schema_refuses_bad_values(args: list[str], message: str) -> None:
     assert message in result.stderr, result.stderr
 
 
-def test_templates_refuse_half_supplied_certificates() -> None:
-    result = helm_template("--set", "etcd.certificates.serverSecretName=only-server")
+@pytest.mark.parametrize(("args", "message"), [
+    (["--set", "etcd.certificates.serverSecretName=only-server"],
+     "set both serverSecretName and clientSecretName"),
+    # an upgrade of a release that named its own etcd never switches etcd silently
+    (["--set-json", 'etcd.endpoints=["etcd.etcd.svc:2379"]'],
+     "etcd.endpoints is for your own etcd: set etcd.enabled=false with it"),
+    (["--set", "etcd.tls.secretName=mine"], "etcd.tls is for your own etcd"),
+], ids=["half-supplied-certificates", "endpoints-with-bundled-etcd", "tls-with-bundled-etcd"])
+def test_templates_refuse_contradicting_etcd_values(args: list[str], message: str) -> None:
+    result = helm_template(*args)
     assert result.returncode != 0, result.stdout
-    assert "set both serverSecretName and clientSecretName" in result.stderr, result.stderr
+    assert message in result.stderr, result.stderr
