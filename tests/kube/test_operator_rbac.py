@@ -106,7 +106,7 @@ def release(crds_installed: ControlPlane, namespace: str, etcd_config: EtcdConfi
     cp = crds_installed
     name = release_name(namespace)
     helm_ok(cp, "install", name, str(CHART), "-n", namespace, *set_args({
-        "scope": "namespaced", "watchNamespaces": [namespace],
+        "scope": "namespaced", "watchNamespaces": [namespace], "etcd.enabled": False,
         "etcd.endpoints": list(etcd_config.endpoints), "etcd.root": etcd_config.root,
         "operator.watchTimeoutSeconds": 60,
     }))

@@ -1,0 +1,262 @@
+"""The chart with its bundled etcd, installed by the real helm into the real cluster.
+
+Each test installs its own release into its own namespace and uninstalls it
+afterwards. Values: the chart's defaults, plus ``etcd.persistence.enabled=false``
+only, because the test cluster has no storage provisioner (a PersistentVolumeClaim
+would stay Pending forever); the members' data then lives in an emptyDir. The
+images are the chart's default references, imported into the node's containerd
+(``hack/build-images``), so ``imagePullPolicy: IfNotPresent`` pulls nothing.
+Waits are on conditions with generous deadlines (the machine is loaded).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.binaries import REPO_ROOT, helm_binary
+from tests.support.cluster import Cluster, image_ref
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
+
+CHART = REPO_ROOT / "charts" / "joblease-operator"
+# what the test cluster forces: no StorageClass, no provisioner
+TEST_CLUSTER_VALUES = ["--set", "etcd.persistence.enabled=false"]
+
+
+class Release:
+    """A helm release of the chart in one namespace (private helm dirs)."""
+
+    def __init__(self, cluster: Cluster, namespace: str, helm_home: Path) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.name = "jl"
+        self.fullname = f"{self.name}-joblease-operator"
+        self.etcd = f"{self.name}-etcd"
+        self.env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
+        for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
+            self.env[var] = str(helm_home / var.lower())
+
+    def helm(self, *args: str, timeout: float = 300) -> str:
+        result = subprocess.run([helm_binary(), *args, "-n", self.namespace],
+                                capture_output=True, text=True, timeout=timeout, env=self.env)
+        assert result.returncode == 0, f"helm {args}:\n{result.stdout}\n{result.stderr}"
+        return result.stdout
+
+    def kubectl(self, *args: str, timeout: float = 60) -> str:
+        result = self.cluster.kubectl(*args, "-n", self.namespace, timeout=timeout)
+        assert result.returncode == 0, f"kubectl {args}:\n{result.stdout}\n{result.stderr}"
+        return result.stdout
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = json.loads(self.kubectl("get", kind, name, "-o", "json"))
+        return obj
+
+    def diagnostics(self) -> str:
+        out = self.cluster.kubectl("get", "all,jobleases", "-n", self.namespace, "-o", "wide")
+        pods = self.cluster.kubectl("describe", "pods", "-n", self.namespace)
+        logs = self.cluster.kubectl("logs", "-n", self.namespace, "--all-containers",
+                                    "--prefix", "-l", "app.kubernetes.io/instance=jl",
+                                    "--tail=40")
+        return "\n".join((out.stdout, pods.stdout[-6000:], logs.stdout, logs.stderr))
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        for kind, name in (("statefulset", self.etcd), ("deployment", self.fullname)):
+            result = self.cluster.kubectl("rollout", "status", f"{kind}/{name}", "-n",
+                                          self.namespace, f"--timeout={int(timeout)}s",
+                                          timeout=timeout + 30)
+            assert result.returncode == 0, (
+                f"{kind}/{name} not ready: {result.stderr}\n{self.diagnostics()}")
+
+    def operator_pod(self) -> dict[str, Any]:
+        pods = json.loads(self.kubectl(
+            "get", "pods", "-o", "json", "-l",
+            f"app.kubernetes.io/name=joblease-operator,app.kubernetes.io/instance={self.name}"))
+        running = [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+        assert len(running) == 1, [p["metadata"]["name"] for p in pods["items"]]
+        pod: dict[str, Any] = running[0]
+        return pod
+
+    def wait_registered(self, name: str, timeout: float = 300) -> dict[str, Any]:
+        """Wait until the operator registered the JobLease in etcd (Pending + etcdRevision)."""
+        def status() -> dict[str, Any] | None:
+            st: dict[str, Any] = self.get("joblease", name).get("status") or {}
+            if st.get("phase") == "Pending" and int(st.get("etcdRevision") or 0) > 0:
+                return st
+            return None
+        try:
+            found: dict[str, Any] = wait_until(status, timeout=timeout,
+                                               what=f"JobLease {name} Pending", interval=1)
+        except Exception as e:
+            raise AssertionError(f"{e}\n{self.diagnostics()}") from e
+        return found
+
+    def apply_joblease(self, name: str) -> None:
+        self.cluster.apply(json.dumps({
+            "apiVersion": "joblease.io/v1alpha1", "kind": "JobLease",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {"leaseDurationSeconds": 30, "maxAttempts": 3}}))
+
+
+@pytest.fixture
+def release(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[Release]:
+    rel = Release(cluster, namespace, tmp_path / "helm")
+    yield rel
+    subprocess.run([helm_binary(), "uninstall", rel.name, "-n", namespace, "--wait",
+                    "--timeout", "120s"], capture_output=True, text=True, timeout=180,
+                   env=rel.env)
+    # the JobLeases keep a finalizer once the operator is gone (docs/helm.md): release them
+    # so that the namespace can go away
+    cluster.kubectl("patch", "jobleases", "--all", "-n", namespace, "--type=merge", "-p",
+                    '{"metadata":{"finalizers":null}}')
+
+
+def secret_data(rel: Release, name: str) -> dict[str, str]:
+    data: dict[str, str] = rel.get("secret", name)["data"]
+    return data
+
+
+def run_curl_pod(cluster: Cluster, namespace: str, name: str, secret: str, script: str) -> str:
+    """Run ``script`` in a pod of the curl image with Secret ``secret`` at /tls."""
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "curl", "image": image_ref("docker.io/curlimages/curl"),
+                "imagePullPolicy": "Never", "command": ["sh", "-c", script],
+                "volumeMounts": [{"name": "tls", "mountPath": "/tls", "readOnly": True}]}],
+            "volumes": [{"name": "tls", "secret": {"secretName": secret,
+                                                   "defaultMode": 0o444}}],
+        },
+    }
+    cluster.apply(json.dumps(pod))
+    phase = cluster.wait_pod_done(name, namespace, timeout=300)
+    logs = cluster.kubectl("logs", name, "-n", namespace)
+    assert phase == "Succeeded", f"{phase}: {logs.stdout}{logs.stderr}"
+    return logs.stdout
+
+
+def test_install_with_defaults_runs_etcd_and_the_operator_over_tls(release: Release) -> None:
+    rel = release
+    # the chart's default image references are the ones imported into the node
+    values = rel.helm("show", "values", str(CHART))
+    assert image_ref("gcr.io/etcd-development/etcd") == "gcr.io/etcd-development/etcd:v3.6.16"
+    assert "tag: v3.6.16" in values
+    rel.helm("install", rel.name, str(CHART), *TEST_CLUSTER_VALUES)
+    rel.wait_ready()
+
+    pod = rel.operator_pod()
+    spec = pod["spec"]
+    assert spec["serviceAccountName"] == rel.fullname
+    (container,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "operator"]
+    assert container["ready"] is True
+    assert container["image"].endswith(image_ref("ghcr.io/joblease/joblease"))
+    # the process itself: UID 65532 (not root), and the root filesystem refuses writes
+    out = rel.cluster.kubectl("exec", pod["metadata"]["name"], "-n", rel.namespace, "-c",
+                              "operator", "--", "sh", "-c",
+                              "id -u; touch /probe 2>&1 && echo wrote || echo refused",
+                              timeout=120)
+    assert out.returncode == 0, out.stderr
+    uid, touched = out.stdout.split("\n", 1)
+    assert uid.strip() == "65532" and "refused" in touched, out.stdout
+
+    # the etcd members run restricted, and the operator is wired to them over TLS
+    sts = rel.get("statefulset", rel.etcd)
+    etcd_spec = sts["spec"]["template"]["spec"]
+    (etcd,) = etcd_spec["containers"]
+    assert etcd["securityContext"]["readOnlyRootFilesystem"] is True
+    assert etcd_spec["securityContext"]["runAsUser"] == 65532
+    env = {e["name"]: e.get("value") for e in
+           rel.get("deployment", rel.fullname)["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["JOBLEASE_ETCD_ENDPOINTS"].startswith(f"https://{rel.etcd}-0.")
+    assert env["JOBLEASE_ETCD_CERT_FILE"] and env["JOBLEASE_ETCD_CA_FILE"]
+
+    # the operator registers a JobLease in the bundled etcd
+    rel.apply_joblease("over-tls")
+    status = rel.wait_registered("over-tls")
+    assert status["etcdRevision"] > 0
+
+    # the client port refuses plain HTTP and TLS without a client certificate
+    url = f"{rel.etcd}:2379/health"
+    out_text = run_curl_pod(rel.cluster, rel.namespace, "curl-etcd", f"{rel.etcd}-client", (
+        f"curl -fsS --max-time 10 http://{url}; echo plain=$?; "
+        f"curl -fsS --max-time 10 --cacert /tls/ca.crt https://{url}; echo nocert=$?; "
+        f"curl -fsS --max-time 10 --retry 10 --retry-all-errors --cacert /tls/ca.crt "
+        f"--cert /tls/tls.crt --key /tls/tls.key https://{url}; echo; echo withcert=$?"))
+    lines = out_text.splitlines()
+    assert "plain=0" not in lines and any(x.startswith("plain=") for x in lines), out_text
+    assert "nocert=0" not in lines and any(x.startswith("nocert=") for x in lines), out_text
+    assert "withcert=0" in lines and '"health":"true"' in out_text, out_text
+
+
+def test_upgrade_keeps_the_certificates_and_the_registrations(release: Release) -> None:
+    rel = release
+    rel.helm("install", rel.name, str(CHART), *TEST_CLUSTER_VALUES)
+    rel.wait_ready()
+    rel.apply_joblease("kept")
+    before = rel.wait_registered("kept")
+    server = secret_data(rel, f"{rel.etcd}-server-tls")
+    client = secret_data(rel, f"{rel.etcd}-client")
+    old_pod = rel.operator_pod()["metadata"]["uid"]
+    etcd_pod = rel.get("pod", f"{rel.etcd}-0")["metadata"]["uid"]
+
+    rel.helm("upgrade", rel.name, str(CHART), *TEST_CLUSTER_VALUES,
+             "--set", "operator.logLevel=DEBUG")
+    rel.wait_ready()
+    wait_until(lambda: rel.operator_pod()["metadata"]["uid"] != old_pod, timeout=300,
+               what="the operator pod replaced by the upgrade", interval=1)
+    new_pod = rel.operator_pod()
+    assert "--log-level=DEBUG" in new_pod["spec"]["containers"][0]["args"]
+
+    assert secret_data(rel, f"{rel.etcd}-server-tls") == server
+    assert secret_data(rel, f"{rel.etcd}-client") == client
+    # the member kept running (its emptyDir, i.e. the job state, is the same)
+    assert rel.get("pod", f"{rel.etcd}-0")["metadata"]["uid"] == etcd_pod
+    # the new operator talks to etcd with the kept certificates ...
+    rel.apply_joblease("after-upgrade")
+    rel.wait_registered("after-upgrade")
+    # ... and the registration from before is the same one (no re-registration)
+    after = rel.get("joblease", "kept")["status"]
+    assert after["phase"] == "Pending"
+    assert after["etcdRevision"] == before["etcdRevision"], (before, after)
+    assert after.get("generation") == before.get("generation")
+    ca = base64.b64decode(server["ca.crt"])
+    assert ca.startswith(b"-----BEGIN CERTIFICATE-----") and server["ca.crt"] == client["ca.crt"]
+
+
+def test_three_members_and_a_worker_namespace_copy_of_the_client_secret(
+        release: Release, cluster: Cluster) -> None:
+    """3 members form one cluster; a sidecar's namespace gets the client Secret and
+    reaches etcd through the client Service with it."""
+    rel = release
+    workers = f"{rel.namespace[:50]}-workers"
+    cluster.kubectl("create", "namespace", workers, check=True)
+    try:
+        rel.helm("install", rel.name, str(CHART), *TEST_CLUSTER_VALUES,
+                 "--set", "etcd.replicas=3", "--set", f"etcd.workerSecret.namespaces[0]={workers}")
+        rel.wait_ready()
+        assert rel.get("statefulset", rel.etcd)["status"]["readyReplicas"] == 3
+        rel.apply_joblease("three")
+        rel.wait_registered("three")
+
+        copy = json.loads(cluster.kubectl("get", "secret", "joblease-etcd-client", "-n", workers,
+                                          "-o", "json", check=True).stdout)
+        assert copy["data"] == secret_data(rel, f"{rel.etcd}-client")
+        url = f"https://{rel.etcd}.{rel.namespace}.svc:2379/v3/cluster/member/list"
+        out = run_curl_pod(cluster, workers, "members", "joblease-etcd-client", (
+            "curl -fsS --max-time 10 --retry 10 --retry-all-errors --cacert /tls/ca.crt "
+            f"--cert /tls/tls.crt --key /tls/tls.key -X POST -d '{{}}' {url}"))
+        members = json.loads(out)["members"]
+        assert sorted(m["name"] for m in members) == [f"{rel.etcd}-{i}" for i in range(3)]
+    finally:
+        cluster.kubectl("delete", "namespace", workers, "--wait=false")
