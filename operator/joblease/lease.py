@@ -461,7 +461,8 @@ class Lease:
                 for lease in chunk:
                     await lease.check()
 
-    def _checkpoint_dict(self) -> dict[str, Any] | None:
+    def checkpoint_dict(self) -> dict[str, Any] | None:
+        """``checkpoint_record`` as JSON (``{"corrupt": why}`` if it cannot be decoded)."""
         try:
             record = self.checkpoint_record
         except CorruptRecordError as exc:
@@ -472,6 +473,6 @@ class Lease:
         return {"job": str(self.job), "owner": self.owner, "claimId": self.claim_id,
                 "token": self.token, "generation": self.generation, "ttl": self.ttl,
                 "leaseId": self.lease_id, "state": self.state.value,
-                "checkpoint": self._checkpoint_dict(),
+                "checkpoint": self.checkpoint_dict(),
                 "valid": self.valid, "remainingSeconds": round(self.remaining(), 3),
                 "lostReason": self.lost_reason}
