@@ -5,13 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from joblease import InvalidInputError, JobLeaseClient, JobRef, JobSpec, Phase, StaleTokenError
-from joblease.store import Put
+from joblease import (
+    EtcdConfig,
+    InvalidInputError,
+    JobLeaseClient,
+    JobRef,
+    JobSpec,
+    OutcomeUnknownError,
+    Phase,
+    StaleTokenError,
+)
+from joblease.etcd_store import EtcdStore
+from joblease.store import Compare, Put, TxnOp, TxnResult
 from joblease.validation import MAX_CHECKPOINT_BYTES
 from tests.support.etcd_keys import snapshot, writes
+from tests.support.faulty_store import FaultyStore
 
 TTL = 2
 
@@ -130,3 +142,75 @@ async def test_unregister_deletes_the_checkpoint(client: JobLeaseClient) -> None
     await client.unregister(job)
     _, kvs = await client.store.get(client.keys.job(job).checkpoint)
     assert kvs == []
+
+
+# -- unknown outcomes (faults at one exact step; every forwarded request is real) ------------
+
+
+@pytest.fixture
+async def faulty(etcd_config: EtcdConfig) -> AsyncIterator[tuple[JobLeaseClient, FaultyStore]]:
+    store = FaultyStore(EtcdStore(etcd_config))
+    async with JobLeaseClient(etcd_config, store=store) as c:
+        yield c, store
+        store.on_txn = None
+
+
+def _is_checkpoint(success: Sequence[TxnOp]) -> bool:
+    return any(isinstance(op, Put) and op.key.endswith(b"/checkpoint") for op in success)
+
+
+async def test_checkpoint_whose_reply_was_lost_is_confirmed_by_reading_back(
+    faulty: tuple[JobLeaseClient, FaultyStore], client: JobLeaseClient,
+) -> None:
+    c, store = faulty
+    job = JobRef("default", "ckpt-lost-reply")
+    await client.register(job, JobSpec(lease_duration_seconds=10, max_attempts=0))
+    lease = await c.claim(job, "w")
+    sent: list[int] = []
+
+    async def commit_then_lose(compares: Sequence[Compare], success: Sequence[TxnOp],
+                               failure: Sequence[TxnOp]) -> TxnResult:
+        r = await store.inner.txn(compares, success, failure)
+        if _is_checkpoint(success):
+            sent.append(r.revision)
+            store.on_txn = None
+            raise OutcomeUnknownError("injected: checkpoint reply lost after commit")
+        return r
+
+    store.on_txn = commit_then_lose
+    record = await lease.checkpoint({"step": 1})
+    assert sent and record.revision == sent[0] and record.data == {"step": 1}
+    _, kvs = await client.store.get(client.keys.job(job).checkpoint)
+    assert kvs[0].version == 1, "the checkpoint was written more than once"
+    await lease.release()
+
+
+async def test_late_copy_of_an_older_checkpoint_cannot_overwrite_a_newer_one(
+    faulty: tuple[JobLeaseClient, FaultyStore], client: JobLeaseClient,
+) -> None:
+    """The first copy is held back (outcome unknown), the resend commits, a newer
+    checkpoint commits, then the held copy arrives: its compare on the
+    checkpoint's mod revision fails, and the newer checkpoint stands."""
+    c, store = faulty
+    job = JobRef("default", "ckpt-late-copy")
+    await client.register(job, JobSpec(lease_duration_seconds=10, max_attempts=0))
+    lease = await c.claim(job, "w")
+    held: list[tuple[Sequence[Compare], Sequence[TxnOp], Sequence[TxnOp]]] = []
+
+    async def hold_first(compares: Sequence[Compare], success: Sequence[TxnOp],
+                         failure: Sequence[TxnOp]) -> TxnResult:
+        if _is_checkpoint(success) and not held:
+            held.append((compares, success, failure))
+            raise OutcomeUnknownError("injected: checkpoint in flight, outcome unknown")
+        return await store.inner.txn(compares, success, failure)
+
+    store.on_txn = hold_first
+    first = await lease.checkpoint({"step": 1})
+    store.on_txn = None
+    assert first.data == {"step": 1} and held
+    await lease.checkpoint({"step": 2})
+    late = await store.inner.txn(*held[0])  # the held copy lands now
+    assert not late.succeeded
+    state = await client.get(job)
+    assert state.checkpoint is not None and state.checkpoint.data == {"step": 2}
+    await lease.release()
