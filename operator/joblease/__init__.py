@@ -28,11 +28,12 @@ from joblease.errors import (
 from joblease.etcd_store import EtcdConfig
 from joblease.keys import JobRef
 from joblease.lease import Lease
-from joblease.records import Holder, JobSpec, JobState, Phase, ResultRecord
+from joblease.records import CheckpointRecord, Holder, JobSpec, JobState, Phase, ResultRecord
 
 __all__ = [
     "AlreadyCompletedError",
     "AttemptsExhaustedError",
+    "CheckpointRecord",
     "ClaimOutcomeUnknownError",
     "ClaimRevokedError",
     "CorruptRecordError",

@@ -317,6 +317,34 @@ def complete(job: str, namespace: str, owner: str, token: int, result: str, outp
 
 @main.command()
 @job_argument
+@_on_behalf("checkpoint")
+@click.option("--data", required=True, help="The checkpoint as JSON.")
+@etcd_options
+@output_option
+def checkpoint(job: str, namespace: str, owner: str, token: int, data: str, output: str,
+               **kw: Any) -> None:
+    """Store DATA as JOB's checkpoint under OWNER's claim with TOKEN (refused as
+    stale, exit 7, unless that claim holds the job now)."""
+    config, ref = split_etcd(kw), job_ref(job, namespace)
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        click.echo(f"joblease: invalid: --data is not JSON ({e})", err=True)
+        sys.exit(InvalidInputError.exit_code)
+
+    async def go() -> dict[str, Any]:
+        async with JobLeaseClient(config) as c:
+            lease = await c.lease_for(ref, owner, token)
+            record = await lease.checkpoint(value)
+            return {"job": str(ref), **record.to_dict()}
+
+    emit(run(go()), output, lambda d: [[d["job"], d["owner"], d["generation"], d["token"],
+                                        d["revision"]]],
+         ("JOB", "OWNER", "GENERATION", "TOKEN", "REVISION"))
+
+
+@main.command()
+@job_argument
 @_on_behalf("release")
 @etcd_options
 @output_option
@@ -388,6 +416,10 @@ def get(job: str, namespace: str, output: str, **kw: Any) -> None:
         click.echo(f"joblease: not_found: job {ref} is not registered", err=True)
         sys.exit(3)
     emit(state.to_dict(), output, lambda d: state_rows([d]), STATE_HEADERS)
+    if output == "table" and state.checkpoint is not None:
+        cp = state.checkpoint
+        click.echo(f"checkpoint (generation {cp.generation}, token {cp.token}, by "
+                   f"{cp.owner}): {json.dumps(cp.data, sort_keys=True)}")
     if state.corrupt is not None:
         # What did decode is shown above; the exit code says the state is incomplete.
         click.echo(f"joblease: {CorruptRecordError.reason}: job {ref}: {state.corrupt}",

@@ -6,7 +6,8 @@ Claim (invariant 1) is one etcd transaction:
     and create(holder) == 0                      (no live holder)
     and version(result) == 0                     (not completed)
     and version(claims) < maxAttempts            (attempts left; skipped if unlimited)
-    then put holder (bound to this client's etcd lease), put claims, get claims
+    then put holder (bound to this client's etcd lease), put claims, get claims,
+         get checkpoint                          (the last holder's, for the new one)
     else get spec, holder, result, claims        (to say exactly why not)
 
 The commit revision is the fencing token; ``claims``' version after the put is
@@ -46,7 +47,7 @@ from joblease.errors import (
 from joblease.etcd_store import EtcdConfig, EtcdStore
 from joblease.keys import JobKeys, JobRef, KeySpace
 from joblease.lease import Lease
-from joblease.records import Holder, JobSpec, JobState, ResultRecord, decoding
+from joblease.records import CheckpointRecord, Holder, JobSpec, JobState, ResultRecord, decoding
 from joblease.session import Session
 from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, TxnResult, WatchEvent
 
@@ -55,7 +56,8 @@ T = TypeVar("T")
 
 
 def assemble(job: JobRef, fields: dict[str, KeyValue], revision: int) -> JobState:
-    """Build a :class:`JobState` from a job's keys (``spec``/``holder``/``claims``/``result``).
+    """Build a :class:`JobState` from a job's keys (``spec``/``holder``/``claims``/``result``/
+    ``checkpoint``).
 
     Never raises for stored data: a record that cannot be decoded is left empty
     and named in ``JobState.corrupt`` (phase ``Corrupt``), so one bad job never
@@ -63,9 +65,10 @@ def assemble(job: JobRef, fields: dict[str, KeyValue], revision: int) -> JobStat
     """
     spec_kv, holder_kv = fields.get("spec"), fields.get("holder")
     claims_kv, result_kv = fields.get("claims"), fields.get("result")
+    checkpoint_kv = fields.get("checkpoint")
     generation = claims_kv.version if claims_kv else 0
     problems: list[str] = []
-    spec = holder = result = None
+    spec = holder = result = checkpoint = None
     last_owner = None
     try:
         spec = JobSpec.decode(spec_kv.value) if spec_kv else None
@@ -91,6 +94,11 @@ def assemble(job: JobRef, fields: dict[str, KeyValue], revision: int) -> JobStat
         result = ResultRecord.decode(result_kv.value, result_kv.mod_revision) if result_kv else None
     except CorruptRecordError as exc:
         problems.append(str(exc))
+    try:
+        checkpoint = (CheckpointRecord.decode(checkpoint_kv.value, checkpoint_kv.mod_revision)
+                      if checkpoint_kv else None)
+    except CorruptRecordError as exc:
+        problems.append(str(exc))
     return JobState(
         job=job,
         revision=revision,
@@ -102,6 +110,7 @@ def assemble(job: JobRef, fields: dict[str, KeyValue], revision: int) -> JobStat
         result=result,
         mod_revision=max((kv.mod_revision for kv in fields.values()), default=0),
         corrupt="; ".join(problems) or None,
+        checkpoint=checkpoint,
     )
 
 
@@ -393,7 +402,7 @@ class JobLeaseClient:
             r = await self.store.txn(
                 compares,
                 [Put(keys.holder, holder_value, lease=session.lease_id),
-                 Put(keys.claims, claim_value), Get(keys.claims)],
+                 Put(keys.claims, claim_value), Get(keys.claims), Get(keys.checkpoint)],
                 [Get(keys.spec), Get(keys.holder), Get(keys.result), Get(keys.claims)],
             )
         except LeaseNotFoundError:
@@ -416,7 +425,7 @@ class JobLeaseClient:
             return Lease(store=self.store, session=session, job=job, keys=keys,
                          owner=owner, claim_id=claim_id, token=r.revision,
                          generation=claims.version, ttl=spec.lease_duration_seconds,
-                         holder_value=holder_value)
+                         holder_value=holder_value, checkpoint=r.kv(3))
         return self._refused(job, r, spec_revision)
 
     def _refused(self, job: JobRef, r: TxnResult, spec_revision: int) -> bool:
@@ -475,7 +484,8 @@ class JobLeaseClient:
             return Lease(store=self.store, session=session, job=job, keys=keys, owner=owner,
                          claim_id=claim_id, token=holder.create_revision,
                          generation=claims.version if claims else 0,
-                         ttl=session.ttl, holder_value=holder_value)
+                         ttl=session.ttl, holder_value=holder_value,
+                         checkpoint=fields.get("checkpoint"))
         log.info("ambiguous claim of %s not visible; revoking lease %x so it cannot commit late",
                  job, session.lease_id)
         if not await self._end_session(session, "revoked to settle an ambiguous claim"):
@@ -565,7 +575,8 @@ class JobLeaseClient:
         holder = Holder.decode_value(holder_kv.value)
         return Lease(store=self.store, session=None, job=job, keys=keys, owner=owner,
                      claim_id=h.claim_id, token=token, generation=state.generation,
-                     ttl=int(holder.get("ttl", 0)), holder_value=holder_kv.value)
+                     ttl=int(holder.get("ttl", 0)), holder_value=holder_kv.value,
+                     checkpoint=fields.get("checkpoint"))
 
     # -- inspection --------------------------------------------------------------------------
 

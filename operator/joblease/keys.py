@@ -8,7 +8,10 @@ Every job owns the prefix ``<root>/<namespace>/<name>/`` (root defaults to
               its create revision is the fencing token;
 - ``claims``  put once per successful claim: its ``version`` is the generation
               (and the attempts used);
-- ``result``  written once, by the completion transaction.
+- ``result``  written once, by the completion transaction;
+- ``checkpoint`` the last progress checkpoint, written only by the holder
+              (same compares as renew); kept after completion, deleted with
+              the job on unregister.
 """
 
 from __future__ import annotations
@@ -58,6 +61,10 @@ class JobKeys:
     @property
     def result(self) -> bytes:
         return self.prefix + b"result"
+
+    @property
+    def checkpoint(self) -> bytes:
+        return self.prefix + b"checkpoint"
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,9 @@ invalid it never becomes valid again.
 ``complete`` and ``release`` use exactly the renew condition -- the holder key
 still has this token (create revision) and this exact value (owner + claim
 id) -- in one transaction, so a stale completion is rejected by etcd itself.
+``checkpoint`` uses the same condition, plus "the checkpoint key is as this
+handle last saw it" (so a late copy of an older checkpoint cannot overwrite a
+newer one of the same claim).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from joblease.errors import (
     StoreUnavailableError,
 )
 from joblease.keys import JobKeys, JobRef
-from joblease.records import Holder, ResultRecord
+from joblease.records import CheckpointRecord, Holder, ResultRecord
 from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, TxnResult
 
 if TYPE_CHECKING:
@@ -81,6 +84,7 @@ class Lease:
         generation: int,
         ttl: int,
         holder_value: bytes,
+        checkpoint: KeyValue | None = None,
     ) -> None:
         self.store = store
         self.job = job
@@ -96,6 +100,8 @@ class Lease:
         self._reason: str | None = None
         self._done = asyncio.Event()
         self.result: ResultRecord | None = None
+        #: the checkpoint key as this handle last saw it (claim's read, or our write)
+        self._checkpoint_kv = checkpoint
         if session is not None:
             session.on_loss(self._on_session_loss)
             session.attach(self)
@@ -237,6 +243,85 @@ class Lease:
                                    detail or "the job was completed under that token")
         return StaleTokenError(str(self.job), self.token, None, None, detail)
 
+    # -- checkpoint --------------------------------------------------------------------------
+
+    @property
+    def checkpoint_record(self) -> CheckpointRecord | None:
+        """The job's last checkpoint as this handle knows it: the previous
+        holder's as read by the claim transaction itself (or by ``lease_for``'s
+        read), then this handle's own last one. ``None``: there was none.
+
+        Raises :class:`CorruptRecordError` if the stored value cannot be decoded.
+        """
+        kv = self._checkpoint_kv
+        return None if kv is None else CheckpointRecord.decode(kv.value, kv.mod_revision)
+
+    async def checkpoint(self, data: Any) -> CheckpointRecord:
+        """Store ``data`` (JSON, at most ``MAX_CHECKPOINT_BYTES``) as the job's
+        checkpoint if, and only if, this claim still holds the job.
+
+        One transaction: the renew condition, and the checkpoint key unchanged
+        since this handle last saw it. Raises :class:`StaleTokenError` (naming
+        the current token) when the claim no longer holds the job: nothing is
+        stored. An unknown outcome is settled by reading back (our value there:
+        committed; holder still ours: the same conditional write is sent again,
+        and it can commit at most once); :class:`OutcomeUnknownError` if it
+        cannot be settled.
+        """
+        validation.json_payload(data, "checkpoint", validation.MAX_CHECKPOINT_BYTES)
+        value = CheckpointRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
+                                 generation=self.generation, data=data,
+                                 checkpointed_at=time.time()).encode()
+        key = self._keys.checkpoint
+        reads = [Get(self._keys.holder), Get(self._keys.result), Get(key)]
+        for _ in range(5):
+            seen = self._checkpoint_kv.mod_revision if self._checkpoint_kv else 0
+            try:
+                r = await self.store.txn([*self._ours(), Compare(key, "mod", "==", seen)],
+                                         [Put(key, value)], reads)
+            except OutcomeUnknownError:
+                log.info("checkpoint of %s has an unknown outcome; reading back", self.job)
+                r = await self._read_back_checkpoint(reads)
+            if r.succeeded:
+                return self._checkpointed(KeyValue(key, value, 0, r.revision, 0, 0))
+            stored = r.kv(2)
+            if stored is not None and stored.value == value:
+                return self._checkpointed(stored)  # an earlier copy committed
+            holder = r.kv(0)
+            if (holder is not None and holder.create_revision == self.token
+                    and holder.value == self._holder_value):
+                # Still ours: not written (after an unknown outcome the same
+                # conditional write is sent again), or another writer of this
+                # same claim checkpointed meanwhile (e.g. the CLI beside the
+                # sidecar): last writer wins.
+                self._checkpoint_kv = stored
+                continue
+            self._lose(self._describe_change(r))
+            raise self._stale(r)
+        raise OutcomeUnknownError(
+            f"checkpoint of {self.job} could not be confirmed after several attempts; "
+            "the holder was still ours and a copy still in flight may commit")
+
+    def _checkpointed(self, kv: KeyValue) -> CheckpointRecord:
+        self._checkpoint_kv = kv
+        return CheckpointRecord.decode(kv.value, kv.mod_revision)
+
+    async def _read_back_checkpoint(self, reads: list[Get]) -> TxnResult:
+        """After an unknown outcome: holder, result and checkpoint as they are
+        now, in one read, shaped like the checkpoint's failure branch."""
+        deadline = time.monotonic() + READ_BACK_SECONDS
+        while True:
+            try:
+                r = await self.store.txn([], list(reads), [])
+            except StoreUnavailableError as exc:
+                if time.monotonic() > deadline:
+                    raise OutcomeUnknownError(
+                        f"checkpoint of {self.job} has an unknown outcome and etcd could not "
+                        f"be read back: {exc}") from exc
+                await asyncio.sleep(0.2)
+                continue
+            return TxnResult(False, r.revision, r.responses)
+
     # -- complete / release ------------------------------------------------------------------
 
     async def complete(self, result: Any = None) -> ResultRecord:
@@ -376,9 +461,18 @@ class Lease:
                 for lease in chunk:
                     await lease.check()
 
+    def checkpoint_dict(self) -> dict[str, Any] | None:
+        """``checkpoint_record`` as JSON (``{"corrupt": why}`` if it cannot be decoded)."""
+        try:
+            record = self.checkpoint_record
+        except CorruptRecordError as exc:
+            return {"corrupt": str(exc)}
+        return None if record is None else record.to_dict()
+
     def to_dict(self) -> dict[str, Any]:
         return {"job": str(self.job), "owner": self.owner, "claimId": self.claim_id,
                 "token": self.token, "generation": self.generation, "ttl": self.ttl,
                 "leaseId": self.lease_id, "state": self.state.value,
+                "checkpoint": self.checkpoint_dict(),
                 "valid": self.valid, "remainingSeconds": round(self.remaining(), 3),
                 "lostReason": self.lost_reason}

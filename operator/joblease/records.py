@@ -156,6 +156,47 @@ class ResultRecord:
 
 
 @dataclass(frozen=True)
+class CheckpointRecord:
+    """The last progress checkpoint, written by the holder named here.
+
+    A completed job keeps its last checkpoint; unregistering deletes it.
+    """
+
+    owner: str
+    claim_id: str
+    token: int
+    generation: int
+    data: Any
+    checkpointed_at: float  # informational wall clock of the writer
+    revision: int = 0  # etcd revision at which the checkpoint committed
+
+    def encode(self) -> bytes:
+        return _dumps({
+            "owner": self.owner, "claimId": self.claim_id, "token": self.token,
+            "generation": self.generation, "data": self.data,
+            "checkpointedAt": self.checkpointed_at,
+        })
+
+    @classmethod
+    def decode(cls, data: bytes, revision: int = 0) -> CheckpointRecord:
+        with decoding("checkpoint"):
+            obj = _loads_object(data)
+            return cls(
+                owner=_typed(obj, "owner", str, str), claim_id=_typed(obj, "claimId", str, str),
+                token=_typed(obj, "token", int, int),
+                generation=_typed(obj, "generation", int, int), data=obj.get("data"),
+                checkpointed_at=(_typed(obj, "checkpointedAt", float, int, float)
+                                 if "checkpointedAt" in obj else 0.0),
+                revision=revision,
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"owner": self.owner, "claimId": self.claim_id, "token": self.token,
+                "generation": self.generation, "data": self.data,
+                "checkpointedAt": self.checkpointed_at, "revision": self.revision}
+
+
+@dataclass(frozen=True)
 class JobState:
     """Everything etcd knows about one job, as of ``revision``."""
 
@@ -171,6 +212,8 @@ class JobState:
     # Why a stored record of this job could not be decoded (the undecodable
     # fields are left empty); None when every record decoded.
     corrupt: str | None = None
+    #: The last checkpoint (kept after completion), or None.
+    checkpoint: CheckpointRecord | None = None
 
     @property
     def registered(self) -> bool:
@@ -224,5 +267,6 @@ class JobState:
             },
             "token": self.token,
             "result": None if self.result is None else self.result.to_dict(),
+            "checkpoint": None if self.checkpoint is None else self.checkpoint.to_dict(),
             "corrupt": self.corrupt,
         }

@@ -20,6 +20,8 @@ MIN_TTL_SECONDS = 2
 MAX_TTL_SECONDS = 86_400
 #: Serialized JSON size limits (bytes).
 MAX_RESULT_BYTES = 64 * 1024
+#: A checkpoint has the result's limit (it lands in the same kind of status field).
+MAX_CHECKPOINT_BYTES = MAX_RESULT_BYTES
 MAX_PARAMETERS_BYTES = 64 * 1024
 MAX_OWNER_LENGTH = 253
 

@@ -21,7 +21,8 @@ from typing import Any
 
 from joblease.records import JobState, Phase
 
-#: Bytes of result JSON copied into the status; the full result stays in etcd.
+#: Bytes of result (and of checkpoint) JSON copied into the status; the full
+#: values stay in etcd.
 DEFAULT_RESULT_LIMIT = 4096
 
 CONDITION_TYPES = ("Registered", "Claimed", "Completed", "Failed", "Corrupt")
@@ -192,6 +193,16 @@ def status_from_state(
         status["result"], status["resultTruncated"] = bounded_result(result.result, result_limit)
         if result.completed_at > 0:
             status["completionTime"] = rfc3339(result.completed_at)
+    checkpoint = state.checkpoint
+    if checkpoint is not None:
+        data, truncated = bounded_result(checkpoint.data, result_limit)
+        status["checkpoint"] = {
+            "data": data, "dataTruncated": truncated, "owner": checkpoint.owner,
+            "generation": checkpoint.generation, "fencingToken": checkpoint.token,
+            "etcdRevision": checkpoint.revision,
+        }
+        if checkpoint.checkpointed_at > 0:
+            status["checkpoint"]["checkpointTime"] = rfc3339(checkpoint.checkpointed_at)
     if observed_generation > 0:
         status["observedGeneration"] = observed_generation
     elif previous.get("observedGeneration"):

@@ -158,12 +158,12 @@ def _token(obj: dict[str, Any]) -> int:
     return token
 
 
-def _result(obj: dict[str, Any], limit: int) -> Any:
-    result = obj.get("result")
+def _result(obj: dict[str, Any], limit: int, key: str = "result", what: str = "result") -> Any:
+    result = obj.get(key)
     size = len(json.dumps(result, separators=(",", ":"), sort_keys=True).encode())
     if size > limit:
         raise BadRequest(413, "too_large",
-                         f"result too large: {size} bytes of JSON, the limit is {limit} bytes")
+                         f"{what} too large: {size} bytes of JSON, the limit is {limit} bytes")
     return result
 
 
@@ -224,7 +224,7 @@ def _probe_routes(runner: SidecarRunner) -> list[Route]:
 
 
 def build_app(runner: SidecarRunner, *, rate_limit: float | str | None = "env") -> Starlette:
-    """The loopback API: lease, complete, release, plus the probe endpoints.
+    """The loopback API: lease, complete, checkpoint, release, plus the probe endpoints.
 
     ``rate_limit``: requests/s for ``/v1/*``; ``None`` disables the limit;
     ``"env"`` (default) reads ``JOBLEASE_SIDECAR_RATE_LIMIT``.
@@ -243,6 +243,14 @@ def build_app(runner: SidecarRunner, *, rate_limit: float | str | None = "env") 
         result = _result(obj, cfg.max_result_bytes)
         return _reply(await runner.complete(token, result))
 
+    async def checkpoint(request: Request) -> Response:
+        obj = _parse(await _read_body(request, body_limit))
+        token = _token(obj)
+        if "data" not in obj:
+            raise BadRequest(400, "invalid", "missing \"data\": the checkpoint as JSON")
+        data = _result(obj, cfg.max_result_bytes, key="data", what="checkpoint")
+        return _reply(await runner.checkpoint(token, data))
+
     async def release(request: Request) -> Response:
         obj = _parse(await _read_body(request, _ENVELOPE_BYTES))
         return _reply(await runner.release(_token(obj)))
@@ -254,6 +262,8 @@ def build_app(runner: SidecarRunner, *, rate_limit: float | str | None = "env") 
               methods=_ALL),
         Route("/v1/release", _guard(runner, ("POST",), release, auth=True, limiter=limiter),
               methods=_ALL),
+        Route("/v1/checkpoint", _guard(runner, ("POST",), checkpoint, auth=True,
+                                       limiter=limiter), methods=_ALL),
         *_probe_routes(runner),
     ]
     return Starlette(routes=routes)

@@ -522,6 +522,31 @@ class SidecarRunner:
                 return Outcome(exc.http_status, exc.to_dict())
             return self._completed(lease, record)
 
+    async def checkpoint(self, token: int, data: Any) -> Outcome:
+        """Store ``data`` as the job's checkpoint under ``token`` if and only if
+        it is this sidecar's live token (``Lease.checkpoint``: fenced in etcd)."""
+        async with self._op_lock:
+            phase = self.current()
+            lease = self.lease
+            if phase is not Phase.HELD or lease is None:
+                why = (f"the lease is {phase.value}"
+                       + (f": {self.lost_reason}" if self.lost_reason else ""))
+                return await self._stale(token, f"token {token} is not current; {why}")
+            if token != lease.token:
+                return await self._stale(
+                    token, f"token {token} is not the current token {lease.token}", lease.token,
+                    known=True)
+            try:
+                record = await lease.checkpoint(data)
+            except StaleTokenError as exc:
+                self._on_loss(f"etcd refused the checkpoint: {exc}")
+                return await self._stale(token, str(exc), exc.current_token, known=True)
+            except InvalidInputError as exc:  # refused before anything was sent
+                return Outcome(413 if "too large" in str(exc) else 400, exc.to_dict())
+            except JobLeaseError as exc:
+                return Outcome(exc.http_status, exc.to_dict())
+            return Outcome(200, record.to_dict())
+
     async def release(self, token: int) -> Outcome:
         """Give the job back under ``token`` (same condition as completion)."""
         async with self._op_lock:
@@ -575,7 +600,8 @@ class SidecarRunner:
         if phase is Phase.HELD and lease is not None:
             return Outcome(200, {**base, "token": lease.token, "generation": lease.generation,
                                  "ttl": lease.ttl,
-                                 "remainingSeconds": round(lease.remaining(), 3)})
+                                 "remainingSeconds": round(lease.remaining(), 3),
+                                 "checkpoint": lease.checkpoint_dict()})
         if phase is Phase.CLAIMING:
             return Outcome(503, base)
         if phase is Phase.COMPLETING:

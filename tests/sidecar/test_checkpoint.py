@@ -1,0 +1,84 @@
+"""``POST /v1/checkpoint`` and the checkpoint in ``GET /v1/lease``, through real
+sidecar processes against a real etcd: fenced like completion, checked like it."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from joblease import JobLeaseClient
+from tests.sidecar.conftest import Env
+from tests.support.etcd_keys import snapshot, writes
+
+LIMIT = 1024
+
+
+async def test_checkpoint_is_fenced_and_handed_to_the_next_holder(
+    registered: Env, client: JobLeaseClient,
+) -> None:
+    env = registered
+    secret = env.tmp / "api-token"
+    secret.write_text("s3cret-bearer\n")
+    a = env.sidecar("a", JOBLEASE_SIDECAR_API_TOKEN_FILE=str(secret),
+                    JOBLEASE_SIDECAR_MAX_RESULT_BYTES=str(LIMIT))
+    a.api_token = "s3cret-bearer"
+    await a.started()
+    lease = await a.held()
+    token = lease["token"]
+    assert lease["checkpoint"] is None
+
+    async def send(path: str, expect: int, error: str | None = None,
+                   **kw: Any) -> dict[str, Any]:
+        r = await a.request("POST", path, **kw)
+        assert r.status_code == expect, (path, kw, r.status_code, r.text)
+        body: dict[str, Any] = r.json()
+        if error is not None:
+            assert body["error"] == error, body
+        return body
+
+    # bad input: refused before etcd is touched, nothing written
+    job_prefix = client.keys.job(env.job).prefix
+    before = await snapshot(client.store, job_prefix)
+    raw = {"headers": {"Content-Type": "application/json",
+                       "Authorization": "Bearer s3cret-bearer"}}
+    await send("/v1/checkpoint", 400, "invalid", content=b"{not json", **raw)
+    await send("/v1/checkpoint", 400, "invalid", json={"data": 1})
+    await send("/v1/checkpoint", 400, "invalid", json={"token": token})
+    await send("/v1/checkpoint", 400, "invalid",
+               content=b'{"token": %d, "data": NaN}' % token, **raw)
+    body = await send("/v1/checkpoint", 413, "too_large",
+                      json={"token": token, "data": "x" * LIMIT})
+    assert str(LIMIT) in body["message"]
+    await send("/v1/checkpoint", 401, "unauthorized", json={"token": token, "data": 1},
+               headers={"Authorization": "Bearer wrong"})
+    stale = await send("/v1/checkpoint", 409, "stale", json={"token": token + 1, "data": 1})
+    assert stale["currentToken"] == token
+    assert (await a.request("GET", "/v1/checkpoint")).status_code == 405
+    assert not writes(before, await snapshot(client.store, job_prefix))
+
+    written = await send("/v1/checkpoint", 200, json={"token": token, "data": {"step": 5}})
+    assert written["token"] == token and written["data"] == {"step": 5}
+    shown = await a.held()
+    assert shown["checkpoint"]["data"] == {"step": 5}
+    assert shown["checkpoint"]["generation"] == lease["generation"]
+
+    # A pauses past its TTL; B claims and is handed A's checkpoint
+    a.signal(signal.SIGSTOP)
+    try:
+        b = await env.sidecar("b").started()
+        b_lease = await b.held(timeout=30)
+    finally:
+        a.signal(signal.SIGCONT)
+    assert b_lease["token"] > token
+    assert b_lease["checkpoint"]["data"] == {"step": 5}
+    assert b_lease["checkpoint"]["token"] == token
+    r = await b.request("POST", "/v1/checkpoint",
+                        json={"token": b_lease["token"], "data": {"step": 6}})
+    assert r.status_code == 200, r.text
+
+    # A's late checkpoint is refused as stale; B's stands
+    late = await send("/v1/checkpoint", 409, "stale", json={"token": token, "data": {"step": 9}})
+    assert late["token"] == token
+    state = await client.get(env.job)
+    assert state.checkpoint is not None
+    assert state.checkpoint.data == {"step": 6} and state.checkpoint.token == b_lease["token"]
