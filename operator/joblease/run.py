@@ -5,7 +5,8 @@ and completion semantics:
 
 1. claim the job (with ``wait`` > 0, retry while someone else holds it);
 2. start the command with ``JOBLEASE_JOB``, ``JOBLEASE_TOKEN``,
-   ``JOBLEASE_GENERATION`` and ``JOBLEASE_OWNER`` in its environment, in its
+   ``JOBLEASE_GENERATION`` and ``JOBLEASE_OWNER`` (and ``JOBLEASE_CHECKPOINT``, the
+   last checkpoint as JSON, when there is one) in its environment, in its
    own process group (signals go to the whole group, so ``sh -c`` pipelines
    are reached too);
 3. keep the lease alive (the client session's keep-alive) while it runs;
@@ -281,6 +282,9 @@ class Runner:
                "JOBLEASE_GENERATION": str(lease.generation), "JOBLEASE_OWNER": opts.owner}
         if opts.result_file is not None:
             env["JOBLEASE_RESULT_FILE"] = str(opts.result_file)
+        checkpoint = lease.checkpoint_dict()  # where the previous holder got to
+        if checkpoint is not None:
+            env["JOBLEASE_CHECKPOINT"] = json.dumps(checkpoint, separators=(",", ":"))
         tap = _ResultTap(self.stdout) if opts.result_file is None else None
         try:
             self.process = await asyncio.create_subprocess_exec(

@@ -220,6 +220,24 @@ def test_success_completes_with_the_last_json_line_of_stdout(
     assert state["result"]["result"] == {"rows": 1} and state["result"]["token"] == token
 
 
+def test_the_previous_holders_checkpoint_is_in_the_commands_environment(
+    etcd_config: EtcdConfig, tmp_path: Path, wrappers: list[Wrapper],
+) -> None:
+    """A first holder checkpoints and releases; the wrapper's command (the next
+    holder) gets that checkpoint as ``JOBLEASE_CHECKPOINT``."""
+    jl(etcd_config, "register", "resume", "--ttl", "600", "--max-attempts", "3")
+    first = json.loads(jl(etcd_config, "claim", "resume", "--owner", "w0", "-o", "json").stdout)
+    jl(etcd_config, "checkpoint", "resume", "--owner", "w0", "--token", str(first["token"]),
+       "--data", '{"step": 3}')
+    jl(etcd_config, "release", "resume", "--owner", "w0", "--token", str(first["token"]))
+    w = start(wrappers, etcd_config, tmp_path, "w1", "resume", command=[
+        "sh", "-c", 'printf "%s\\n" "$JOBLEASE_CHECKPOINT"'])
+    assert w.wait() == 0, w.stderr
+    checkpoint = json.loads(w.stdout.splitlines()[0])
+    assert checkpoint["data"] == {"step": 3}
+    assert checkpoint["token"] == first["token"] and checkpoint["generation"] == 1
+
+
 def test_result_file_is_the_result_when_given(
     etcd_config: EtcdConfig, tmp_path: Path, wrappers: list[Wrapper],
 ) -> None:
