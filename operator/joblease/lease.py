@@ -309,18 +309,8 @@ class Lease:
     async def _read_back_checkpoint(self, reads: list[Get]) -> TxnResult:
         """After an unknown outcome: holder, result and checkpoint as they are
         now, in one read, shaped like the checkpoint's failure branch."""
-        deadline = time.monotonic() + READ_BACK_SECONDS
-        while True:
-            try:
-                r = await self.store.txn([], list(reads), [])
-            except StoreUnavailableError as exc:
-                if time.monotonic() > deadline:
-                    raise OutcomeUnknownError(
-                        f"checkpoint of {self.job} has an unknown outcome and etcd could not "
-                        f"be read back: {exc}") from exc
-                await asyncio.sleep(0.2)
-                continue
-            return TxnResult(False, r.revision, r.responses)
+        r = await self._read_until_answered("checkpoint", [], list(reads), [])
+        return TxnResult(False, r.revision, r.responses)
 
     # -- complete / release ------------------------------------------------------------------
 
@@ -377,19 +367,24 @@ class Lease:
         Raises :class:`OutcomeUnknownError` (not a plain "unavailable", which
         would claim nothing was written) when etcd cannot be read for 30 s.
         """
+        r = await self._read_until_answered(
+            what, self._ours(), [], [Get(self._keys.holder), Get(self._keys.result)])
+        return None if r.succeeded else r
+
+    async def _read_until_answered(self, what: str, compares: list[Compare],
+                                   success: list[Get], failure: list[Get]) -> TxnResult:
+        """One read-only transaction, retried while etcd is unreachable, for at
+        most ``READ_BACK_SECONDS``; then :class:`OutcomeUnknownError` for ``what``."""
         deadline = time.monotonic() + READ_BACK_SECONDS
         while True:
             try:
-                r = await self.store.txn(self._ours(), [], [Get(self._keys.holder),
-                                                            Get(self._keys.result)])
+                return await self.store.txn(compares, success, failure)
             except StoreUnavailableError as exc:
                 if time.monotonic() > deadline:
                     raise OutcomeUnknownError(
                         f"{what} of {self.job} has an unknown outcome and etcd could not "
                         f"be read back: {exc}") from exc
                 await asyncio.sleep(0.2)
-                continue
-            return None if r.succeeded else r
 
     async def release(self) -> None:
         """Give the job back (it becomes claimable at once; the attempt stays counted).
