@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster import KUBELET_SYSCTLS, STATE_ROOT, Cluster, _read_sysctl
+from tests.support.release import Release
 from tests.waiting import wait_until
 
 
@@ -49,14 +50,54 @@ def running_clusters() -> list[str]:
             if d.is_dir() and Cluster(d.name, state_dir=d, local=True).in_use()]
 
 
+def _make_namespace(cluster: Cluster, name: str) -> None:
+    cluster.kubectl("create", "namespace", name, check=True)
+    wait_until(lambda: cluster.kubectl("get", "serviceaccount", "default", "-n",
+                                       name).returncode == 0,
+               timeout=120, what=f"serviceaccount default in {name}", interval=0.5)
+
+
 @pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace per test (deleted afterwards, without waiting). Waits for
     its ``default`` ServiceAccount: pods are refused until the controller made it."""
     name = "t-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
-    cluster.kubectl("create", "namespace", name, check=True)
-    wait_until(lambda: cluster.kubectl("get", "serviceaccount", "default", "-n",
-                                       name).returncode == 0,
-               timeout=120, what=f"serviceaccount default in {name}", interval=0.5)
+    _make_namespace(cluster, name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture
+def release(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[Release]:
+    """A release of the chart of this test's own, in its namespace (not installed yet:
+    the test installs it with the values it is about); uninstalled afterwards."""
+    rel = Release(cluster, namespace, tmp_path / "helm")
+    yield rel
+    rel.uninstall()
+
+
+@pytest.fixture(scope="session")
+def joblease_release(cluster: Cluster,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    """The chart installed once per session the way docs/helm.md installs it: release
+    ``joblease`` in ``joblease-system`` (so the bundled etcd is the
+    ``joblease-etcd.joblease-system.svc`` that examples/worker-pod.yaml names), cluster
+    scope, the chart's defaults plus the test cluster's values. Shared by the tests that
+    only use it (their JobLeases and pods in their own namespaces, see
+    ``worker_namespace``); tests that upgrade, uninstall or break the operator or etcd
+    install a ``release`` of their own."""
+    _make_namespace(cluster, "joblease-system")
+    rel = Release(cluster, "joblease-system", tmp_path_factory.mktemp("helm"),
+                  name="joblease")
+    rel.install("--set", "etcd.workerSecret.namespaces[0]=default")
+    yield rel
+    rel.uninstall("default")
+    cluster.kubectl("delete", "namespace", "joblease-system", "--wait=false")
+
+
+@pytest.fixture
+def worker_namespace(namespace: str, joblease_release: Release) -> str:
+    """This test's namespace, given the etcd client Secret of the shared release
+    (``joblease-etcd-client``, what examples/worker-pod.yaml mounts)."""
+    joblease_release.copy_worker_secret(namespace)
+    return namespace

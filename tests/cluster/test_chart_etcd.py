@@ -13,110 +13,14 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.binaries import REPO_ROOT, helm_binary
 from tests.support.cluster import Cluster, image_ref
+from tests.support.release import CHART, TEST_CLUSTER_VALUES, Release
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
-
-CHART = REPO_ROOT / "charts" / "joblease-operator"
-# what the test cluster forces: no StorageClass, no provisioner
-TEST_CLUSTER_VALUES = ["--set", "etcd.persistence.enabled=false"]
-
-
-class Release:
-    """A helm release of the chart in one namespace (private helm dirs)."""
-
-    def __init__(self, cluster: Cluster, namespace: str, helm_home: Path) -> None:
-        self.cluster = cluster
-        self.namespace = namespace
-        self.name = "jl"
-        self.fullname = f"{self.name}-joblease-operator"
-        self.etcd = f"{self.name}-etcd"
-        self.env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
-        for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
-            self.env[var] = str(helm_home / var.lower())
-
-    def helm(self, *args: str, timeout: float = 300) -> str:
-        result = subprocess.run([helm_binary(), *args, "-n", self.namespace],
-                                capture_output=True, text=True, timeout=timeout, env=self.env)
-        assert result.returncode == 0, f"helm {args}:\n{result.stdout}\n{result.stderr}"
-        return result.stdout
-
-    def kubectl(self, *args: str, timeout: float = 60) -> str:
-        result = self.cluster.kubectl(*args, "-n", self.namespace, timeout=timeout)
-        assert result.returncode == 0, f"kubectl {args}:\n{result.stdout}\n{result.stderr}"
-        return result.stdout
-
-    def get(self, kind: str, name: str) -> dict[str, Any]:
-        obj: dict[str, Any] = json.loads(self.kubectl("get", kind, name, "-o", "json"))
-        return obj
-
-    def diagnostics(self) -> str:
-        out = self.cluster.kubectl("get", "all,jobleases", "-n", self.namespace, "-o", "wide")
-        pods = self.cluster.kubectl("describe", "pods", "-n", self.namespace)
-        logs = self.cluster.kubectl("logs", "-n", self.namespace, "--all-containers",
-                                    "--prefix", "-l", "app.kubernetes.io/instance=jl",
-                                    "--tail=40")
-        return "\n".join((out.stdout, pods.stdout[-6000:], logs.stdout, logs.stderr))
-
-    def wait_ready(self, timeout: float = 600) -> None:
-        for kind, name in (("statefulset", self.etcd), ("deployment", self.fullname)):
-            result = self.cluster.kubectl("rollout", "status", f"{kind}/{name}", "-n",
-                                          self.namespace, f"--timeout={int(timeout)}s",
-                                          timeout=timeout + 30)
-            assert result.returncode == 0, (
-                f"{kind}/{name} not ready: {result.stderr}\n{self.diagnostics()}")
-
-    def operator_pod(self) -> dict[str, Any]:
-        pods = json.loads(self.kubectl(
-            "get", "pods", "-o", "json", "-l",
-            f"app.kubernetes.io/name=joblease-operator,app.kubernetes.io/instance={self.name}"))
-        running = [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
-        assert len(running) == 1, [p["metadata"]["name"] for p in pods["items"]]
-        pod: dict[str, Any] = running[0]
-        return pod
-
-    def wait_registered(self, name: str, timeout: float = 300) -> dict[str, Any]:
-        """Wait until the operator registered the JobLease in etcd (Pending + etcdRevision)."""
-        def status() -> dict[str, Any] | None:
-            st: dict[str, Any] = self.get("joblease", name).get("status") or {}
-            if st.get("phase") == "Pending" and int(st.get("etcdRevision") or 0) > 0:
-                return st
-            return None
-        try:
-            found: dict[str, Any] = wait_until(status, timeout=timeout,
-                                               what=f"JobLease {name} Pending", interval=1)
-        except Exception as e:
-            raise AssertionError(f"{e}\n{self.diagnostics()}") from e
-        return found
-
-    def apply_joblease(self, name: str) -> None:
-        self.cluster.apply(json.dumps({
-            "apiVersion": "joblease.io/v1alpha1", "kind": "JobLease",
-            "metadata": {"name": name, "namespace": self.namespace},
-            "spec": {"leaseDurationSeconds": 30, "maxAttempts": 3}}))
-
-
-@pytest.fixture
-def release(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[Release]:
-    rel = Release(cluster, namespace, tmp_path / "helm")
-    yield rel
-    subprocess.run([helm_binary(), "uninstall", rel.name, "-n", namespace, "--wait",
-                    "--timeout", "120s"], capture_output=True, text=True, timeout=180,
-                   env=rel.env)
-    # the JobLeases keep a finalizer once the operator is gone (docs/helm.md): release them
-    # so that the namespace can go away
-    cluster.kubectl("patch", "jobleases", "--all", "-n", namespace, "--type=merge", "-p",
-                    '{"metadata":{"finalizers":null}}')
 
 
 def secret_data(rel: Release, name: str) -> dict[str, str]:
