@@ -170,8 +170,12 @@ def test_only_annotated_pods_in_opted_in_namespaces_are_injected(
     cluster.kubectl("create", "namespace", plain_ns, check=True)
     try:
         annotated = {"joblease.io/job": "anything"}
-        # control: the webhook is up and injects here
-        assert _injected(_admitted(cluster, _pod(inject_namespace, "a", annotated)))
+        # control: the webhook is up and injects here; it looked the JobLease up (with the
+        # operator's RBAC) and warns that there is none
+        r = _dry_run(cluster, _pod(inject_namespace, "a", annotated))
+        assert r.returncode == 0 and _injected(json.loads(r.stdout)), r.stderr
+        assert (f"Warning: joblease: JobLease {inject_namespace}/anything does not exist"
+                in r.stderr), r.stderr
         # no annotation, opted-in namespace: stored exactly as sent
         pod = _pod(inject_namespace, "b")
         stored = _admitted(cluster, pod)
@@ -203,13 +207,13 @@ def test_invalid_annotation_is_refused_with_the_reason(cluster: Cluster,
     assert pods.stdout.strip() == ""
 
 
-def _render_down(namespace: str, failure_policy: str, tmp: Path) -> str:
+def _render_down(namespace: str, tmp: Path) -> list[dict[str, Any]]:
     """The chart's webhook Service and configuration for a release ``down`` in
-    ``namespace`` whose operator is not installed (the Service has no endpoints)."""
+    ``namespace`` whose operator is not installed (the Service has no endpoints),
+    selecting namespaces labelled ``joblease.io/inject=<namespace>``."""
     out = subprocess.run(
         [helm_binary(), "template", "down", str(CHART), "-n", namespace,
          "--show-only", "templates/webhook.yaml",
-         "--set", f"webhook.failurePolicy={failure_policy}",
          "--set", f"webhook.namespaceSelector.matchLabels.joblease\\.io/inject={namespace}"],
         capture_output=True, text=True, timeout=120,
         env={"HELM_CACHE_HOME": str(tmp / "c"), "HELM_CONFIG_HOME": str(tmp / "g"),
@@ -218,45 +222,42 @@ def _render_down(namespace: str, failure_policy: str, tmp: Path) -> str:
     docs = [d for d in yaml.safe_load_all(out.stdout)
             if d and d["kind"] in ("Service", "MutatingWebhookConfiguration")]
     assert len(docs) == 2
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+    return docs
 
 
-def _webhook_down(cluster: Cluster, namespace: str, failure_policy: str, tmp_path: Path
-                  ) -> None:
+def test_webhook_down_fail_refuses_annotated_pods_and_ignore_admits_them(
+        cluster: Cluster, namespace: str, tmp_path: Path) -> None:
     _label(cluster, namespace, namespace)
-    manifest = _render_down(namespace, failure_policy, tmp_path)
-    cluster.apply(manifest)
+    docs = _render_down(namespace, tmp_path)
+    (config,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+    assert config["webhooks"][0]["failurePolicy"] == "Fail"  # the chart's default
+    annotated = _pod(namespace, "a", {"joblease.io/job": "report"})
     try:
-        annotated = _pod(namespace, "a", {"joblease.io/job": "report"})
+        cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
 
-        def answered() -> subprocess.CompletedProcess[str] | None:
+        def refused() -> subprocess.CompletedProcess[str] | None:
             # the API server's webhook informer may take a moment to see the new config
             r = _dry_run(cluster, annotated)
-            if failure_policy == "Fail":
-                return r if r.returncode != 0 else None
-            return r if r.returncode == 0 else None
-        r = wait_until(answered, timeout=60, what="the webhook configuration in effect",
+            return r if r.returncode != 0 else None
+        r = wait_until(refused, timeout=60, what="the Fail configuration in effect",
                        interval=0.5)
-        if failure_policy == "Fail":
-            # refused: no pod runs without its sidecar while no replica answers
-            assert 'failed calling webhook "inject.joblease.io"' in r.stderr, r.stderr
-        else:
-            # admitted unchanged
-            stored = json.loads(r.stdout)
-            assert not _injected(stored)
-            assert "joblease.io/injected" not in stored["metadata"]["annotations"]
+        # refused: no pod runs without its sidecar while no replica answers
+        assert 'failed calling webhook "inject.joblease.io"' in r.stderr, r.stderr
         # an unannotated pod in the same namespace is never sent to the webhook
         assert _admitted(cluster, _pod(namespace, "b"))["metadata"]["name"] == "b"
+
+        # what --set webhook.failurePolicy=Ignore renders (the schema's other value)
+        config["webhooks"][0]["failurePolicy"] = "Ignore"
+        cluster.apply(json.dumps(config))
+
+        def admitted() -> dict[str, Any] | None:
+            r = _dry_run(cluster, annotated)
+            return json.loads(r.stdout) if r.returncode == 0 else None
+        stored = wait_until(admitted, timeout=60, what="the Ignore configuration in effect",
+                            interval=0.5)
+        # admitted unchanged
+        assert not _injected(stored)
+        assert "joblease.io/injected" not in stored["metadata"]["annotations"]
     finally:
-        cluster.kubectl("delete", "-f", "-", "--wait=false", input=manifest)
-
-
-
-def test_webhook_down_fail_refuses_annotated_pods(cluster: Cluster, namespace: str,
-                                                  tmp_path: Path) -> None:
-    _webhook_down(cluster, namespace, "Fail", tmp_path)
-
-
-def test_webhook_down_ignore_admits_them_unchanged(cluster: Cluster, namespace: str,
-                                                   tmp_path: Path) -> None:
-    _webhook_down(cluster, namespace, "Ignore", tmp_path)
+        cluster.kubectl("delete", "-f", "-", "--wait=false",
+                        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
