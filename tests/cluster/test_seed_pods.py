@@ -35,6 +35,7 @@ sidecar's liveness probe (10 s period, 3 failures) never restarts it.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,7 @@ def test_frozen_holder_is_fenced_off_after_the_next_pod_claims(
     assert pod_a is not None
     cgroup = freezer.container_cgroup(pod_a["metadata"]["uid"],
                                       container_id(pod_a, "joblease"))
+    froze = time.monotonic()
     with freezer.frozen(cgroup):
         # really frozen: A's own sidecar no longer answers A's worker
         probe = exec_in(cluster, ns, "worker-a", "worker", "curl", "-sS", "--max-time", "3",
@@ -191,6 +193,7 @@ def test_frozen_holder_is_fenced_off_after_the_next_pod_claims(
         held_b = wait_joblease(cluster, ns, JOB,
                                lambda s: s.get("holderIdentity") == owner_b, "held by worker-b")
         assert freezer.is_frozen(cgroup)
+    print(f"\nworker-a's sidecar frozen for {time.monotonic() - froze:.1f}s (TTL 5s)")
     assert held_b["generation"] == gen_a + 1
     token_b = held_b["fencingToken"]
     assert token_b > token_a
@@ -219,8 +222,13 @@ def test_frozen_holder_is_fenced_off_after_the_next_pod_claims(
     assert f'"highestToken":{token_b}' in late, late
     refused = _log_line(log_a, "complete -> ")
     assert refused.startswith("complete -> 409 ") and '"error":"stale"' in refused, log_a
-    (worker_a,) = (cluster.pod("worker-a", ns) or {})["status"]["containerStatuses"]
+    final_a = (cluster.pod("worker-a", ns) or {})["status"]
+    (worker_a,) = final_a["containerStatuses"]
     assert worker_a["state"]["terminated"]["exitCode"] == 7  # the example's "stale"
+    # the same sidecar process all along: the kubelet did not restart it (a restarted
+    # sidecar would claim anew, and this would no longer be a paused holder waking up)
+    (sidecar_a,) = final_a["initContainerStatuses"]
+    assert sidecar_a["restartCount"] == 0, sidecar_a
 
     # 4. the status, etcd and the ledger show the winner, and nothing of A after B
     final = wait_phase(cluster, ns, JOB, "Completed")
