@@ -208,33 +208,59 @@ def start_holder(cluster: Cluster, namespace: str, job: str, pod: str,
 
 def takeover(cluster: Cluster, namespace: str, job: str, how: str, prefix: str,
              waiter_env: dict[str, str] | None = None) -> Takeover:
-    """Pod ``<prefix>-a`` holds ``job``; pod ``<prefix>-b`` waits for it (its sidecar has
-    been refused at least once: "held by another owner"). Then ``how``:
-    ``delete`` (``kubectl delete pod``: the kubelet stops the worker, then SIGTERMs
-    the sidecar, which releases) or ``kill`` (SIGKILL to every process of both
-    containers from the node: nothing releases, the etcd lease must expire).
-    Returns once etcd shows ``<prefix>-b`` as the holder."""
+    """Pods ``<prefix>-a`` and ``<prefix>-b`` start together; one holds ``job``, the other
+    waits (its sidecar has been refused at least once: "held by another owner").
+    Then ``how``: ``delete`` (``kubectl delete pod`` of the holder: the kubelet
+    stops the worker, then SIGTERMs the sidecar, which releases) or ``kill``
+    (SIGKILL to every process of the holder's containers, from the node: nothing
+    releases, the etcd lease must expire). ``waiter_env`` goes to both sidecars
+    (either may end up waiting). Returns once etcd shows the waiter as the holder."""
     if how not in ("delete", "kill"):
         raise ValueError(f"how={how!r}: 'delete' or 'kill'")
-    holder = start_holder(cluster, namespace, job, f"{prefix}-a")
-    cluster.apply(worker_pod(namespace, f"{prefix}-b", job, sidecar_env=waiter_env))
-    wait_log(cluster, namespace, f"{prefix}-b", SIDECAR, "held by another owner")
-    waiter = get_pod(cluster, namespace, f"{prefix}-b")
-    before = joblease_cli(cluster, namespace, f"{prefix}-b", "get", job)
+    names = [f"{prefix}-a", f"{prefix}-b"]
+    for name in names:
+        cluster.apply(worker_pod(namespace, name, job, sidecar_env=waiter_env))
+    pods = {name: get_pod(cluster, namespace, name) for name in names}
+    status = wait_status(cluster, namespace, job, "a claim by either pod",
+                         lambda s: s.get("holderIdentity") in {owner_of(p)
+                                                               for p in pods.values()})
+    (holder_name,) = [n for n, p in pods.items() if owner_of(p) == status["holderIdentity"]]
+    (waiter_name,) = [n for n in names if n != holder_name]
+    wait_log(cluster, namespace, waiter_name, SIDECAR, "held by another owner")
+    holder, waiter = get_pod(cluster, namespace, holder_name), pods[waiter_name]
+    before = joblease_cli(cluster, namespace, waiter_name, "get", job)
     assert before["holder"]["owner"] == owner_of(holder), before
+    lost_at = lose(cluster, namespace, holder, how)
+    after = wait_claimed(cluster, namespace, job, waiter)
+    return Takeover(before, after, lost_at, holder, waiter)
+
+
+def lose(cluster: Cluster, namespace: str, holder: dict[str, Any], how: str) -> float:
+    """Take the holder pod away (``delete`` or ``kill``, see :func:`takeover`); returns
+    the wall-clock moment the loss was caused."""
+    name = holder["metadata"]["name"]
     if how == "delete":
         lost_at = time.time()
-        cluster.kubectl("delete", "pod", f"{prefix}-a", "-n", namespace, "--wait=false",
-                        check=True)
-    else:
+        cluster.kubectl("delete", "pod", name, "-n", namespace, "--wait=false", check=True)
+        return lost_at
+    if how == "kill":
+        # the sidecar first: a worker dying first would have the kubelet SIGTERM the
+        # sidecar (a graceful release) before its own SIGKILL arrives
         ids = [container_id(holder, SIDECAR), container_id(holder, WORKER)]
         lost_at = time.time()
         kill_containers(cluster, ids)
-    deadline = time.monotonic() + 240
+        return lost_at
+    raise ValueError(f"how={how!r}: 'delete' or 'kill'")
+
+
+def wait_claimed(cluster: Cluster, namespace: str, job: str, waiter: dict[str, Any],
+                 timeout: float = 240) -> dict[str, Any]:
+    """The job's etcd state once ``waiter`` holds it (read through its own sidecar)."""
+    name = waiter["metadata"]["name"]
+    deadline = time.monotonic() + timeout
     while True:
-        after = joblease_cli(cluster, namespace, f"{prefix}-b", "get", job)
-        if (after.get("holder") or {}).get("owner") == owner_of(waiter):
-            break
-        assert time.monotonic() < deadline, f"{prefix}-b never claimed: {after}"
+        state = joblease_cli(cluster, namespace, name, "get", job)
+        if (state.get("holder") or {}).get("owner") == owner_of(waiter):
+            return state
+        assert time.monotonic() < deadline, f"{name} never claimed: {state}"
         time.sleep(0.2)  # poll interval; claimedAt, not this loop, is the measurement
-    return Takeover(before, after, lost_at, holder, waiter)
