@@ -103,6 +103,13 @@ def container_id(pod: dict[str, Any], container: str) -> str:
     raise AssertionError(f"no running container {container} in {pod['metadata']['name']}")
 
 
+def _running(pod: dict[str, Any], container: str) -> bool:
+    statuses = (pod["status"].get("initContainerStatuses", [])
+                + pod["status"].get("containerStatuses", []))
+    return any(s["name"] == container and "running" in (s.get("state") or {})
+               for s in statuses)
+
+
 def joblease_cli(cluster: Cluster, namespace: str, pod: str, *args: str,
                  timeout: float = 120) -> dict[str, Any]:
     """``joblease ARGS -n NAMESPACE -o json`` in ``pod``'s sidecar container: it has the
@@ -239,6 +246,13 @@ def lose(cluster: Cluster, namespace: str, holder: dict[str, Any], how: str) -> 
     """Take the holder pod away (``delete`` or ``kill``, see :func:`takeover`); returns
     the wall-clock moment the loss was caused."""
     name = holder["metadata"]["name"]
+    if how == "kill":
+        # the worker starts only after the sidecar's startup probe passed: wait for it
+        deadline = time.monotonic() + 240
+        while not _running(holder, WORKER):
+            assert time.monotonic() < deadline, f"{name}: worker never started"
+            time.sleep(0.5)  # poll interval; the deadline bounds the wait
+            holder = get_pod(cluster, namespace, name)
     if how == "delete":
         lost_at = time.time()
         cluster.kubectl("delete", "pod", name, "-n", namespace, "--wait=false", check=True)
