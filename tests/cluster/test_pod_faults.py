@@ -38,6 +38,7 @@ from tests.support.worker_pods import (
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
+
 def _register(cluster: Cluster, namespace: str, name: str, ttl: int) -> None:
     cluster.apply(joblease(namespace, name, ttl=ttl, max_attempts=0))
     wait_status(cluster, namespace, name, "registration",
