@@ -6,7 +6,9 @@ of the session. Each test process gets its own cluster name (``t<pid>``), so
 concurrent test runs do not collide; clusters of crashed runs (their lock is
 free) are cleaned up first. If the teardown leaves anything behind (a process, mount,
 cgroup, network namespace, state dir), the teardown fails and so does the run.
-With ``JOBLEASE_TEST_KUBECONFIG`` set, that cluster is used instead.
+With ``JOBLEASE_TEST_KUBECONFIG`` set, that cluster is used instead, and the
+tests marked ``node`` (they reach into this machine's cgroups or container
+processes, or start a cluster of their own) are skipped, saying why.
 """
 
 from __future__ import annotations
@@ -20,6 +22,16 @@ import pytest
 from tests.support.cluster import KUBELET_SYSCTLS, STATE_ROOT, Cluster, _read_sysctl
 from tests.support.release import Release
 from tests.waiting import wait_until
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if not os.environ.get("JOBLEASE_TEST_KUBECONFIG"):
+        return
+    skip = pytest.mark.skip(reason="needs this machine to be the cluster's node (marker "
+                                   "`node`); JOBLEASE_TEST_KUBECONFIG names another cluster")
+    for item in items:
+        if item.get_closest_marker("node"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

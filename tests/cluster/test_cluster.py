@@ -253,6 +253,7 @@ def _host_snapshot(name: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.node  # starts a cluster of its own on this machine
 def test_down_leaves_nothing_even_after_a_crashed_run() -> None:
     """A cluster of its own (state dir, cgroups, namespace): start it, run a pod,
     kill its processes as a crash would (pods, mounts, cgroups, netns stay), start

@@ -175,6 +175,13 @@ def test_events_follow_consecutive_states() -> None:
     assert reasons(held_b, done) == ["Completed"]
     assert reasons(held_b, failed) == ["Expired", "Failed"]
     assert reasons(held_a, state(16, generation=1, spec=None)) == []  # unregistered
+    # after a restart, a job out of attempts is reported again (nothing else is)
+    assert reasons(None, failed) == ["Failed"]
+    assert reasons(None, done) == [] and reasons(None, expired) == []
+    assert reasons(None, state(41, generation=2, spec=None)) == []
+    (event,) = derive_events(None, failed)
+    assert event.type == "Warning"
+    assert "all 2 attempts used without a result (2 claims)" in event.message
 
 
 # --- the mirror applies the same rule against a (fake) API server ----------------------------
