@@ -441,7 +441,7 @@ class JobLeaseClient:
             raise AlreadyCompletedError(str(job), rec.owner, rec.token, rec.generation)
         if holder_kv is not None:
             owner = str(Holder.decode_value(holder_kv.value).get("owner"))
-            raise HeldError(str(job), owner, holder_kv.create_revision, generation)
+            raise HeldError(str(job), owner, holder_kv.create_revision, generation, r.revision)
         if spec_kv.mod_revision != spec_revision:
             return True
         spec = JobSpec.decode(spec_kv.value)
@@ -577,6 +577,40 @@ class JobLeaseClient:
                      claim_id=h.claim_id, token=token, generation=state.generation,
                      ttl=int(holder.get("ttl", 0)), holder_value=holder_kv.value,
                      checkpoint=fields.get("checkpoint"))
+
+    async def wait_for_holder_change(self, job: JobRef, revision: int, timeout: float) -> bool:
+        """Wait until the job's holder key changes after ``revision`` (the holder
+        released, its lease expired, or someone else claimed), at most ``timeout``
+        seconds; True if it changed.
+
+        A waiter that only retried with backoff would claim up to a backoff late after
+        the holder is gone; a watch wakes it when etcd deletes the key. While etcd is
+        unreachable the watch keeps reconnecting until ``timeout``; an error it cannot
+        retry (revision compacted, permission denied) ends the wait early with False:
+        the caller claims again, and the claim reports what is wrong.
+        """
+        validation.job_ref(job)
+        key = self.keys.job(job).holder
+
+        async def changed() -> bool:
+            stream = self.store.watch(key, prefix=False, start_revision=revision + 1)
+            try:
+                async for batch in stream:
+                    if batch.events:
+                        return True
+                return False
+            finally:  # end the watch stream now, not when the generator is collected
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+
+        try:
+            return await asyncio.wait_for(changed(), timeout)
+        except TimeoutError:
+            return False
+        except JobLeaseError as exc:
+            log.debug("watch of %s's holder ended: %s", job, exc)
+            return False
 
     # -- inspection --------------------------------------------------------------------------
 

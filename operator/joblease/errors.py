@@ -55,11 +55,15 @@ class HeldError(JobLeaseError):
     exit_code = 4
     http_status = 409
 
-    def __init__(self, job: str, owner: str, token: int, generation: int) -> None:
+    def __init__(self, job: str, owner: str, token: int, generation: int,
+                 revision: int = 0) -> None:
         super().__init__(
             f"job {job} is held by {owner!r} (generation {generation}, token {token})"
         )
         self.job, self.owner, self.token, self.generation = job, owner, token, generation
+        #: the store revision at which the holder was seen (0: unknown); a waiter
+        #: watches the holder key from the next one (JobLeaseClient.wait_for_holder_change)
+        self.revision = revision
 
     def details(self) -> dict[str, Any]:
         return {"job": self.job, "owner": self.owner, "token": self.token,

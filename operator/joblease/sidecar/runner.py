@@ -40,7 +40,7 @@ import random
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -635,6 +635,18 @@ class SidecarRunner:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
 
+    async def _wait_or_stop(self, waiting: Awaitable[bool]) -> bool:
+        """``waiting``'s answer, or False as soon as the sidecar is told to stop."""
+        task = asyncio.ensure_future(waiting)
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (task, stop):
+                t.cancel()
+            await asyncio.gather(task, stop, return_exceptions=True)
+        return not task.cancelled() and task.exception() is None and task.result()
+
     async def claim(self) -> Lease | int:
         """Claim with backoff; a lease, or the exit code of a final answer
         (0 if the job is already completed; the phase is then ``completed``
@@ -671,6 +683,14 @@ class SidecarRunner:
             except HeldError as exc:
                 log.info("job held by another owner; backing off", extra={
                     "holder": exc.owner, "token": exc.token, "generation": exc.generation})
+                # Wake when the holder key changes (released, expired), not a backoff
+                # later; the backoff stays the longest wait, and a little jitter keeps
+                # the waiters of one job from claiming in lock step.
+                if await self._wait_or_stop(self.client.wait_for_holder_change(
+                        cfg.job, exc.revision, cfg.backoff.delay(attempt, rng.random()))):
+                    await self._sleep_or_stop(cfg.backoff.initial / 2 * rng.random())
+                attempt += 1
+                continue
             except StoreUnavailableError as exc:
                 log.warning("etcd unavailable; retrying", extra={"reason": str(exc)})
             except LeaseLostError as exc:
