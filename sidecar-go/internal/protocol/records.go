@@ -299,3 +299,24 @@ func truthy(v any) bool {
 	}
 	return true
 }
+
+// Claims is what a claims value names: the last claimer. A field of the
+// wrong type reads as nil (unknown owner; not a claim of ours), never as
+// corruption; a value that is not a JSON object is corrupt.
+type Claims struct{ Owner, ClaimID any }
+
+// DecodeClaims reads a claims value.
+func DecodeClaims(data []byte) (Claims, error) {
+	obj, err := object("claims", data)
+	if err != nil {
+		return Claims{}, err
+	}
+	var c Claims
+	if s, ok := obj["owner"].(string); ok {
+		c.Owner = s
+	}
+	if s, ok := obj["claimId"].(string); ok {
+		c.ClaimID = s
+	}
+	return c, nil
+}

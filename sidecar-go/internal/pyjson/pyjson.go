@@ -43,7 +43,7 @@ func Decode(data []byte) (any, error) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, err
 	}
-	if _, err := dec.Token(); err == nil {
+	if rest := bytes.TrimLeft(data[dec.InputOffset():], " \t\r\n"); len(rest) > 0 {
 		return nil, errors.New("extra data after the JSON value")
 	}
 	if !utf8.Valid(data) {
@@ -222,7 +222,7 @@ func encodeObj(b *bytes.Buffer, o Obj, sortHere, ascii, sortNested bool) error {
 	return nil
 }
 
-const hex = "0123456789abcdef"
+const hexDigits = "0123456789abcdef"
 
 func writeString(b *bytes.Buffer, s string, ascii bool) {
 	b.WriteByte('"')
@@ -259,10 +259,10 @@ func writeString(b *bytes.Buffer, s string, ascii bool) {
 
 func writeU(b *bytes.Buffer, r rune) {
 	b.WriteString(`\u`)
-	b.WriteByte(hex[(r>>12)&0xf])
-	b.WriteByte(hex[(r>>8)&0xf])
-	b.WriteByte(hex[(r>>4)&0xf])
-	b.WriteByte(hex[r&0xf])
+	b.WriteByte(hexDigits[(r>>12)&0xf])
+	b.WriteByte(hexDigits[(r>>8)&0xf])
+	b.WriteByte(hexDigits[(r>>4)&0xf])
+	b.WriteByte(hexDigits[r&0xf])
 }
 
 // Number renders a number literal as Python re-serialises it: an integer
