@@ -23,6 +23,9 @@ func (r *Runner) claim() (*protocol.Lease, int) {
 		if err == nil {
 			return lease, 0
 		}
+		if r.stopping() {
+			return nil, 0 // stopped while claiming: the failure is the shutdown's, not etcd's
+		}
 		e, ok := err.(*errs.Error)
 		if !ok {
 			e = errs.Generic(err.Error())
