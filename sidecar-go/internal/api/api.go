@@ -1,0 +1,294 @@
+// Package api is the sidecar's HTTP API (joblease.sidecar.api) on net/http:
+// the same routes, JSON bodies, status codes and checks in the same order.
+// Every handler asks the runner for the phase at the moment of the request.
+// Input is checked completely (rate limit, bearer token, method, size, JSON,
+// token type, result size) before the runner, and so etcd, is touched: a bad
+// request changes nothing.
+//
+// Two handlers: the full API for the loopback listener, and a probe-only one
+// (/healthz, /readyz, /metrics) for the pod-IP listener kubelet's probes reach.
+package api
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"math/big"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/joblease/joblease/sidecar-go/internal/metrics"
+	"github.com/joblease/joblease/sidecar-go/internal/pyjson"
+	"github.com/joblease/joblease/sidecar-go/internal/runner"
+)
+
+// envelopeBytes is the JSON allowance on top of the result limit (the token, the keys).
+const envelopeBytes = 4096
+
+// RateLimiter is a token bucket: rate requests per second, bursts of up to one second's worth.
+type RateLimiter struct {
+	mu     sync.Mutex
+	rate   float64
+	burst  float64
+	tokens float64
+	last   time.Time
+}
+
+// NewRateLimiter for rate requests per second.
+func NewRateLimiter(rate float64) *RateLimiter {
+	burst := math.Max(1, rate)
+	return &RateLimiter{rate: rate, burst: burst, tokens: burst, last: time.Now()}
+}
+
+// Take: 0 if the request may go ahead, else the seconds until it could.
+func (l *RateLimiter) Take() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	l.tokens = math.Min(l.burst, l.tokens+now.Sub(l.last).Seconds()*l.rate)
+	l.last = now
+	if l.tokens >= 1 {
+		l.tokens--
+		return 0
+	}
+	return (1 - l.tokens) / l.rate
+}
+
+type badRequest struct {
+	status         int
+	error, message string
+}
+
+func writeJSON(w http.ResponseWriter, status int, body pyjson.Obj, headers ...string) {
+	for i := 0; i+1 < len(headers); i += 2 {
+		w.Header().Set(headers[i], headers[i+1])
+	}
+	data := pyjson.Response(body)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	w.WriteHeader(status)
+	_, _ = w.Write(data)
+}
+
+func errBody(e, msg string) pyjson.Obj {
+	return pyjson.Obj{{Key: "error", Value: e}, {Key: "message", Value: msg}}
+}
+
+type handler func(r *http.Request) (runner.Outcome, *badRequest)
+
+// guard applies the rate limit, the bearer check (constant time), then the
+// method check, in that order, each answered as JSON.
+func guard(rn *runner.Runner, methods []string, h handler, auth bool, limiter *RateLimiter) http.HandlerFunc {
+	expected := rn.Config().APIToken
+	return func(w http.ResponseWriter, req *http.Request) {
+		if limiter != nil {
+			if wait := limiter.Take(); wait > 0 {
+				writeJSON(w, 429, errBody("rate_limited", fmt.Sprintf("more than %s requests per second; retry in %.2f s",
+					strconv.FormatFloat(limiter.rate, 'g', -1, 64), wait)), "Retry-After", strconv.Itoa(max(1, int(math.Ceil(wait)))))
+				return
+			}
+		}
+		if auth && expected != "" {
+			scheme, given, _ := strings.Cut(req.Header.Get("Authorization"), " ")
+			if !strings.EqualFold(scheme, "bearer") ||
+				subtle.ConstantTimeCompare([]byte(strings.TrimSpace(given)), []byte(expected)) != 1 {
+				writeJSON(w, 401, errBody("unauthorized", "missing or wrong bearer token"), "WWW-Authenticate", "Bearer")
+				return
+			}
+		}
+		allowed := false
+		for _, m := range methods {
+			allowed = allowed || req.Method == m
+		}
+		if !allowed {
+			writeJSON(w, 405, errBody("method_not_allowed", fmt.Sprintf("%s not allowed; use %s", req.Method,
+				strings.Join(methods, ", "))), "Allow", strings.Join(methods, ", "))
+			return
+		}
+		out, bad := h(req)
+		if bad != nil {
+			writeJSON(w, bad.status, errBody(bad.error, bad.message))
+			return
+		}
+		writeJSON(w, out.Status, out.Body)
+	}
+}
+
+func readBody(req *http.Request, limit int) ([]byte, *badRequest) {
+	if declared := req.Header.Get("Content-Length"); declared != "" {
+		if n, err := strconv.ParseInt(declared, 10, 64); err == nil && n > int64(limit) {
+			return nil, &badRequest{413, "too_large", fmt.Sprintf("request body of %s bytes exceeds the limit of %d bytes", declared, limit)}
+		}
+	}
+	data, err := io.ReadAll(io.LimitReader(req.Body, int64(limit)+1))
+	if err != nil {
+		return nil, &badRequest{400, "invalid", "cannot read the request body: " + err.Error()}
+	}
+	if len(data) > limit {
+		return nil, &badRequest{413, "too_large", fmt.Sprintf("request body exceeds the limit of %d bytes", limit)}
+	}
+	return data, nil
+}
+
+func parse(body []byte) (map[string]any, *badRequest) {
+	v, err := pyjson.Decode(body)
+	if err != nil {
+		return nil, &badRequest{400, "invalid", "request body is not valid JSON: " + err.Error()}
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return nil, &badRequest{400, "invalid", "request body must be a JSON object"}
+	}
+	return obj, nil
+}
+
+var maxToken = new(big.Int).Lsh(big.NewInt(1), 63)
+
+func token(obj map[string]any) (int64, *badRequest) {
+	v, ok := obj["token"]
+	if !ok {
+		return 0, &badRequest{400, "invalid", `missing "token": send the token from GET /v1/lease`}
+	}
+	n, isNum := v.(json.Number)
+	if !isNum || !pyjson.IsInt(n) {
+		return 0, &badRequest{400, "invalid", fmt.Sprintf(`"token" must be an integer, got %s`, pyjson.TypeName(v))}
+	}
+	b, ok := new(big.Int).SetString(string(n), 10)
+	if !ok || b.Sign() <= 0 || b.Cmp(maxToken) >= 0 {
+		return 0, &badRequest{400, "invalid", `"token" must be a positive 64-bit integer`}
+	}
+	return b.Int64(), nil
+}
+
+func payload(obj map[string]any, limit int, key, what string) (any, *badRequest) {
+	v := obj[key]
+	data, err := pyjson.Sorted(v)
+	if err != nil {
+		return nil, &badRequest{400, "invalid", fmt.Sprintf("invalid %s: not JSON-serializable (%s)", what, err)}
+	}
+	if len(data) > limit {
+		return nil, &badRequest{413, "too_large", fmt.Sprintf("%s too large: %d bytes of JSON, the limit is %d bytes", what, len(data), limit)}
+	}
+	return v, nil
+}
+
+func probeRoutes(mux *http.ServeMux, rn *runner.Runner) {
+	get := []string{"GET", "HEAD"}
+	mux.Handle("/healthz", guard(rn, get, func(*http.Request) (runner.Outcome, *badRequest) {
+		return runner.Outcome{Status: 200, Body: pyjson.Obj{{Key: "status", Value: "ok"}, {Key: "state", Value: string(rn.Current())}}}, nil
+	}, false, nil))
+	mux.Handle("/readyz", guard(rn, get, func(*http.Request) (runner.Outcome, *badRequest) {
+		ready := rn.Ready()
+		status := 503
+		if ready {
+			status = 200
+		}
+		return runner.Outcome{Status: status, Body: pyjson.Obj{{Key: "ready", Value: ready}, {Key: "state", Value: string(rn.PhaseNow())}}}, nil
+	}, false, nil))
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != "GET" && req.Method != "HEAD" {
+			guard(rn, get, nil, false, nil)(w, req)
+			return
+		}
+		body := rn.Metrics.Render(rn.Remaining())
+		w.Header().Set("Content-Type", metrics.ContentType)
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		w.WriteHeader(200)
+		_, _ = w.Write(body)
+	})
+}
+
+func notFound(mux *http.ServeMux) {
+	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		// Starlette's answer for an unknown route.
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(404)
+		_, _ = io.WriteString(w, "Not Found")
+	})
+}
+
+// Handler is the loopback API: lease, complete, checkpoint, release, and the probe endpoints.
+func Handler(rn *runner.Runner) http.Handler {
+	cfg := rn.Config()
+	bodyLimit := cfg.MaxResultBytes + envelopeBytes
+	var limiter *RateLimiter
+	if cfg.RateLimit > 0 {
+		limiter = NewRateLimiter(cfg.RateLimit)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/lease", guard(rn, []string{"GET", "HEAD"}, func(*http.Request) (runner.Outcome, *badRequest) {
+		return rn.LeaseView(), nil
+	}, true, limiter))
+	mux.Handle("/v1/complete", guard(rn, []string{"POST"}, func(req *http.Request) (runner.Outcome, *badRequest) {
+		body, bad := readBody(req, bodyLimit)
+		if bad != nil {
+			return runner.Outcome{}, bad
+		}
+		obj, bad := parse(body)
+		if bad != nil {
+			return runner.Outcome{}, bad
+		}
+		tok, bad := token(obj)
+		if bad != nil {
+			return runner.Outcome{}, bad
+		}
+		result, bad := payload(obj, cfg.MaxResultBytes, "result", "result")
+		if bad != nil {
+			return runner.Outcome{}, bad
+		}
+		return rn.Complete(tok, result), nil
+	}, true, limiter))
+	mux.Handle("/v1/checkpoint", guard(rn, []string{"POST"}, func(req *http.Request) (runner.Outcome, *badRequest) {
+		body, bad := readBody(req, bodyLimit)
+		if bad != nil {
+			return runner.Outcome{}, bad
+		}
+		obj, bad := parse(body)
+		if bad != nil {
+			return runner.Outcome{}, bad
+		}
+		tok, bad := token(obj)
+		if bad != nil {
+			return runner.Outcome{}, bad
+		}
+		if _, ok := obj["data"]; !ok {
+			return runner.Outcome{}, &badRequest{400, "invalid", `missing "data": the checkpoint as JSON`}
+		}
+		data, bad := payload(obj, cfg.MaxResultBytes, "data", "checkpoint")
+		if bad != nil {
+			return runner.Outcome{}, bad
+		}
+		return rn.Checkpoint(tok, data), nil
+	}, true, limiter))
+	mux.Handle("/v1/release", guard(rn, []string{"POST"}, func(req *http.Request) (runner.Outcome, *badRequest) {
+		body, bad := readBody(req, envelopeBytes)
+		if bad != nil {
+			return runner.Outcome{}, bad
+		}
+		obj, bad := parse(body)
+		if bad != nil {
+			return runner.Outcome{}, bad
+		}
+		tok, bad := token(obj)
+		if bad != nil {
+			return runner.Outcome{}, bad
+		}
+		return rn.Release(tok), nil
+	}, true, limiter))
+	probeRoutes(mux, rn)
+	notFound(mux)
+	return mux
+}
+
+// ProbeHandler serves only what kubelet and Prometheus need; never the token.
+func ProbeHandler(rn *runner.Runner) http.Handler {
+	mux := http.NewServeMux()
+	probeRoutes(mux, rn)
+	notFound(mux)
+	return mux
+}

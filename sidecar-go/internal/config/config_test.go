@@ -1,0 +1,95 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/joblease/joblease/sidecar-go/internal/errs"
+)
+
+// The settings table of docs/sidecar.md, read the way config.py and the
+// click command read it. Nothing is faked: real environments, real flags,
+// real secret files in a temporary directory.
+
+func TestEnvironmentAndDefaults(t *testing.T) {
+	c, err := Parse(nil, map[string]string{"JOBLEASE_JOB_NAME": "train", "POD_NAMESPACE": "team-a",
+		"POD_NAME": "pod-1", "POD_UID": "abc", "JOBLEASE_SIDECAR_PROBE_PORT": "off",
+		"JOBLEASE_ETCD_ENDPOINTS": "https://e1:2379, e2:2379,", "JOBLEASE_SIDECAR_RATE_LIMIT": "off"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Job.String() != "team-a/train" || c.Owner != "pod-1/abc" {
+		t.Fatalf("job %s owner %s", c.Job, c.Owner)
+	}
+	if c.Port != DefaultPort || c.Host != "127.0.0.1" || c.ProbePort != -1 || c.TokenFile != DefaultTokenFile ||
+		c.TokenJSONFile() != DefaultTokenFile+".json" || c.OnLoss != "signal" || c.OnFinal != "serve" ||
+		!c.ReleaseOnTerm || c.MaxResultBytes != 65536 || c.RegistrationWait != 30 || c.RateLimit != 0 {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if strings.Join(c.Etcd.Endpoints, "|") != "https://e1:2379|e2:2379" || !c.Etcd.TLS() || c.Etcd.Root != "/joblease/v1" {
+		t.Fatalf("etcd: %+v", c.Etcd)
+	}
+}
+
+func TestFlagsOverrideTheEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "bearer")
+	if err := os.WriteFile(secret, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"JOBLEASE_JOB_NAME": "a", "JOBLEASE_SIDECAR_PORT": "1", "JOBLEASE_SIDECAR_ON_LOSS": "exit",
+		"JOBLEASE_SIDECAR_RELEASE_ON_TERM": "true", "JOBLEASE_SIDECAR_CLAIM_BACKOFF_INITIAL": "0.05"}
+	c, err := Parse([]string{"--job", "ns/b", "--port", "0", "--on-loss", "none", "--no-release-on-term",
+		"--probe-port", "-1", "--claim-backoff-max", "0.2", "--api-token-file", secret, "--log-level", "debug"}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Job.String() != "ns/b" || c.Port != 0 || c.OnLoss != "none" || c.ReleaseOnTerm || c.ProbePort != -1 ||
+		c.Backoff.Initial != 0.05 || c.Backoff.Maximum != 0.2 || c.APIToken != "s3cret" || c.LogLevel != "DEBUG" {
+		t.Fatalf("%+v", c)
+	}
+	for k, v := range c.Describe() {
+		if s, ok := v.(string); ok && strings.Contains(s, "s3cret") {
+			t.Fatalf("Describe leaks the bearer token in %s", k)
+		}
+	}
+}
+
+func TestBadSettingsAreRefusedAsUsageErrors(t *testing.T) {
+	base := map[string]string{"JOBLEASE_JOB_NAME": "a"}
+	cases := []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{nil, map[string]string{}, "no job name"},
+		{[]string{"--on-loss", "bogus"}, base, "'bogus' is not one of"},
+		{[]string{"--on-final", "later"}, base, "'later' is not one of"},
+		{[]string{"--port", "x"}, base, "is not a valid integer"},
+		{nil, map[string]string{"JOBLEASE_JOB_NAME": "a", "JOBLEASE_SIDECAR_PORT": "70000"}, "invalid port"},
+		{nil, map[string]string{"JOBLEASE_JOB_NAME": "Bad_Name"}, "invalid job name"},
+		{nil, map[string]string{"JOBLEASE_JOB_NAME": "a", "JOBLEASE_SIDECAR_RELEASE_ON_TERM": "maybe"}, "expected true/false"},
+		{nil, map[string]string{"JOBLEASE_JOB_NAME": "a", "JOBLEASE_SIDECAR_API_TOKEN_FILE": "/nonexistent/x"}, "cannot read secret file"},
+		{nil, map[string]string{"JOBLEASE_JOB_NAME": "a", "JOBLEASE_OWNER": "has space"}, "printable ASCII"},
+		{[]string{"extra"}, base, "unexpected extra argument"},
+	}
+	for _, tc := range cases {
+		_, err := Parse(tc.args, tc.env)
+		e, ok := err.(*errs.Error)
+		if !ok || e.Kind != errs.KindInvalid || !strings.Contains(e.Message, tc.want) {
+			t.Errorf("%v %v: got %v, want an invalid-input error containing %q", tc.args, tc.env, err, tc.want)
+		}
+	}
+}
+
+func TestAnUnusableRateLimitKeepsTheDefault(t *testing.T) {
+	c, err := Parse(nil, map[string]string{"JOBLEASE_JOB_NAME": "a", "JOBLEASE_SIDECAR_RATE_LIMIT": "-3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RateLimit != DefaultRateLimit || c.RateLimitProblem != "-3" {
+		t.Fatalf("rate %v problem %q", c.RateLimit, c.RateLimitProblem)
+	}
+}

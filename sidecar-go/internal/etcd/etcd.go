@@ -1,0 +1,547 @@
+// Package etcd is the sidecar's etcd client: etcd's own gRPC API (the
+// generated etcdserverpb stubs) on one connection per endpoint, with
+// failover, auth tokens, TLS and mutual TLS, and errors mapped to the
+// protocol's (a write whose answer was lost is OutcomeUnknown, never a plain
+// "unavailable"). It mirrors joblease.etcd_store and is deliberately not
+// etcd's clientv3: see docs/sidecar-go.md (footprint, and retries that must
+// stay outcome-aware).
+package etcd
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/joblease/joblease/sidecar-go/internal/errs"
+)
+
+// Config is how to reach etcd (EtcdConfig).
+type Config struct {
+	Endpoints                 []string
+	CAFile, CertFile, KeyFile string
+	ServerName                string
+	Username, Password        string
+	RequestTimeout            time.Duration
+	Root                      string
+}
+
+// TLS: an https endpoint or any TLS file switches TLS on.
+func (c Config) TLS() bool {
+	if c.CAFile != "" || c.CertFile != "" {
+		return true
+	}
+	for _, e := range c.Endpoints {
+		if strings.HasPrefix(e, "https://") {
+			return true
+		}
+	}
+	return false
+}
+
+var notSentHints = []string{"failed to connect", "connection refused", "no address", "dns resolution",
+	"error while dialing", "produced zero addresses"}
+var staleTokenHints = []string{"invalid auth token", "revision of auth store is old"}
+
+func hasAny(s string, hints []string) bool {
+	for _, h := range hints {
+		if strings.Contains(s, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// Store is a connection to etcd.
+type Store struct {
+	cfg       Config
+	endpoints []string
+	creds     credentials.TransportCredentials
+
+	mu      sync.Mutex
+	conns   map[int]*grpc.ClientConn
+	current int
+	token   string
+	authMu  sync.Mutex
+}
+
+// New prepares the connections (nothing is dialled until the first call).
+func New(cfg Config) (*Store, error) {
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = 5 * time.Second
+	}
+	s := &Store{cfg: cfg, conns: map[int]*grpc.ClientConn{}}
+	for _, e := range cfg.Endpoints {
+		for _, scheme := range []string{"http://", "https://", "unix://"} {
+			e = strings.TrimPrefix(e, scheme)
+		}
+		s.endpoints = append(s.endpoints, e)
+	}
+	if len(s.endpoints) == 0 {
+		return nil, errs.Invalid("no etcd endpoints")
+	}
+	if cfg.TLS() {
+		tc := &tls.Config{ServerName: cfg.ServerName, MinVersion: tls.VersionTLS12}
+		if cfg.CAFile != "" {
+			pem, err := os.ReadFile(cfg.CAFile)
+			if err != nil {
+				return nil, errs.Invalid(fmt.Sprintf("cannot read %s: %v", cfg.CAFile, err))
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, errs.Invalid("no certificates in " + cfg.CAFile)
+			}
+			tc.RootCAs = pool
+		}
+		if cfg.CertFile != "" || cfg.KeyFile != "" {
+			cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
+			if err != nil {
+				return nil, errs.Invalid(fmt.Sprintf("cannot load the client certificate: %v", err))
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		s.creds = credentials.NewTLS(tc)
+	}
+	return s, nil
+}
+
+// Endpoints as dialled (schemes stripped).
+func (s *Store) Endpoints() []string { return s.endpoints }
+
+func (s *Store) conn(i int) (*grpc.ClientConn, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.conns[i]; ok {
+		return c, nil
+	}
+	creds := s.creds
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	c, err := grpc.NewClient("passthrough:///"+s.endpoints[i],
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDisableRetry(), // retries are ours, and outcome-aware
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second,
+			PermitWithoutStream: true}),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond,
+			Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}, MinConnectTimeout: 5 * time.Second}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)),
+	)
+	if err != nil {
+		return nil, errs.Invalid(fmt.Sprintf("bad etcd endpoint %q: %v", s.endpoints[i], err))
+	}
+	s.conns[i] = c
+	return c, nil
+}
+
+func (s *Store) currentIndex() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.current
+}
+
+func (s *Store) failOver() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.endpoints) > 1 {
+		s.current = (s.current + 1) % len(s.endpoints)
+	}
+}
+
+// Close closes every connection.
+func (s *Store) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.conns {
+		_ = c.Close()
+	}
+	s.conns = map[int]*grpc.ClientConn{}
+}
+
+// authContext adds the auth token (fetched on first use) to ctx.
+func (s *Store) authContext(ctx context.Context) (context.Context, string, error) {
+	if s.cfg.Username == "" {
+		return ctx, "", nil
+	}
+	s.authMu.Lock()
+	defer s.authMu.Unlock()
+	if s.token == "" {
+		resp, err := call(s, ctx, false, false, func(ctx context.Context, c *grpc.ClientConn) (*pb.AuthenticateResponse, error) {
+			return pb.NewAuthClient(c).Authenticate(ctx, &pb.AuthenticateRequest{Name: s.cfg.Username, Password: s.cfg.Password})
+		})
+		if err != nil {
+			return ctx, "", err
+		}
+		s.token = resp.Token
+	}
+	return metadata.AppendToOutgoingContext(ctx, "token", s.token), s.token, nil
+}
+
+func (s *Store) tokenRejected(used string) {
+	s.authMu.Lock()
+	defer s.authMu.Unlock()
+	if used != "" && used == s.token {
+		s.token = ""
+	}
+}
+
+// call runs fn with failover and maps errors: reads are retried on another
+// endpoint; writes only when the request provably never reached a server,
+// otherwise OutcomeUnknown.
+func call[T any](s *Store, ctx context.Context, write, authenticate bool,
+	fn func(context.Context, *grpc.ClientConn) (T, error)) (T, error) {
+	var zero T
+	attempts := max(2, 2*len(s.endpoints))
+	var last error
+	for range attempts {
+		cctx, used := ctx, ""
+		if authenticate {
+			var err error
+			if cctx, used, err = s.authContext(ctx); err != nil {
+				return zero, err
+			}
+		}
+		c, err := s.conn(s.currentIndex())
+		if err != nil {
+			return zero, err
+		}
+		tctx, cancel := context.WithTimeout(cctx, s.cfg.RequestTimeout)
+		resp, err := fn(tctx, c)
+		cancel()
+		if err == nil {
+			return resp, nil
+		}
+		last = err
+		st, _ := status.FromError(err)
+		code, details := st.Code(), st.Message()
+		if authenticate && used != "" && hasAny(details, staleTokenHints) {
+			s.tokenRejected(used) // refused before any apply
+			continue
+		}
+		if ctx.Err() != nil {
+			if write {
+				return zero, errs.OutcomeUnknown(fmt.Sprintf("etcd write outcome unknown (cancelled: %v)", ctx.Err()))
+			}
+			return zero, errs.Unavailable(fmt.Sprintf("etcd request cancelled: %v", ctx.Err()))
+		}
+		switch code {
+		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Unknown:
+			notSent := code == codes.Unavailable && hasAny(strings.ToLower(details), notSentHints)
+			s.failOver()
+			if write && !notSent {
+				return zero, errs.OutcomeUnknown(fmt.Sprintf("etcd write outcome unknown (%s: %s)", codeName(code), details))
+			}
+			continue
+		}
+		return zero, MapError(err)
+	}
+	st, _ := status.FromError(last)
+	return zero, errs.Unavailable(fmt.Sprintf("etcd unreachable at %s: %s: %s",
+		strings.Join(s.endpoints, ", "), codeName(st.Code()), st.Message()))
+}
+
+func codeName(c codes.Code) string {
+	return strings.ToUpper(map[codes.Code]string{codes.Unavailable: "UNAVAILABLE", codes.DeadlineExceeded: "DEADLINE_EXCEEDED",
+		codes.Canceled: "CANCELLED", codes.Unknown: "UNKNOWN", codes.PermissionDenied: "PERMISSION_DENIED",
+		codes.Unauthenticated: "UNAUTHENTICATED", codes.InvalidArgument: "INVALID_ARGUMENT",
+		codes.NotFound: "NOT_FOUND", codes.FailedPrecondition: "FAILED_PRECONDITION"}[c])
+}
+
+// MapError turns a gRPC error into the protocol's.
+func MapError(err error) error {
+	st, _ := status.FromError(err)
+	code, details := st.Code(), st.Message()
+	switch {
+	case code == codes.PermissionDenied || code == codes.Unauthenticated:
+		return errs.Forbidden("etcd refused the request: " + details)
+	case strings.Contains(details, "authentication failed") || strings.Contains(details, "user name is empty"):
+		return errs.Forbidden("etcd refused the credentials: " + details)
+	case strings.Contains(details, "lease not found"):
+		return errs.LeaseNotFound(details)
+	case code == codes.InvalidArgument:
+		return errs.Invalid("etcd refused the request: " + details)
+	}
+	return errs.Generic(fmt.Sprintf("etcd error %s: %s", codeName(code), details))
+}
+
+// KV is one stored key.
+type KV struct {
+	Key, Value                           []byte
+	CreateRevision, ModRevision, Version int64
+	Lease                                int64
+}
+
+// TxnResult: which branch ran, the revision, and one slice of KVs per Get
+// of that branch (in order; nil entries for puts and deletes).
+type TxnResult struct {
+	Succeeded bool
+	Revision  int64
+	Gets      [][]KV
+}
+
+// First KV of get i of the branch that ran, or nil.
+func (r TxnResult) KV(i int) *KV {
+	if i >= len(r.Gets) || len(r.Gets[i]) == 0 {
+		return nil
+	}
+	return &r.Gets[i][0]
+}
+
+// Op is one operation of a transaction branch.
+type Op struct {
+	kind  int // 0 get, 1 put, 2 delete
+	key   string
+	value []byte
+	lease int64
+}
+
+func Get(key string) Op { return Op{kind: 0, key: key} }
+func Put(key string, value []byte, lease int64) Op {
+	return Op{kind: 1, key: key, value: value, lease: lease}
+}
+func Delete(key string) Op { return Op{kind: 2, key: key} }
+
+// Cmp is one compare of a transaction.
+type Cmp = *pb.Compare
+
+func CreateEq(key string, rev int64) Cmp {
+	return &pb.Compare{Key: []byte(key), Target: pb.Compare_CREATE, Result: pb.Compare_EQUAL,
+		TargetUnion: &pb.Compare_CreateRevision{CreateRevision: rev}}
+}
+func ModEq(key string, rev int64) Cmp {
+	return &pb.Compare{Key: []byte(key), Target: pb.Compare_MOD, Result: pb.Compare_EQUAL,
+		TargetUnion: &pb.Compare_ModRevision{ModRevision: rev}}
+}
+func VersionEq(key string, v int64) Cmp {
+	return &pb.Compare{Key: []byte(key), Target: pb.Compare_VERSION, Result: pb.Compare_EQUAL,
+		TargetUnion: &pb.Compare_Version{Version: v}}
+}
+func VersionLess(key string, v int64) Cmp {
+	return &pb.Compare{Key: []byte(key), Target: pb.Compare_VERSION, Result: pb.Compare_LESS,
+		TargetUnion: &pb.Compare_Version{Version: v}}
+}
+func ValueEq(key string, value []byte) Cmp {
+	return &pb.Compare{Key: []byte(key), Target: pb.Compare_VALUE, Result: pb.Compare_EQUAL,
+		TargetUnion: &pb.Compare_Value{Value: value}}
+}
+
+func requestOps(ops []Op) []*pb.RequestOp {
+	out := make([]*pb.RequestOp, 0, len(ops))
+	for _, op := range ops {
+		switch op.kind {
+		case 0:
+			out = append(out, &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte(op.key)}}})
+		case 1:
+			out = append(out, &pb.RequestOp{Request: &pb.RequestOp_RequestPut{RequestPut: &pb.PutRequest{
+				Key: []byte(op.key), Value: op.value, Lease: op.lease}}})
+		case 2:
+			out = append(out, &pb.RequestOp{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: []byte(op.key)}}})
+		}
+	}
+	return out
+}
+
+func hasWrite(ops ...[]Op) bool {
+	for _, branch := range ops {
+		for _, op := range branch {
+			if op.kind != 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Txn runs one transaction.
+func (s *Store) Txn(ctx context.Context, cmps []Cmp, success, failure []Op) (TxnResult, error) {
+	req := &pb.TxnRequest{Compare: cmps, Success: requestOps(success), Failure: requestOps(failure)}
+	resp, err := call(s, ctx, hasWrite(success, failure), true, func(ctx context.Context, c *grpc.ClientConn) (*pb.TxnResponse, error) {
+		return pb.NewKVClient(c).Txn(ctx, req)
+	})
+	if err != nil {
+		return TxnResult{}, err
+	}
+	r := TxnResult{Succeeded: resp.Succeeded, Revision: resp.Header.GetRevision()}
+	for _, op := range resp.Responses {
+		if rr := op.GetResponseRange(); rr != nil {
+			kvs := make([]KV, 0, len(rr.Kvs))
+			for _, kv := range rr.Kvs {
+				kvs = append(kvs, KV{kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease})
+			}
+			r.Gets = append(r.Gets, kvs)
+		} else {
+			r.Gets = append(r.Gets, nil)
+		}
+	}
+	return r, nil
+}
+
+// GetPrefix reads every key under prefix: the revision and the KVs.
+func (s *Store) GetPrefix(ctx context.Context, prefix string) (int64, []KV, error) {
+	end := []byte(prefix)
+	end[len(end)-1]++ // prefixes end in '/', never 0xff
+	resp, err := call(s, ctx, false, true, func(ctx context.Context, c *grpc.ClientConn) (*pb.RangeResponse, error) {
+		return pb.NewKVClient(c).Range(ctx, &pb.RangeRequest{Key: []byte(prefix), RangeEnd: end})
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	kvs := make([]KV, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		kvs = append(kvs, KV{kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease})
+	}
+	return resp.Header.GetRevision(), kvs, nil
+}
+
+// Get reads one key.
+func (s *Store) Get(ctx context.Context, key string) (int64, *KV, error) {
+	resp, err := call(s, ctx, false, true, func(ctx context.Context, c *grpc.ClientConn) (*pb.RangeResponse, error) {
+		return pb.NewKVClient(c).Range(ctx, &pb.RangeRequest{Key: []byte(key)})
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	if len(resp.Kvs) == 0 {
+		return resp.Header.GetRevision(), nil, nil
+	}
+	kv := resp.Kvs[0]
+	return resp.Header.GetRevision(), &KV{kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease}, nil
+}
+
+// Grant a lease: its id and the TTL etcd granted. A grant whose outcome is
+// unknown leaks at most one unused lease that expires by itself, so it is
+// retried like a read.
+func (s *Store) Grant(ctx context.Context, ttl int64) (int64, int64, error) {
+	resp, err := call(s, ctx, false, true, func(ctx context.Context, c *grpc.ClientConn) (*pb.LeaseGrantResponse, error) {
+		return pb.NewLeaseClient(c).LeaseGrant(ctx, &pb.LeaseGrantRequest{TTL: ttl})
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	if resp.Error != "" {
+		return 0, 0, errs.Generic("etcd refused the lease grant: " + resp.Error)
+	}
+	return resp.ID, resp.TTL, nil
+}
+
+// Revoke a lease (one already gone is fine).
+func (s *Store) Revoke(ctx context.Context, id int64) error {
+	_, err := call(s, ctx, false, true, func(ctx context.Context, c *grpc.ClientConn) (*pb.LeaseRevokeResponse, error) {
+		return pb.NewLeaseClient(c).LeaseRevoke(ctx, &pb.LeaseRevokeRequest{ID: id})
+	})
+	if errs.Is(err, errs.KindLeaseNotFound) {
+		return nil
+	}
+	return err
+}
+
+// KeepAlive is one persistent LeaseKeepAlive stream, reopened (on the next
+// endpoint) when it breaks.
+type KeepAlive struct {
+	s      *Store
+	id     int64
+	stream pb.Lease_LeaseKeepAliveClient
+	cancel context.CancelFunc
+	used   string
+}
+
+// NewKeepAlive prepares a stream for lease id (opened on first Renew).
+func (s *Store) NewKeepAlive(id int64) *KeepAlive { return &KeepAlive{s: s, id: id} }
+
+// Renew sends one keep-alive and waits for its answer within timeout: the TTL
+// etcd reset the lease to (0: etcd no longer knows it). A stream refused for a
+// stale auth token is reopened once with a fresh token.
+func (k *KeepAlive) Renew(timeout time.Duration) (int64, error) {
+	deadline := time.Now().Add(timeout)
+	for attempt := 1; attempt <= 2; attempt++ {
+		ttl, err := k.renewOnce(deadline)
+		if err == nil {
+			return ttl, nil
+		}
+		k.Close()
+		st, _ := status.FromError(err)
+		if attempt == 1 && hasAny(st.Message(), staleTokenHints) {
+			k.s.tokenRejected(k.used)
+			continue
+		}
+		k.s.failOver()
+		if st.Code() == codes.PermissionDenied || st.Code() == codes.Unauthenticated {
+			return 0, MapError(err)
+		}
+		if pe, ok := err.(*errs.Error); ok && pe.Kind == errs.KindForbidden {
+			return 0, pe
+		}
+		return 0, errs.Unavailable(fmt.Sprintf("keep-alive failed: %v", err))
+	}
+	return 0, errs.Unavailable("keep-alive failed")
+}
+
+func (k *KeepAlive) renewOnce(deadline time.Time) (int64, error) {
+	if k.stream == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		actx, used, err := k.s.authContext(ctx)
+		if err != nil {
+			cancel()
+			return 0, err
+		}
+		c, err := k.s.conn(k.s.currentIndex())
+		if err != nil {
+			cancel()
+			return 0, err
+		}
+		stream, err := pb.NewLeaseClient(c).LeaseKeepAlive(actx)
+		if err != nil {
+			cancel()
+			return 0, err
+		}
+		k.stream, k.cancel, k.used = stream, cancel, used
+	}
+	type answer struct {
+		ttl int64
+		err error
+	}
+	done := make(chan answer, 1)
+	stream := k.stream
+	go func() {
+		if err := stream.Send(&pb.LeaseKeepAliveRequest{ID: k.id}); err != nil {
+			done <- answer{0, err}
+			return
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			done <- answer{0, err}
+			return
+		}
+		done <- answer{resp.TTL, nil}
+	}()
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case a := <-done:
+		return a.ttl, a.err
+	case <-timer.C:
+		return 0, status.Error(codes.DeadlineExceeded, "keep-alive timed out")
+	}
+}
+
+// Close ends the stream.
+func (k *KeepAlive) Close() {
+	if k.cancel != nil {
+		k.cancel()
+	}
+	k.stream, k.cancel = nil, nil
+}

@@ -1,0 +1,335 @@
+package protocol
+
+import (
+	"context"
+	"fmt"
+	"github.com/joblease/joblease/sidecar-go/internal/errs"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/joblease/joblease/sidecar-go/internal/etcd"
+	"github.com/joblease/joblease/sidecar-go/internal/session"
+)
+
+// minSessionLeft: a session with less local safety left takes no new claim.
+const minSessionLeft = 500 * time.Millisecond
+
+// Client claims jobs for one owner (the sidecar holds one job at a time, so
+// one session per TTL is enough; a session that cannot take a claim any
+// more is revoked and replaced).
+type Client struct {
+	Store   *etcd.Store
+	Root    string
+	session *session.Session
+	specRev int64
+	spec    *Spec
+}
+
+// NewClient over store, keys under root.
+func NewClient(store *etcd.Store, root string) *Client { return &Client{Store: store, Root: root} }
+
+// Close stops renewing; with revoke, a held job is given back at once.
+func (c *Client) Close(ctx context.Context, revoke bool) {
+	if c.session != nil {
+		c.session.Close(ctx, revoke)
+	}
+	c.Store.Close()
+}
+
+func (c *Client) readSpec(ctx context.Context, job JobRef, keys JobKeys, refresh bool) (int64, Spec, error) {
+	if !refresh && c.spec != nil {
+		return c.specRev, *c.spec, nil
+	}
+	_, kv, err := c.Store.Get(ctx, keys.Spec())
+	if err != nil {
+		return 0, Spec{}, err
+	}
+	if kv == nil {
+		c.spec = nil
+		return 0, Spec{}, errs.NotRegistered(job.String())
+	}
+	spec, err := DecodeSpec(kv.Value)
+	if err != nil {
+		return 0, Spec{}, err
+	}
+	c.specRev, c.spec = kv.ModRevision, &spec
+	return kv.ModRevision, spec, nil
+}
+
+func (c *Client) sessionFor(ctx context.Context, ttl int64) (*session.Session, error) {
+	s := c.session
+	if s != nil && s.TTL == ttl && s.Alive() && s.Remaining() >= minSessionLeft {
+		return s, nil
+	}
+	if s != nil {
+		c.dropSession("replaced")
+	}
+	s, err := session.Start(ctx, c.Store, ttl)
+	if err != nil {
+		return nil, err
+	}
+	c.session = s
+	return s, nil
+}
+
+// dropSession stops using the session; its etcd lease is revoked in the
+// background (nothing of ours is bound to it: claims on it failed).
+func (c *Client) dropSession(reason string) {
+	s := c.session
+	c.session = nil
+	if s == nil {
+		return
+	}
+	s.Lose(reason, true)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s.Close(ctx, true)
+	}()
+}
+
+// Claim claims job for owner in one transaction (docs/protocol.md, "Claim").
+func (c *Client) Claim(ctx context.Context, job JobRef, owner string) (*Lease, error) {
+	if err := ValidateJob(job); err != nil {
+		return nil, err
+	}
+	if err := ValidateOwner(owner); err != nil {
+		return nil, err
+	}
+	keys := Keys(c.Root, job)
+	refresh := false
+	var revoked []string
+	for range 4 {
+		specRev, spec, err := c.readSpec(ctx, job, keys, refresh)
+		if err != nil {
+			return nil, err
+		}
+		s, err := c.sessionFor(ctx, spec.LeaseDurationSeconds)
+		if err != nil {
+			return nil, err
+		}
+		lease, again, err := c.claimOn(ctx, job, keys, owner, specRev, spec, s, &revoked)
+		if err != nil || lease != nil {
+			return lease, err
+		}
+		refresh = again
+	}
+	if len(revoked) > 0 {
+		return nil, errs.Unavailable(fmt.Sprintf("claim of %s did not settle after several attempts; claims with tokens %s "+
+			"committed and were ended by the revoke that settled their unknown outcome (each used an attempt)",
+			job, strings.Join(revoked, ", ")))
+	}
+	return nil, errs.Unavailable(fmt.Sprintf("claim of %s did not settle after several attempts", job))
+}
+
+func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner string, specRev int64, spec Spec,
+	s *session.Session, revoked *[]string) (*Lease, bool, error) {
+	claimID := newClaimID()
+	ttl := spec.LeaseDurationSeconds
+	holderValue, err := HolderValue(owner, claimID, ttl, now())
+	if err != nil {
+		return nil, false, err
+	}
+	claimValue, err := ClaimsValue(owner, claimID)
+	if err != nil {
+		return nil, false, err
+	}
+	cmps := []etcd.Cmp{etcd.ModEq(keys.Spec(), specRev), etcd.CreateEq(keys.Holder(), 0), etcd.VersionEq(keys.Result(), 0)}
+	if spec.MaxAttempts > 0 {
+		cmps = append(cmps, etcd.VersionLess(keys.Claims(), spec.MaxAttempts))
+	}
+	r, err := c.Store.Txn(ctx, cmps,
+		[]etcd.Op{etcd.Put(keys.Holder(), holderValue, s.LeaseID), etcd.Put(keys.Claims(), claimValue, 0),
+			etcd.Get(keys.Claims()), etcd.Get(keys.Checkpoint())},
+		[]etcd.Op{etcd.Get(keys.Spec()), etcd.Get(keys.Holder()), etcd.Get(keys.Result()), etcd.Get(keys.Claims())})
+	switch {
+	case errs.Is(err, errs.KindLeaseNotFound):
+		c.dropSession("etcd no longer knows the lease")
+		return nil, false, nil
+	case errs.Is(err, errs.KindOutcomeUnknown):
+		lease, err := c.resolveAmbiguous(ctx, job, keys, owner, claimID, holderValue, s, spec, revoked)
+		return lease, false, err
+	case err != nil:
+		return nil, false, err
+	}
+	if r.Succeeded {
+		claims := r.KV(2)
+		var gen int64
+		if claims != nil {
+			gen = claims.Version
+		}
+		return newLease(c.Store, s, job, keys, owner, claimID, r.Revision, gen, ttl, holderValue, r.KV(3)), false, nil
+	}
+	again, err := c.refused(job, r, specRev)
+	return nil, again, err
+}
+
+// refused explains a failed claim; (true, nil) when the spec merely changed.
+func (c *Client) refused(job JobRef, r etcd.TxnResult, specRev int64) (bool, error) {
+	specKV, holderKV, resultKV, claimsKV := r.KV(0), r.KV(1), r.KV(2), r.KV(3)
+	if specKV == nil {
+		c.spec = nil
+		return false, errs.NotRegistered(job.String())
+	}
+	var gen int64
+	if claimsKV != nil {
+		gen = claimsKV.Version
+	}
+	if resultKV != nil {
+		rec, err := DecodeResult(resultKV.Value, 0)
+		if err != nil {
+			return false, err
+		}
+		return false, errs.AlreadyCompleted(job.String(), rec.Owner, rec.Token, rec.Generation)
+	}
+	if holderKV != nil {
+		h, err := DecodeHolder(holderKV.Value)
+		if err != nil {
+			return false, err
+		}
+		return false, errs.Held(job.String(), h.Owner, holderKV.CreateRevision, gen)
+	}
+	if specKV.ModRevision != specRev {
+		return true, nil
+	}
+	spec, err := DecodeSpec(specKV.Value)
+	if err != nil {
+		return false, err
+	}
+	if spec.MaxAttempts > 0 && gen >= spec.MaxAttempts {
+		return false, errs.AttemptsExhausted(job.String(), gen, spec.MaxAttempts)
+	}
+	return true, nil // raced with a change that is gone again; just retry
+}
+
+// retryRead runs fn while etcd is unavailable, for up to timeout.
+func retryRead[T any](ctx context.Context, timeout time.Duration, fn func() (T, error)) (T, error) {
+	deadline := time.Now().Add(timeout)
+	delay := 50 * time.Millisecond
+	for {
+		v, err := fn()
+		if err == nil || !errs.Is(err, errs.KindUnavailable) || time.Now().After(deadline) {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, err
+		case <-time.After(delay):
+		}
+		delay = min(time.Second, delay*2)
+	}
+}
+
+// resolveAmbiguous settles a claim whose answer was lost (guarantee 6): our
+// holder there means committed; otherwise the session's lease is revoked so a
+// copy in flight cannot commit later, and claims is read again.
+func (c *Client) resolveAmbiguous(ctx context.Context, job JobRef, keys JobKeys, owner, claimID string,
+	holderValue []byte, s *session.Session, spec Spec, revoked *[]string) (*Lease, error) {
+	fields, err := retryRead(ctx, ReadBackTimeout, func() (map[string]*etcd.KV, error) {
+		_, kvs, err := c.Store.GetPrefix(ctx, keys.Prefix)
+		out := map[string]*etcd.KV{}
+		for i := range kvs {
+			out[strings.TrimPrefix(string(kvs[i].Key), keys.Prefix)] = &kvs[i]
+		}
+		return out, err
+	})
+	if err != nil {
+		revokedOK := c.endSession(ctx, s)
+		return nil, errs.ClaimOutcomeUnknown(job.String(), claimID, s.LeaseID, revokedOK, s.TTL, "reading it back failed: "+err.Error())
+	}
+	if h := fields["holder"]; h != nil && string(h.Value) == string(holderValue) {
+		slog.Info(fmt.Sprintf("ambiguous claim of %s resolved by read-back: committed", job))
+		var gen int64
+		if cl := fields["claims"]; cl != nil {
+			gen = cl.Version
+		}
+		return newLease(c.Store, s, job, keys, owner, claimID, h.CreateRevision, gen, s.TTL, holderValue, fields["checkpoint"]), nil
+	}
+	slog.Info(fmt.Sprintf("ambiguous claim of %s not visible; revoking lease %x so it cannot commit late", job, s.LeaseID))
+	if !c.endSession(ctx, s) {
+		return nil, errs.ClaimOutcomeUnknown(job.String(), claimID, s.LeaseID, false, s.TTL,
+			"not visible on read-back, and the revoke that settles it failed")
+	}
+	kv, err := retryRead(ctx, ReadBackTimeout, func() (*etcd.KV, error) {
+		_, kv, err := c.Store.Get(ctx, keys.Claims())
+		return kv, err
+	})
+	if err != nil {
+		return nil, errs.ClaimOutcomeUnknown(job.String(), claimID, s.LeaseID, true, s.TTL,
+			"re-reading it after the revoke failed: "+err.Error())
+	}
+	if kv == nil || ClaimIDOf(kv.Value) != claimID {
+		return nil, nil // not claimed, and with the lease gone it never will be
+	}
+	token, gen := kv.ModRevision, kv.Version
+	if spec.MaxAttempts > 0 && gen >= spec.MaxAttempts {
+		return nil, errs.ClaimRevoked(job.String(), token, gen, spec.MaxAttempts)
+	}
+	*revoked = append(*revoked, fmt.Sprint(token))
+	slog.Warn(fmt.Sprintf("claim of %s committed while its outcome was being settled (token %d, generation %d) and "+
+		"was ended by the revoke; that attempt is used; claiming again", job, token, gen))
+	return nil, nil
+}
+
+// endSession stops renewing s and revokes its lease; true once etcd confirmed it is gone.
+func (c *Client) endSession(ctx context.Context, s *session.Session) bool {
+	if c.session == s {
+		c.session = nil
+	}
+	s.Lose("revoked to settle an ambiguous claim", false)
+	s.Close(ctx, false)
+	_, err := retryRead(ctx, min(ReadBackTimeout, time.Duration(s.TTL)*time.Second), func() (struct{}, error) {
+		return struct{}{}, c.Store.Revoke(ctx, s.LeaseID)
+	})
+	if err != nil {
+		slog.Warn(fmt.Sprintf("could not revoke etcd lease %x: %v; it expires within %ds", s.LeaseID, err, s.TTL))
+		return false
+	}
+	return true
+}
+
+// JobState is what the sidecar reads of a job to decide what etcd decided.
+type JobState struct {
+	Registered  bool
+	HolderToken int64
+	HolderOwner string
+	Result      *Result
+}
+
+// Token is the current fencing token: the live holder's, else the completer's (0: none).
+func (s JobState) Token() int64 {
+	if s.HolderToken != 0 {
+		return s.HolderToken
+	}
+	if s.Result != nil {
+		return s.Result.Token
+	}
+	return 0
+}
+
+// ReadState reads every key of job in one linearizable read. Records that
+// cannot be decoded are left empty (as assemble does).
+func (c *Client) ReadState(ctx context.Context, job JobRef) (JobState, error) {
+	keys := Keys(c.Root, job)
+	_, kvs, err := c.Store.GetPrefix(ctx, keys.Prefix)
+	if err != nil {
+		return JobState{}, err
+	}
+	var st JobState
+	for _, kv := range kvs {
+		switch strings.TrimPrefix(string(kv.Key), keys.Prefix) {
+		case "spec":
+			st.Registered = true
+		case "holder":
+			if h, err := DecodeHolder(kv.Value); err == nil {
+				st.HolderToken, st.HolderOwner = kv.CreateRevision, h.Owner
+			}
+		case "result":
+			if r, err := DecodeResult(kv.Value, kv.ModRevision); err == nil {
+				st.Result = &r
+			}
+		}
+	}
+	return st, nil
+}

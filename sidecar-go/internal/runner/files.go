@@ -1,0 +1,125 @@
+package runner
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// WriteAtomic makes readers see the old file or the new one, never a torn
+// write: a temporary file in the same directory, fsynced, renamed over, the
+// directory fsynced. publishIf is asked right before the rename; if it says
+// no, nothing is published. Returns whether the file was published.
+func WriteAtomic(path string, data []byte, publishIf func() bool) (bool, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return false, err
+	}
+	tmp := filepath.Join(dir, fmt.Sprintf(".%s.%d.tmp", filepath.Base(path), os.Getpid()))
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return false, err
+	}
+	_, werr := f.Write(data)
+	serr := f.Sync()
+	cerr := f.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		_ = os.Remove(tmp)
+		return false, err
+	}
+	if publishIf != nil && !publishIf() {
+		_ = os.Remove(tmp)
+		return false, nil
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return false, err
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+	return true, nil
+}
+
+func removeQuietly(path string) {
+	if path != "" {
+		_ = os.Remove(path)
+	}
+}
+
+// findWorkerPids: from the pid file, else by name in the (shared) process
+// namespace, matching comm or the basename of argv[0]/argv[1].
+func findWorkerPids(pidFile, processName string) []int {
+	if pidFile != "" {
+		data, err := os.ReadFile(pidFile)
+		if err == nil {
+			text := strings.TrimSpace(string(data))
+			if text == "" {
+				return nil
+			}
+			if pid, err := strconv.Atoi(text); err == nil {
+				return []int{pid}
+			} else {
+				slog.Warn("cannot read worker pid file", "path", pidFile, "reason", err.Error())
+			}
+		} else {
+			slog.Warn("cannot read worker pid file", "path", pidFile, "reason", err.Error())
+		}
+	}
+	if processName == "" {
+		return nil
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	me := os.Getpid()
+	var found []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == me || pid == 1 {
+			continue
+		}
+		comm, err1 := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		cmdline, err2 := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		names := map[string]bool{strings.TrimSpace(string(comm)): true}
+		for i, a := range strings.Split(string(cmdline), "\x00") {
+			if i >= 2 {
+				break
+			}
+			if a != "" {
+				names[filepath.Base(a)] = true
+			}
+		}
+		if names[processName] {
+			found = append(found, pid)
+		}
+	}
+	return found
+}
+
+// signalWorker sends SIGTERM to the configured worker; returns the pids signalled.
+func signalWorker(pidFile, processName string) []int {
+	var signalled []int
+	for _, pid := range findWorkerPids(pidFile, processName) {
+		err := syscall.Kill(pid, syscall.SIGTERM)
+		switch {
+		case err == nil:
+			signalled = append(signalled, pid)
+		case errors.Is(err, syscall.ESRCH):
+			slog.Info("worker already gone", "pid", pid)
+		case errors.Is(err, syscall.EPERM):
+			slog.Error("not permitted to signal the worker", "pid", pid)
+		}
+	}
+	return signalled
+}

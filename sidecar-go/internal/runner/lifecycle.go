@@ -1,0 +1,218 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/joblease/joblease/sidecar-go/internal/errs"
+	"github.com/joblease/joblease/sidecar-go/internal/protocol"
+	"github.com/joblease/joblease/sidecar-go/internal/pyjson"
+)
+
+// claim with backoff: a lease, or the exit code of a final answer (0 if the
+// job is already completed; the phase is then completed or failed), or 0
+// when stopped while claiming.
+func (r *Runner) claim() (*protocol.Lease, int) {
+	cfg := r.cfg
+	registrationDeadline := time.Now().Add(time.Duration(cfg.RegistrationWait * float64(time.Second)))
+	for attempt := 0; !r.stopping(); attempt++ {
+		r.Metrics.Inc(r.Metrics.ClaimAttempts)
+		lease, err := r.client.Claim(r.ctx, cfg.Job, cfg.Owner)
+		if err == nil {
+			return lease, 0
+		}
+		if r.stopping() {
+			return nil, 0 // stopped while claiming: the failure is the shutdown's, not etcd's
+		}
+		e, ok := err.(*errs.Error)
+		if !ok {
+			e = errs.Generic(err.Error())
+		}
+		details := func() []any { return objArgs(e.Details) }
+		switch e.Kind {
+		case errs.KindCompleted:
+			var owner, token any
+			for _, kv := range e.Details {
+				switch kv.Key {
+				case "owner":
+					owner = kv.Value
+				case "token":
+					token = kv.Value
+				}
+			}
+			r.log.Info("job already completed; nothing to do", "job", cfg.Job.String(), "completedBy", owner, "token", token)
+			st := r.readState()
+			r.mu.Lock()
+			if st != nil {
+				r.result = st.Result
+			}
+			r.completedBeforeClaim = true
+			r.setPhase(Completed)
+			r.mu.Unlock()
+			return nil, 0
+		case errs.KindExhausted:
+			r.log.Error("job has no attempts left", append(details(), "exitCode", e.ExitCode)...)
+			return nil, r.failed(e, e.Message)
+		case errs.KindNotRegistered:
+			if !time.Now().Before(registrationDeadline) {
+				r.log.Error("job is not registered", "job", cfg.Job.String(), "waited", cfg.RegistrationWait, "exitCode", e.ExitCode)
+				return nil, r.failed(e, fmt.Sprintf("job %s is not registered (waited %s s): is there a JobLease of "+
+					"that name in this namespace?", cfg.Job, pyG(cfg.RegistrationWait)))
+			}
+			r.log.Info("job not registered yet; waiting", "job", cfg.Job.String())
+		case errs.KindHeld:
+			var holder, token, gen any
+			for _, kv := range e.Details {
+				switch kv.Key {
+				case "owner":
+					holder = kv.Value
+				case "token":
+					token = kv.Value
+				case "generation":
+					gen = kv.Value
+				}
+			}
+			r.log.Info("job held by another owner; backing off", "holder", holder, "token", token, "generation", gen)
+		case errs.KindUnavailable, errs.KindOutcomeUnknown, errs.KindClaimOutcomeUnknown:
+			r.log.Warn("etcd unavailable; retrying", "reason", e.Message)
+		case errs.KindLost:
+			r.log.Warn("the claim committed but its lease was already gone; claiming again", "reason", e.Message)
+		default:
+			r.log.Error("cannot claim", "reason", e.Message, "exitCode", e.ExitCode)
+			return nil, r.failed(e, fmt.Sprintf("cannot claim job %s: %s", cfg.Job, e.Message))
+		}
+		r.sleepOrStop(time.Duration(cfg.Backoff.Delay(attempt, rand.Float64()) * float64(time.Second)))
+	}
+	return nil, 0
+}
+
+func pyG(f float64) string { return fmt.Sprintf("%g", f) }
+
+func objArgs(o pyjson.Obj) []any {
+	out := make([]any, 0, 2*len(o))
+	for _, kv := range o {
+		out = append(out, kv.Key, kv.Value)
+	}
+	return out
+}
+
+// failed: the claim was refused for good; returns the exit code.
+func (r *Runner) failed(e *errs.Error, message string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failure = append(pyjson.Obj{{Key: "error", Value: "failed"}, {Key: "reason", Value: e.Reason},
+		{Key: "message", Value: message}, {Key: "exitCode", Value: e.ExitCode}}, e.Details...)
+	r.setPhase(Failed)
+	return e.ExitCode
+}
+
+// lifecycle claims, then holds until the lease ends. It returns an exit code
+// and true when the sidecar must exit now.
+func (r *Runner) lifecycle() (int, bool) {
+	lease, code := r.claim()
+	if lease == nil {
+		if r.stopping() || r.cfg.OnFinal == "exit" {
+			return code, true
+		}
+		r.log.Info("serving the final answer until stopped", "job", r.cfg.Job.String(), "state", string(r.PhaseNow()), "exitCode", code)
+		return 0, false
+	}
+	r.held(lease)
+	for {
+		remaining := lease.Remaining()
+		if lease.State() != protocol.Held || remaining <= 0 {
+			break
+		}
+		t := time.NewTimer(remaining)
+		select {
+		case <-lease.Done():
+		case <-lease.Session().Lost():
+		case <-t.C:
+		case <-r.stop:
+			t.Stop()
+			return 0, false
+		}
+		t.Stop()
+	}
+	r.mu.Lock()
+	if lease.State() == protocol.LostState {
+		reason := lease.LostReason()
+		if reason == "" {
+			reason = "lease lost"
+		}
+		r.leaseEndedLocked(reason)
+	}
+	r.mu.Unlock()
+	return 0, false
+}
+
+// Lifecycle runs the claim and hold; done receives (code, exitNow).
+func (r *Runner) Lifecycle(done chan<- [2]int) {
+	code, exitNow := r.lifecycle()
+	e := 0
+	if exitNow {
+		e = 1
+	}
+	done <- [2]int{code, e}
+}
+
+// Stopped is closed once a stop was requested.
+func (r *Runner) Stopped() <-chan struct{} { return r.stop }
+
+// ExitCode set by an on-loss exit, if any.
+func (r *Runner) ExitCode() (int, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.exitCode == nil {
+		return 0, false
+	}
+	return *r.exitCode, true
+}
+
+// Shutdown releases a held lease (with release-on-term), removes the token
+// files and closes the client.
+func (r *Runner) Shutdown() {
+	r.opMu.Lock()
+	r.mu.Lock()
+	phase := r.currentLocked()
+	lease := r.lease
+	r.mu.Unlock()
+	if phase == Completing {
+		var token any
+		if lease != nil {
+			token = lease.Token
+		}
+		r.log.Warn("stopping before etcd could say whether the completion committed", "job", r.cfg.Job.String(),
+			"reason", r.endReason, "token", token)
+	}
+	if phase == HeldPhase && lease != nil && r.cfg.ReleaseOnTerm {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := lease.Release(ctx)
+		cancel()
+		r.mu.Lock()
+		if err == nil {
+			r.log.Info("lease released on shutdown", "token", lease.Token)
+			r.setPhase(Released)
+		} else {
+			r.log.Warn("release on shutdown failed", "reason", err.Error())
+		}
+		r.mu.Unlock()
+	}
+	r.mu.Lock()
+	r.dropTokenFiles()
+	if r.phase == HeldPhase || r.phase == Completing {
+		r.setPhase(Stopping)
+	}
+	r.mu.Unlock()
+	r.opMu.Unlock()
+	r.cancel()
+}
+
+// CloseClient stops renewing (revoking with release-on-term) and closes etcd connections.
+func (r *Runner) CloseClient() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r.client.Close(ctx, r.cfg.ReleaseOnTerm)
+}

@@ -1,0 +1,657 @@
+// Package runner is the sidecar's life (joblease.sidecar.runner): claim with
+// backoff, hold, notice loss, act, shut down; and the operations the HTTP
+// API calls. Every API call asks Current, which re-checks a held lease
+// against the monotonic clock synchronously before answering, so a sidecar
+// paused past its deadline answers "lost" on the first request after it
+// resumes. Loss is one-way: token files removed, the worker signalled (or the
+// sidecar exits), and no request is sent to etcd under the old token again.
+//
+// A completion ends the lease too (it deletes the holder key): when the lease
+// ends while a completion of ours is in flight, the phase is "completing" and
+// the job's result decides between completed and lost.
+package runner
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/joblease/joblease/sidecar-go/internal/config"
+	"github.com/joblease/joblease/sidecar-go/internal/errs"
+	"github.com/joblease/joblease/sidecar-go/internal/metrics"
+	"github.com/joblease/joblease/sidecar-go/internal/protocol"
+	"github.com/joblease/joblease/sidecar-go/internal/pyjson"
+)
+
+// Phase of the sidecar.
+type Phase string
+
+const (
+	Claiming   Phase = "claiming"
+	HeldPhase  Phase = "held"
+	Completing Phase = "completing"
+	Lost       Phase = "lost"
+	Completed  Phase = "completed"
+	Failed     Phase = "failed"
+	Released   Phase = "released"
+	Stopping   Phase = "stopping"
+)
+
+// Outcome is what an API operation yields: an HTTP status and a JSON body.
+type Outcome struct {
+	Status int
+	Body   pyjson.Obj
+}
+
+// Runner owns the lease and the sidecar's phase.
+type Runner struct {
+	cfg     config.Config
+	client  *protocol.Client
+	Metrics *metrics.Metrics
+	log     *slog.Logger
+
+	mu                   sync.Mutex // phase and everything below
+	phase                Phase
+	lease                *protocol.Lease
+	lostReason           string
+	result               *protocol.Result
+	completedBeforeClaim bool
+	failure              pyjson.Obj
+	gateOpened           bool
+	lossFoundNoWorker    bool
+	completionSent       bool
+	releaseSent          bool
+	endReason            string
+	exitCode             *int
+	settling             bool
+
+	opMu     sync.Mutex // one API operation at a time (the Python _op_lock)
+	stop     chan struct{}
+	stopOnce sync.Once
+	ctx      context.Context
+	cancel   context.CancelFunc
+}
+
+// New runner for cfg over client.
+func New(cfg config.Config, client *protocol.Client, log *slog.Logger) *Runner {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Runner{cfg: cfg, client: client, Metrics: metrics.New(), log: log, phase: Claiming,
+		stop: make(chan struct{}), ctx: ctx, cancel: cancel}
+	return r
+}
+
+// Config of the runner.
+func (r *Runner) Config() config.Config { return r.cfg }
+
+func (r *Runner) setPhase(p Phase) {
+	r.phase = p
+	r.Metrics.SetState(string(p))
+}
+
+// Current is the phase after re-checking a held lease against the monotonic clock.
+func (r *Runner) Current() Phase {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.currentLocked()
+}
+
+func (r *Runner) currentLocked() Phase {
+	if r.phase == HeldPhase && r.lease != nil {
+		if r.lease.State() != protocol.Held || !r.lease.Valid() {
+			reason := r.lease.LostReason()
+			if reason == "" {
+				reason = "lease no longer valid"
+			}
+			r.leaseEndedLocked(reason)
+		}
+	}
+	return r.phase
+}
+
+// PhaseNow without re-checking (what /readyz reports beside its verdict).
+func (r *Runner) PhaseNow() Phase {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.phase
+}
+
+// Remaining local safety seconds (0 unless held).
+func (r *Runner) Remaining() float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.currentLocked() == HeldPhase && r.lease != nil {
+		return r.lease.Remaining().Seconds()
+	}
+	return 0
+}
+
+// Ready is /readyz: should the worker run now? While held, yes; in a final
+// state reached before /readyz ever said yes, also yes when the worker must
+// start to learn the outcome (already completed, refused for good, lost
+// before there was a worker to signal): a startup probe that never passes
+// would hang the pod.
+func (r *Runner) Ready() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	phase := r.currentLocked()
+	ok := phase == HeldPhase || (!r.gateOpened && (phase == Failed ||
+		(phase == Completed && r.completedBeforeClaim) || (phase == Lost && r.lossFoundNoWorker)))
+	if ok {
+		r.gateOpened = true
+	}
+	return ok
+}
+
+func (r *Runner) held(lease *protocol.Lease) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lease = lease
+	r.setPhase(HeldPhase)
+	r.Metrics.Inc(r.Metrics.Claims)
+	r.log.Info("lease held", "job", lease.Job.String(), "token", lease.Token, "generation", lease.Generation, "ttl", lease.TTL)
+	// A claim that took longer than its TTL is already lost: check before
+	// publishing anything, and again right before each file appears.
+	if r.currentLocked() != HeldPhase {
+		return
+	}
+	if r.cfg.TokenFile != "" {
+		info, _ := pyjson.Spaced(pyjson.Obj{{Key: "job", Value: lease.Job.String()}, {Key: "namespace", Value: lease.Job.Namespace},
+			{Key: "name", Value: lease.Job.Name}, {Key: "owner", Value: lease.Owner}, {Key: "token", Value: lease.Token},
+			{Key: "generation", Value: lease.Generation}, {Key: "ttl", Value: lease.TTL}})
+		stillHeld := func() bool { return r.currentLocked() == HeldPhase }
+		// token.json first: whoever sees the token file finds its companion.
+		ok, err := WriteAtomic(r.cfg.TokenJSONFile(), append(info, '\n'), stillHeld)
+		if err == nil && ok {
+			_, err = WriteAtomic(r.cfg.TokenFile, []byte(fmt.Sprintf("%d\n", lease.Token)), stillHeld)
+		}
+		if err != nil {
+			r.log.Error("cannot write the token file", "path", r.cfg.TokenFile, "reason", err.Error())
+		}
+	}
+	// The writes fsync and can be slow: if the deadline passed meanwhile, this removes what was published.
+	r.currentLocked()
+}
+
+func (r *Runner) dropTokenFiles() {
+	removeQuietly(r.cfg.TokenFile)
+	removeQuietly(r.cfg.TokenJSONFile())
+}
+
+// leaseEndedLocked: the held lease is no longer valid. If a completion of
+// ours may have committed, the job's result decides; otherwise this is loss.
+func (r *Runner) leaseEndedLocked(reason string) {
+	if r.phase != HeldPhase {
+		return
+	}
+	if r.releaseSent {
+		// The holder key our release deleted, or expiry while the release was
+		// on its way: what the worker asked for is true either way.
+		r.setPhase(Released)
+		r.dropTokenFiles()
+		r.log.Info("lease ended while its release was in flight", "job", r.cfg.Job.String(), "reason", reason)
+		return
+	}
+	if !r.completionSent {
+		r.onLossLocked(reason, true)
+		return
+	}
+	r.endReason = reason
+	r.setPhase(Completing)
+	r.dropTokenFiles()
+	r.log.Info("lease ended while a completion may have committed; reading the result",
+		"job", r.cfg.Job.String(), "reason", reason, "token", r.lease.Token)
+	if !r.settling {
+		r.settling = true
+		go r.settleUntilKnown()
+	}
+}
+
+// onLossLocked flips to lost at once: files gone, worker signalled, maybe
+// exit (not with act=false: the worker itself gave the job up).
+func (r *Runner) onLossLocked(reason string, act bool) {
+	if act && r.phase != HeldPhase && r.phase != Completing {
+		return
+	}
+	if r.phase == Lost {
+		return
+	}
+	r.lostReason = reason
+	r.setPhase(Lost)
+	r.dropTokenFiles()
+	r.Metrics.Inc(r.Metrics.Losses)
+	var token any
+	if r.lease != nil {
+		token = r.lease.Token
+	}
+	action := "none"
+	if act {
+		action = r.cfg.OnLoss
+	}
+	r.log.Warn("lease lost", "job", r.cfg.Job.String(), "token", token, "reason", reason, "action", action)
+	if !act {
+		return
+	}
+	if r.cfg.OnLoss == "signal" || r.cfg.OnLoss == "exit" {
+		pids := signalWorker(r.cfg.WorkerPidFile, r.cfg.WorkerProcessName)
+		r.lossFoundNoWorker = len(pids) == 0
+		if len(pids) > 0 {
+			r.log.Warn("sent SIGTERM to the worker", "pids", pids)
+		} else if r.cfg.OnLoss == "signal" {
+			r.log.Warn("no worker process found to signal", "pidFile", r.cfg.WorkerPidFile,
+				"workerProcessName", r.cfg.WorkerProcessName)
+		}
+	}
+	if r.cfg.OnLoss == "exit" {
+		code := r.cfg.LossExitCode
+		r.exitCode = &code
+		r.RequestStop("")
+	}
+}
+
+func (r *Runner) completedLocked(lease *protocol.Lease, rec protocol.Result) Outcome {
+	first := r.phase != Completed
+	r.result = &rec
+	r.completionSent = false
+	r.setPhase(Completed)
+	r.dropTokenFiles()
+	if first {
+		r.Metrics.Inc(r.Metrics.Completions)
+		r.log.Info("job completed", "job", lease.Job.String(), "token", lease.Token, "generation", lease.Generation)
+	}
+	return Outcome{200, rec.Dict()}
+}
+
+// RequestStop asks the sidecar to shut down (SIGTERM, SIGINT, or exit on loss).
+func (r *Runner) RequestStop(signame string) {
+	r.stopOnce.Do(func() {
+		if signame != "" {
+			r.log.Info("stop requested", "signal", signame)
+		}
+		close(r.stop)
+	})
+}
+
+func (r *Runner) stopping() bool {
+	select {
+	case <-r.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+func (r *Runner) sleepOrStop(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-r.stop:
+	case <-t.C:
+	}
+}
+
+// readState is the job's state per etcd (a read), or nil if unreadable.
+func (r *Runner) readState() *protocol.JobState {
+	ctx, cancel := context.WithTimeout(r.ctx, 3*time.Second)
+	defer cancel()
+	st, err := r.client.ReadState(ctx, r.cfg.Job)
+	if err != nil {
+		r.log.Info("could not read the job's state", "reason", err.Error())
+		return nil
+	}
+	return &st
+}
+
+func ownResult(st *protocol.JobState, lease *protocol.Lease) *protocol.Result {
+	if st.Result != nil && st.Result.ClaimID == lease.ClaimID && st.Result.Token == lease.Token {
+		return st.Result
+	}
+	return nil
+}
+
+// settle decides a completing phase from etcd (call with opMu held, not mu):
+// completed if the result carries our claim id, lost if the holder key is no
+// longer ours without one; nil while etcd cannot say.
+func (r *Runner) settle() *protocol.JobState {
+	st := r.readState()
+	if st == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	lease := r.lease
+	if r.phase != Completing || lease == nil {
+		return st
+	}
+	if own := ownResult(st, lease); own != nil {
+		r.completedLocked(lease, *own)
+		return st
+	}
+	if st.HolderToken != 0 && st.HolderToken == lease.Token {
+		return nil // still ours in etcd (its expiry is near): nothing decided yet
+	}
+	r.completionSent = false
+	reason := r.endReason
+	if reason == "" {
+		reason = "lease ended"
+	}
+	r.onLossLocked(reason+"; the job has no result of ours", true)
+	return st
+}
+
+func (r *Runner) settledAnswer(token int64, st *protocol.JobState) Outcome {
+	r.mu.Lock()
+	if r.phase == Completed && r.result != nil {
+		o := Outcome{200, r.result.Dict()}
+		r.mu.Unlock()
+		return o
+	}
+	why := r.lostReason
+	r.mu.Unlock()
+	return r.stale(token, fmt.Sprintf("token %d is not current; the lease is lost: %s", token, why), st.Token(), true)
+}
+
+func (r *Runner) settleUntilKnown() {
+	defer func() {
+		r.mu.Lock()
+		r.settling = false
+		r.mu.Unlock()
+	}()
+	for attempt := 0; !r.stopping(); attempt++ {
+		r.opMu.Lock()
+		done := r.PhaseNow() != Completing || r.settle() != nil
+		r.opMu.Unlock()
+		if done {
+			return
+		}
+		r.sleepOrStop(time.Duration(r.cfg.Backoff.Delay(attempt, rand.Float64()) * float64(time.Second)))
+	}
+}
+
+// stale is 409 stale. current is the current token when known; otherwise it is read from etcd.
+func (r *Runner) stale(token int64, message string, current int64, known bool) Outcome {
+	r.Metrics.Inc(r.Metrics.StaleRejections)
+	if !known {
+		current = 0
+		if st := r.readState(); st != nil {
+			current = st.Token()
+		}
+	}
+	var cur any
+	if current != 0 {
+		cur = current
+	}
+	r.log.Warn("refused a stale token", "token", token, "currentToken", cur, "why", message)
+	return Outcome{409, pyjson.Obj{{Key: "error", Value: "stale"}, {Key: "message", Value: message},
+		{Key: "token", Value: token}, {Key: "currentToken", Value: cur}, {Key: "state", Value: string(r.PhaseNow())}}}
+}
+
+func (r *Runner) notCurrent(token int64, why string) Outcome {
+	st := r.readState()
+	r.mu.Lock()
+	lease := r.lease
+	if lease != nil && lease.Token == token && st != nil {
+		if own := ownResult(st, lease); own != nil {
+			o := r.completedLocked(lease, *own)
+			r.mu.Unlock()
+			return o
+		}
+	}
+	r.mu.Unlock()
+	var cur int64
+	if st != nil {
+		cur = st.Token()
+	}
+	return r.stale(token, fmt.Sprintf("token %d is not current; %s", token, why), cur, true)
+}
+
+func errOutcome(err error) Outcome {
+	if e, ok := err.(*errs.Error); ok {
+		return Outcome{e.Status, e.Body()}
+	}
+	return Outcome{500, pyjson.Obj{{Key: "error", Value: "error"}, {Key: "message", Value: err.Error()}}}
+}
+
+func invalidOutcome(e *errs.Error) Outcome {
+	status := 400
+	if contains(e.Message, "too large") {
+		status = 413
+	}
+	return Outcome{status, e.Body()}
+}
+
+func contains(s, sub string) bool { return len(sub) <= len(s) && (s == sub || indexOf(s, sub) >= 0) }
+
+func indexOf(s, sub string) int {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return i
+		}
+	}
+	return -1
+}
+
+func (r *Runner) whyNotHeld(phase Phase) string {
+	why := "the lease is " + string(phase)
+	if r.lostReason != "" {
+		why += ": " + r.lostReason
+	}
+	return why
+}
+
+// Complete under token if and only if it is this sidecar's live token.
+func (r *Runner) Complete(token int64, result any) Outcome {
+	r.opMu.Lock()
+	defer r.opMu.Unlock()
+	r.mu.Lock()
+	phase := r.currentLocked()
+	lease := r.lease
+	if phase == Completed && lease != nil && lease.Token == token && r.result != nil {
+		o := Outcome{200, r.result.Dict()} // a retried completion
+		r.mu.Unlock()
+		return o
+	}
+	if phase == Completing && lease != nil && lease.Token == token {
+		r.mu.Unlock()
+		if st := r.settle(); st != nil {
+			return r.settledAnswer(token, st)
+		}
+		return Outcome{503, pyjson.Obj{{Key: "error", Value: "unknown"}, {Key: "state", Value: string(phase)},
+			{Key: "message", Value: fmt.Sprintf("the lease ended while the completion under token %d was in flight "+
+				"and etcd cannot say yet whether it committed; retry the same request", token)}}}
+	}
+	if phase != HeldPhase || lease == nil {
+		why := r.whyNotHeld(phase)
+		r.mu.Unlock()
+		return r.notCurrent(token, why)
+	}
+	if token != lease.Token {
+		r.mu.Unlock()
+		return r.stale(token, fmt.Sprintf("token %d is not the current token %d", token, lease.Token), lease.Token, true)
+	}
+	r.completionSent = true
+	r.mu.Unlock()
+
+	rec, err := lease.Complete(r.ctx, result)
+
+	r.mu.Lock()
+	if err == nil {
+		o := r.completedLocked(lease, rec)
+		r.mu.Unlock()
+		return o
+	}
+	e, _ := err.(*errs.Error)
+	switch {
+	case e != nil && e.Kind == errs.KindStale:
+		r.completionSent = false
+		r.onLossLocked("etcd refused the completion: "+e.Message, true)
+		r.mu.Unlock()
+		return r.stale(token, e.Message, e.CurrentToken(), true)
+	case e != nil && e.Kind == errs.KindLost:
+		r.completionSent = false
+		r.onLossLocked(e.Message, true)
+		r.mu.Unlock()
+		return r.stale(token, e.Message, 0, false)
+	case e != nil && e.Kind == errs.KindInvalid:
+		r.completionSent = false
+		r.mu.Unlock()
+		return invalidOutcome(e)
+	}
+	// Unavailable, outcome unknown, permission denied...: the completion may
+	// have committed. While the lease is held the same request may be retried
+	// safely; if the lease ended meanwhile, the result decides.
+	completing := r.currentLocked() == Completing
+	r.mu.Unlock()
+	if completing {
+		if st := r.settle(); st != nil {
+			return r.settledAnswer(token, st)
+		}
+	}
+	return errOutcome(err)
+}
+
+// Checkpoint stores data under token if and only if it is this sidecar's live token.
+func (r *Runner) Checkpoint(token int64, data any) Outcome {
+	r.opMu.Lock()
+	defer r.opMu.Unlock()
+	r.mu.Lock()
+	phase := r.currentLocked()
+	lease := r.lease
+	if phase != HeldPhase || lease == nil {
+		why := r.whyNotHeld(phase)
+		r.mu.Unlock()
+		return r.stale(token, fmt.Sprintf("token %d is not current; %s", token, why), 0, false)
+	}
+	r.mu.Unlock()
+	if token != lease.Token {
+		return r.stale(token, fmt.Sprintf("token %d is not the current token %d", token, lease.Token), lease.Token, true)
+	}
+	rec, err := lease.Checkpoint(r.ctx, data)
+	if err == nil {
+		return Outcome{200, rec.Dict()}
+	}
+	e, _ := err.(*errs.Error)
+	switch {
+	case e != nil && e.Kind == errs.KindStale:
+		r.mu.Lock()
+		r.onLossLocked("etcd refused the checkpoint: "+e.Message, true)
+		r.mu.Unlock()
+		return r.stale(token, e.Message, e.CurrentToken(), true)
+	case e != nil && e.Kind == errs.KindInvalid:
+		return invalidOutcome(e)
+	}
+	return errOutcome(err)
+}
+
+// Release gives the job back under token (same condition as completion).
+func (r *Runner) Release(token int64) Outcome {
+	r.opMu.Lock()
+	defer r.opMu.Unlock()
+	r.mu.Lock()
+	phase := r.currentLocked()
+	lease := r.lease
+	if phase == Released && lease != nil && lease.Token == token {
+		r.mu.Unlock()
+		return Outcome{200, pyjson.Obj{{Key: "state", Value: "released"}, {Key: "token", Value: token}}}
+	}
+	if phase == Completed && lease != nil && lease.Token == token && r.result != nil {
+		o := Outcome{409, pyjson.Obj{{Key: "error", Value: "completed"}, {Key: "token", Value: token},
+			{Key: "state", Value: string(phase)}, {Key: "result", Value: r.result.Dict()},
+			{Key: "message", Value: fmt.Sprintf("the job was completed under token %d; there is nothing to release", token)}}}
+		r.mu.Unlock()
+		return o
+	}
+	if phase != HeldPhase || lease == nil {
+		r.mu.Unlock()
+		return r.stale(token, fmt.Sprintf("token %d is not current; the lease is %s", token, phase), 0, false)
+	}
+	if token != lease.Token {
+		r.mu.Unlock()
+		return r.stale(token, fmt.Sprintf("token %d is not the current token %d", token, lease.Token), lease.Token, true)
+	}
+	r.releaseSent = true
+	r.mu.Unlock()
+
+	err := lease.Release(r.ctx)
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.releaseSent = false
+	if err != nil {
+		e, _ := err.(*errs.Error)
+		if e != nil && e.Kind == errs.KindStale {
+			r.onLossLocked("etcd refused the release: "+e.Message, r.phase != Released)
+			r.mu.Unlock()
+			o := r.stale(token, e.Message, e.CurrentToken(), true)
+			r.mu.Lock()
+			return o
+		}
+		if r.currentLocked() == Released {
+			return Outcome{200, pyjson.Obj{{Key: "state", Value: "released"}, {Key: "token", Value: token}}}
+		}
+		return errOutcome(err)
+	}
+	r.setPhase(Released)
+	r.dropTokenFiles()
+	r.log.Info("lease released by the worker", "token", token)
+	return Outcome{200, pyjson.Obj{{Key: "state", Value: "released"}, {Key: "token", Value: token}}}
+}
+
+// LeaseView is GET /v1/lease: 200 only while the lease is held.
+func (r *Runner) LeaseView() Outcome {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	phase := r.currentLocked()
+	base := pyjson.Obj{{Key: "state", Value: string(phase)}, {Key: "job", Value: r.cfg.Job.String()}, {Key: "owner", Value: r.cfg.Owner}}
+	with := func(head pyjson.Obj, tail ...pyjson.KV) pyjson.Obj {
+		return append(append(append(pyjson.Obj{}, head...), base...), tail...)
+	}
+	lease := r.lease
+	switch {
+	case phase == HeldPhase && lease != nil:
+		rem := float64(int64(lease.Remaining().Seconds()*1000+0.5)) / 1000
+		return Outcome{200, append(append(pyjson.Obj{}, base...), pyjson.KV{Key: "token", Value: lease.Token},
+			pyjson.KV{Key: "generation", Value: lease.Generation}, pyjson.KV{Key: "ttl", Value: lease.TTL},
+			pyjson.KV{Key: "remainingSeconds", Value: rem}, pyjson.KV{Key: "checkpoint", Value: lease.CheckpointDict()})}
+	case phase == Claiming:
+		return Outcome{503, base}
+	case phase == Completing:
+		return Outcome{409, with(pyjson.Obj{{Key: "error", Value: "completing"}}, pyjson.KV{Key: "message",
+			Value: "the lease ended while a completion was in flight; the job's result decides whether it completed"})}
+	case phase == Lost:
+		return Outcome{409, with(pyjson.Obj{{Key: "error", Value: "lost"}},
+			pyjson.KV{Key: "message", Value: "the lease was lost: " + r.lostReason})}
+	case phase == Completed && r.completedBeforeClaim:
+		by := ""
+		var res any
+		if r.result != nil {
+			by = fmt.Sprintf(" by %s under token %d", r.result.Owner, r.result.Token)
+			res = r.result.Dict()
+		}
+		return Outcome{409, with(pyjson.Obj{{Key: "error", Value: "completed"}},
+			pyjson.KV{Key: "message", Value: "the job was already completed" + by + "; nothing to do"},
+			pyjson.KV{Key: "result", Value: res}, pyjson.KV{Key: "exitCode", Value: 0})}
+	case phase == Completed:
+		var res any
+		if r.result != nil {
+			res = r.result.Dict()
+		}
+		return Outcome{409, with(pyjson.Obj{{Key: "error", Value: "completed"}},
+			pyjson.KV{Key: "message", Value: "the job is completed"}, pyjson.KV{Key: "result", Value: res})}
+	case phase == Failed && r.failure != nil:
+		// {**failure, **base}: base's keys win and failure's keep their place.
+		out := pyjson.Obj{}
+		for _, kv := range r.failure {
+			if kv.Key != "state" && kv.Key != "job" && kv.Key != "owner" {
+				out = append(out, kv)
+			}
+		}
+		return Outcome{409, append(out, base...)}
+	case phase == Released:
+		return Outcome{409, with(pyjson.Obj{{Key: "error", Value: "released"}},
+			pyjson.KV{Key: "message", Value: "the lease was released"})}
+	}
+	return Outcome{503, base}
+}
