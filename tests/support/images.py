@@ -22,7 +22,7 @@ from tests.support.binaries import REPO_ROOT
 
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-images"
 #: What hack/build-images builds, in the order it builds them.
-IMAGE_NAMES = ("pause", "coredns", "joblease", "curl", "etcd")
+IMAGE_NAMES = ("pause", "coredns", "joblease", "curl", "etcd", "sidecar")
 
 
 class ImageBuildError(RuntimeError):
