@@ -38,6 +38,10 @@ def etcd_binary() -> str | None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak", action="store_true", default=False,
                      help="run long soak variants of the fault tests")
+    # tests/support/sidecar_impls.py: which sidecars the conformance suite judges
+    parser.addoption("--sidecar-impl", default=None,
+                     help="comma-separated sidecar implementations for tests/sidecar and the "
+                          "chaos pairs: python, go (default: every one in the checkout)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
