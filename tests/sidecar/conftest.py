@@ -3,7 +3,8 @@ implementation, against the session's real etcd.
 
 Every test that takes ``env`` (or ``registered``) runs once per selected
 implementation (``[python]``, ``[go]``; see tests/support/sidecar_impls.py);
-the harness itself lives in tests/support/sidecar_process.py. Tests that drive
+the harness itself lives in tests/support/sidecar_process.py, the
+parametrization and ``sidecar_argv`` in tests/support/sidecar_impls.py. Tests that drive
 the Python sidecar's internals in-process carry the ``python_sidecar_only``
 marker with the reason, and run for ``[python]`` alone.
 """
@@ -16,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient
-from tests.support import sidecar_impls
 from tests.support.sidecar_process import Env, Proc, Sidecar
 from tests.waiting import poll
 
@@ -24,32 +24,6 @@ from tests.waiting import poll
 # (tests/security, tests/test_harness: issue 14 item 5 moves those imports to
 # tests/support/sidecar_process.py). No module in tests/sidecar imports this file.
 __all__ = ["Env", "Proc", "Sidecar", "poll"]
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "python_sidecar_only(reason): drives the Python sidecar's internals "
-                   "in-process; runs for [python] only")
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "sidecar_impl" not in metafunc.fixturenames:
-        return
-    impls = sidecar_impls.selected(metafunc.config.getoption("--sidecar-impl"))
-    if metafunc.definition.get_closest_marker("python_sidecar_only") is not None:
-        # Not a conformance test: it judges Python internals, whatever was selected.
-        impls = ["python"]
-    metafunc.parametrize("sidecar_impl", impls, ids=impls, scope="session")
-
-
-@pytest.fixture(scope="session")
-def sidecar_argv(sidecar_impl: str) -> list[str]:
-    """How to start a sidecar of this implementation; a [go] test fails (not skips)
-    when the binary cannot be located or built."""
-    found, why = sidecar_impls.argv_or_reason(sidecar_impl)
-    if found is None:
-        pytest.fail(f"the {sidecar_impl} sidecar is not available: {why}", pytrace=False)
-    return list(found)
 
 
 @pytest.fixture
