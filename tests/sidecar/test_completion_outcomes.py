@@ -192,15 +192,3 @@ async def test_example_worker_retries_a_completion_whose_outcome_is_unknown(
         assert '"status": 200' in worker.output().splitlines()[-1]
     state = await client.get(env.job)
     assert state.result is not None and state.result.result["items"] == 3
-
-
-async def test_release_after_completion_says_completed_not_stale(
-        env: Env, client: JobLeaseClient) -> None:
-    await client.register(env.job, JobSpec(lease_duration_seconds=3))
-    async with sidecar_in_process(env.etcd_config, env.job, env.tmp / "a") as sc:
-        lease = await sc.held()
-        done = await sc.request("POST", "/v1/complete", json={"token": lease["token"]})
-        assert done.status_code == 200
-        r = await sc.request("POST", "/v1/release", json={"token": lease["token"]})
-        assert r.status_code == 409
-        assert r.json()["error"] == "completed" and r.json()["result"] == done.json()

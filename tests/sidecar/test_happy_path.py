@@ -76,3 +76,19 @@ async def test_shell_worker_completes(registered: Env, client: JobLeaseClient) -
     state = await client.get(env.job)
     assert state.result is not None and state.result.token == lease["token"]
     assert state.result.result == {"items": 3}
+
+
+async def test_release_after_completion_says_completed_not_stale(
+        registered: Env, client: JobLeaseClient) -> None:
+    """A worker that completes and then releases (e.g. a shutdown hook) is told the job
+    is completed, with the same record, not that its token is stale."""
+    env = registered
+    sidecar = await env.sidecar("a").started()
+    lease = await sidecar.held()
+    done = await sidecar.request("POST", "/v1/complete", json={"token": lease["token"]})
+    assert done.status_code == 200, done.text
+    r = await sidecar.request("POST", "/v1/release", json={"token": lease["token"]})
+    assert r.status_code == 409, r.text
+    assert r.json()["error"] == "completed" and r.json()["result"] == done.json()
+    state = await client.get(env.job)
+    assert state.result is not None and state.result.token == lease["token"]
