@@ -2,11 +2,12 @@
 implementation, against the session's real etcd.
 
 Every test that takes ``env`` (or ``registered``) runs once per selected
-implementation (``[python]``, ``[go]``; see tests/support/sidecar_impls.py);
-the harness itself lives in tests/support/sidecar_process.py, the
-parametrization and ``sidecar_argv`` in tests/support/sidecar_impls.py. Tests that drive
-the Python sidecar's internals in-process carry the ``python_sidecar_only``
-marker with the reason, and run for ``[python]`` alone.
+implementation, ``[python]`` and ``[go]`` (``--sidecar-impl``; the
+parametrization, ``sidecar_argv`` and why a missing Go binary fails rather than
+skips: tests/support/sidecar_impls.py). The harness itself lives in
+tests/support/sidecar_process.py. Tests that drive the Python sidecar's
+internals in-process carry the ``python_sidecar_only`` marker with the reason,
+and run for ``[python]`` alone.
 """
 
 from __future__ import annotations
