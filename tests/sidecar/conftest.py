@@ -18,13 +18,7 @@ from pathlib import Path
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient
-from tests.support.sidecar_process import Env, Proc, Sidecar
-from tests.waiting import poll
-
-# Re-exported for modules outside tests/sidecar that still import them from here
-# (tests/security, tests/test_harness: issue 14 item 5 moves those imports to
-# tests/support/sidecar_process.py). No module in tests/sidecar imports this file.
-__all__ = ["Env", "Proc", "Sidecar", "poll"]
+from tests.support.sidecar_process import Env
 
 
 @pytest.fixture
