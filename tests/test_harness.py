@@ -9,8 +9,8 @@ from pathlib import Path
 from joblease import EtcdConfig, JobLeaseClient
 from joblease.embedded import EtcdCluster
 from joblease.store import Delete
-from tests.sidecar.conftest import Proc
 from tests.support.etcd_keys import gateway_snapshot, snapshot, writes
+from tests.support.sidecar_process import Proc
 
 
 async def test_writes_under_a_prefix_are_seen_and_others_are_not(

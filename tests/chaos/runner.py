@@ -96,6 +96,9 @@ class ChaosConfig:
     # libfaketime specs per library worker (cycled) and for the sidecars
     worker_clocks: tuple[str | None, ...] = (None, "-5h", "+3h x2", "-2h x0.5")
     sidecar_clock: str | None = "+1d x0.5"
+    # the sidecar implementation's command line (tests/support/sidecar_impls.py);
+    # empty: ``python -m joblease.sidecar``
+    sidecar_argv: tuple[str, ...] = ()
     seed: int = 0
     pg_dsn: str | None = None
     fault_types: tuple[str, ...] = FAULT_TYPES  # what the nemesis schedules
@@ -223,6 +226,8 @@ class Proc:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "operator"), str(ROOT)))}
         if self.mode == "sidecar":
             cmd += ["--sidecar-env", json.dumps(faketime_env(r.cfg.sidecar_clock))]
+            if r.cfg.sidecar_argv:
+                cmd += ["--sidecar-cmd", json.dumps(list(r.cfg.sidecar_argv))]
         else:
             env.update(faketime_env(self.clock))
         log = open(r.dir / f"{self.wid}.log", "ab")

@@ -472,8 +472,11 @@ class Worker:
         env.pop("LD_PRELOAD", None)
         env.update(json.loads(self.args.sidecar_env or "{}"))
         log = open(self.run / f"{self.args.id}.sidecar.log", "ab")
+        # the implementation under test (--sidecar-cmd; default the Python one)
+        sidecar = json.loads(self.args.sidecar_cmd) if self.args.sidecar_cmd else [
+            sys.executable, "-m", "joblease.sidecar"]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "joblease.sidecar", "--job", job,
+            [*sidecar, "--job", job,
              "--owner", self.sidecar_owner(n), "--port", "0",
              "--port-file", str(port_file),
              "--token-file", str(self.run / f"{self.args.id}.token"), "--on-loss", "none",
@@ -606,6 +609,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--request-timeout", type=float, default=1.5)
     p.add_argument("--sidecar-claim-wait", type=float, default=4.0)
     p.add_argument("--sidecar-env", default="")
+    p.add_argument("--sidecar-cmd", default="", help="JSON list: the sidecar's command line")
     p.add_argument("--resend-unknown", type=float, default=0.7)
     p.add_argument("--resend-ok", type=float, default=0.1)
     p.add_argument("--etcd-user", default="")

@@ -20,7 +20,7 @@ import pytest
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from joblease.fencing.http import HEADER_JOB, HEADER_TOKEN, route_path
 from tests.fencing.conftest import free_port
-from tests.sidecar.conftest import poll
+from tests.waiting import poll
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

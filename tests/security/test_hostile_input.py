@@ -27,8 +27,8 @@ from joblease.errors import InvalidInputError
 from joblease.sidecar.api import RateLimiter, build_app, rate_limit_from_env
 from joblease.sidecar.config import SidecarConfig
 from joblease.sidecar.runner import SidecarRunner
-from tests.sidecar.conftest import Env, Sidecar
 from tests.support.etcd_keys import KeyRevisions, gateway_snapshot, writes
+from tests.support.sidecar_process import Env, Sidecar
 
 #: Exit codes the CLI documents (joblease/cli.py, joblease/errors.py).
 DOCUMENTED_EXIT_CODES = {0, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12}

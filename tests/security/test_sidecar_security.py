@@ -16,8 +16,9 @@ from joblease import JobLeaseClient, JobRef, JobSpec
 from joblease.errors import PermissionDeniedError
 from joblease.tenancy import TenantCredentials
 from tests.security.conftest import Tenants
-from tests.sidecar.conftest import Sidecar, poll
 from tests.support.etcd_keys import snapshot, writes
+from tests.support.sidecar_process import Sidecar
+from tests.waiting import poll
 
 
 class Sidecars:

@@ -7,8 +7,8 @@ import signal
 from typing import Any
 
 from joblease import JobLeaseClient
-from tests.sidecar.conftest import Env
 from tests.support.etcd_keys import snapshot, writes
+from tests.support.sidecar_process import Env
 
 LIMIT = 1024
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 
 from joblease import JobLeaseClient
-from tests.sidecar.conftest import ROOT, Env
-
-WORKER_SH = ROOT / "examples" / "workers" / "worker.sh"
+from tests.support.sidecar_process import WORKER_SH, Env
 
 
 async def test_worker_completes_through_sidecar(registered: Env, client: JobLeaseClient
@@ -55,17 +53,16 @@ async def test_worker_completes_through_sidecar(registered: Env, client: JobLeas
                               json={"token": lease["token"], "result": {"items": 3}})
     assert r.status_code == 200 and r.json()["token"] == lease["token"]
 
-    metrics = (await sidecar.request("GET", "/metrics")).text
-    assert "joblease_sidecar_claims_total 1.0" in metrics
-    assert "joblease_sidecar_completions_total 1.0" in metrics
-    assert 'joblease_sidecar_state{state="completed"} 1.0' in metrics
+    metrics = await sidecar.metrics()
+    assert metrics["joblease_sidecar_claims_total"] == 1
+    assert metrics["joblease_sidecar_completions_total"] == 1
+    assert metrics['joblease_sidecar_state{state="completed"}'] == 1
 
     # a second sidecar for a completed job exits 0 with a clear log line (with
     # on-final "exit"; the default "serve" is tests/sidecar/test_terminal_cases.py)
     late = env.sidecar("late", JOBLEASE_SIDECAR_ON_FINAL="exit")
     assert await late.wait_exit(30) == 0, late.output()
-    assert any(r.get("msg") == "job already completed; nothing to do"
-               for r in late.log_records())
+    assert late.logged("job already completed; nothing to do")
 
 
 async def test_shell_worker_completes(registered: Env, client: JobLeaseClient) -> None:
@@ -79,3 +76,19 @@ async def test_shell_worker_completes(registered: Env, client: JobLeaseClient) -
     state = await client.get(env.job)
     assert state.result is not None and state.result.token == lease["token"]
     assert state.result.result == {"items": 3}
+
+
+async def test_release_after_completion_says_completed_not_stale(
+        registered: Env, client: JobLeaseClient) -> None:
+    """A worker that completes and then releases (e.g. a shutdown hook) is told the job
+    is completed, with the same record, not that its token is stale."""
+    env = registered
+    sidecar = await env.sidecar("a").started()
+    lease = await sidecar.held()
+    done = await sidecar.request("POST", "/v1/complete", json={"token": lease["token"]})
+    assert done.status_code == 200, done.text
+    r = await sidecar.request("POST", "/v1/release", json={"token": lease["token"]})
+    assert r.status_code == 409, r.text
+    assert r.json()["error"] == "completed" and r.json()["result"] == done.json()
+    state = await client.get(env.job)
+    assert state.result is not None and state.result.token == lease["token"]

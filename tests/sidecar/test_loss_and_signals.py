@@ -11,7 +11,8 @@ import pytest
 
 from joblease import HeldError, JobLeaseClient
 from joblease.records import JobSpec
-from tests.sidecar.conftest import Env, Sidecar, poll
+from tests.support.sidecar_process import Env, Sidecar
+from tests.waiting import poll
 
 
 @pytest.mark.parametrize("how", ["pid-file", "process-name"])

@@ -13,8 +13,9 @@ import signal
 import time
 
 from joblease import JobLeaseClient
-from tests.sidecar.conftest import Env, poll
 from tests.support.etcd_keys import snapshot, writes
+from tests.support.sidecar_process import Env
+from tests.waiting import poll
 
 
 async def test_paused_sidecar_loses_and_refuses_stale_completion(
@@ -68,10 +69,10 @@ async def test_paused_sidecar_loses_and_refuses_stale_completion(
     assert final.result.owner == lease_b["owner"]
     assert final.result.generation == lease_b["generation"]
 
-    metrics = (await a.request("GET", "/metrics")).text
-    assert "joblease_sidecar_losses_total 1.0" in metrics
-    assert "joblease_sidecar_stale_rejections_total 1.0" in metrics
-    assert 'joblease_sidecar_state{state="lost"} 1.0' in metrics
+    metrics = await a.metrics()
+    assert metrics["joblease_sidecar_losses_total"] == 1
+    assert metrics["joblease_sidecar_stale_rejections_total"] == 1
+    assert metrics['joblease_sidecar_state{state="lost"}'] == 1
 
 
 async def test_killed_holder_is_replaced_within_ttl(registered: Env, client: JobLeaseClient

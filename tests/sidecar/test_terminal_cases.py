@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from typing import Any
 
 import httpx
@@ -22,9 +23,8 @@ import pytest
 from joblease import JobLeaseClient
 from joblease.records import JobSpec
 from joblease.store import Put
-from tests.sidecar.conftest import ROOT, Env, Proc, Sidecar, poll
-
-WORKER_SH = ROOT / "examples" / "workers" / "worker.sh"
+from tests.support.sidecar_process import WORKER_SH, Env, Proc, Sidecar
+from tests.waiting import poll
 
 
 def _with_probe(env: Env, name: str, **extra: str) -> Sidecar:
@@ -81,9 +81,9 @@ async def test_already_completed_lets_the_worker_in_and_it_exits_zero(
     r = await _probe(env, sidecar, "/readyz")
     assert r.status_code == 200 and r.json() == {"ready": True, "state": "completed"}
     assert not sidecar.token_file.exists() and not (sidecar.workdir / "token.json").exists()
-    metrics = (await sidecar.request("GET", "/metrics")).text
-    assert 'joblease_sidecar_state{state="completed"} 1.0' in metrics
-    assert "joblease_sidecar_completions_total 0.0" in metrics  # not completed by us
+    metrics = await sidecar.metrics()
+    assert metrics['joblease_sidecar_state{state="completed"}'] == 1
+    assert metrics["joblease_sidecar_completions_total"] == 0  # not completed by us
     # a completion or release under any token is refused and writes nothing
     r = await sidecar.request("POST", "/v1/complete", json={"token": done.token, "result": 1})
     assert r.status_code == 409 and r.json()["error"] == "stale"
@@ -117,8 +117,7 @@ async def test_attempts_exhausted_fails_the_worker_with_the_reason(
     r = await _probe(env, sidecar, "/readyz")
     assert r.status_code == 200 and r.json() == {"ready": True, "state": "failed"}
     assert not sidecar.token_file.exists()
-    assert 'joblease_sidecar_state{state="failed"} 1.0' in (
-        await sidecar.request("GET", "/metrics")).text
+    assert (await sidecar.metrics())['joblease_sidecar_state{state="failed"}'] == 1
     assert any(rec.get("msg") == "job has no attempts left" for rec in sidecar.log_records())
 
     sh = _shell_worker(env, sidecar, "worker-sh")
@@ -242,11 +241,8 @@ async def test_on_final_exit_exits_with_the_code(env: Env, client: JobLeaseClien
 
 
 def test_an_unknown_on_final_action_is_refused(env: Env) -> None:
-    import subprocess
-    import sys
-
     result = subprocess.run(
-        [sys.executable, "-m", "joblease.sidecar"], capture_output=True, text=True, timeout=60,
+        env.sidecar_argv, capture_output=True, text=True, timeout=60,
         env={**env.base_env(), "JOBLEASE_JOB_NAME": "x", "JOBLEASE_SIDECAR_ON_FINAL": "wait"})
     assert result.returncode == 2
     assert "invalid on-final action 'wait': one of serve, exit" in result.stderr

@@ -1,7 +1,8 @@
 """Locate the external binaries the tests run: etcd, kube-apiserver, helm, kubectl,
 and for the single-node cluster (tests/support/cluster.py) kubelet,
 kube-controller-manager, kube-scheduler, kube-proxy, containerd (+ its runc shim
-and ctr), and the Debian-packaged runc, CNI plugins, iptables and socat.
+and ctr), and the Debian-packaged runc, CNI plugins, iptables and socat; and the Go
+sidecar built from ``sidecar-go/`` (:func:`go_sidecar_binary`).
 
 Why a module of its own: every test that starts a real process must find the
 same pinned binary, and a machine may provide it in several ways. Order of
@@ -25,6 +26,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -215,11 +217,48 @@ def kubectl_binary() -> str:
     return found
 
 
+GO_SIDECAR_DIR = REPO_ROOT / "sidecar-go"
+GO_SIDECAR_BUILD = REPO_ROOT / "hack" / "build-sidecar"
+
+
+def go_sidecar_binary() -> str:
+    """The Go sidecar (``sidecar-go/``): ``JOBLEASE_SIDECAR_GO`` if set, else the path
+    ``hack/build-sidecar`` prints (it builds into, or finds in,
+    ``${JOBLEASE_CACHE}/bin/joblease-sidecar-<hash>/``; a cached build answers at once).
+
+    Never a ``joblease-sidecar`` on PATH: the suite must judge the build of this
+    checkout's sources, not whatever happens to be installed.
+    """
+    explicit = os.environ.get("JOBLEASE_SIDECAR_GO")
+    if explicit:
+        found = _executable(explicit)
+        if not found:
+            raise BinaryNotFound(f"JOBLEASE_SIDECAR_GO={explicit} is not an executable file")
+        return found
+    if not GO_SIDECAR_BUILD.is_file():
+        raise BinaryNotFound(
+            f"the Go sidecar cannot be built: {GO_SIDECAR_BUILD} is missing "
+            "(set JOBLEASE_SIDECAR_GO to a binary, or run the Python one only: "
+            "--sidecar-impl=python)")
+    try:
+        built = subprocess.run([str(GO_SIDECAR_BUILD)], cwd=REPO_ROOT, capture_output=True,
+                               text=True, timeout=1800, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise BinaryNotFound(f"hack/build-sidecar did not finish in {exc.timeout:.0f} s") from exc
+    lines = built.stdout.strip().splitlines()
+    found = _executable(lines[-1].strip()) if built.returncode == 0 and lines else None
+    if not found:
+        raise BinaryNotFound(
+            f"hack/build-sidecar failed (exit {built.returncode}) or printed no binary:\n"
+            f"{built.stdout[-2000:]}{built.stderr[-4000:]}")
+    return found
+
+
 if __name__ == "__main__":  # pragma: no cover - a human's quick check
     for fn in (etcd_binary, kube_apiserver_binary, helm_binary, kubectl_binary,
                kubelet_binary, kube_controller_manager_binary, kube_scheduler_binary,
                kube_proxy_binary, containerd_binary, containerd_shim_binary, ctr_binary,
-               runc_binary, cni_bin_dir):
+               runc_binary, cni_bin_dir, go_sidecar_binary):
         try:
             print(f"{fn.__name__}: {fn()}")
         except BinaryNotFound as exc:
