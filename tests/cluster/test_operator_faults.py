@@ -6,8 +6,9 @@ the project image running the load driver (tests/support/claim_driver.py: the
 real client against the release's etcd over TLS, as a sidecar would). Each job
 is claimed, released, claimed again and completed, so every JobLease passes
 through Pending → Claimed → Pending → Claimed → Completed. The operator pod is
-deleted once a few jobs are done; its ReplicaSet starts a replacement while the
-old pod is still terminating, and the load goes on meanwhile.
+deleted once a few jobs are done (three times with ``--soak``, which also runs
+more jobs); its ReplicaSet starts a replacement while the old pod is still
+terminating, and the load goes on meanwhile.
 
 The guarantees: the replacement resumes (every status catches up to etcd's
 final state), and no status the API server ever served moves backwards (the
@@ -17,6 +18,7 @@ whole time). Waits are conditions with generous deadlines (the machine is loaded
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 
@@ -57,7 +59,9 @@ def test_operator_pod_deleted_under_load_resumes_and_no_status_moves_backwards(
         release: Release, cluster: Cluster, soak: bool) -> None:
     rel = release
     rel.install()
-    names = [f"job-{i:02d}" for i in range(24 if soak else 10)]
+    # --soak: more jobs, and the operator deleted three times during the load
+    names = [f"job-{i:02d}" for i in range(40 if soak else 10)]
+    rounds = 3 if soak else 1
     cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List",
                               "items": [joblease(rel.namespace, n) for n in names]}))
     for name in names:
@@ -66,18 +70,22 @@ def test_operator_pod_deleted_under_load_resumes_and_no_status_moves_backwards(
     watch = StatusWatch(cluster, rel.namespace)
     load = ClaimLoad(rel, tools, names, pause=0.5, releases=1)
     try:
-        load.wait_completed(2)
-        old = rel.operator_pod()
-        deleted_at = time.time()
-        rel.kubectl("delete", "pod", old["metadata"]["name"], "--wait=false")
-        new = wait_until(lambda: ready_operator(rel, old["metadata"]["uid"]), timeout=300,
-                         what="the replacement operator Ready", interval=0.5)
-        ready_at = time.time()
+        outages = []
+        for round_ in range(rounds):
+            load.wait_completed(2 + 8 * round_)
+            old = rel.operator_pod()["metadata"]
+            deleted_at = time.time()
+            rel.kubectl("delete", "pod", old["name"], "--wait=false")
+            new = wait_until(functools.partial(ready_operator, rel, old["uid"]), timeout=300,
+                             what="the replacement operator Ready", interval=0.5)
+            outages.append((deleted_at, time.time()))
         finals = load.wait_done()
         # the load went on while no operator was serving (so the replacement has
         # changes of etcd to catch up on that no operator saw)
-        during = [r for r in load.snapshot() if r.get("ok") and deleted_at < r["t"] < ready_at]
-        assert during, (deleted_at, ready_at, load.snapshot())
+        for deleted_at, ready_at in outages:
+            during = [r for r in load.snapshot()
+                      if r.get("ok") and deleted_at < r["t"] < ready_at]
+            assert during, (deleted_at, ready_at, load.snapshot())
         assert all(f["phase"] == "Completed" for f in finals), finals
         by_job = {f["job"]: f for f in finals}
         for done in load.acknowledged("complete"):  # etcd kept each acknowledged one
@@ -92,7 +100,7 @@ def test_operator_pod_deleted_under_load_resumes_and_no_status_moves_backwards(
         wait_until(caught_up, timeout=300, what="every status caught up to etcd", interval=1)
         wait_until(lambda: all(mirrored(watch.last(f["job"]), f) for f in finals), timeout=60,
                    what="the watch saw the final statuses", interval=0.5)
-        assert ready_operator(rel, old["metadata"]["uid"]) == new  # no further restart
+        assert ready_operator(rel, old["uid"]) == new  # no further restart
     finally:
         load.stop()
         watch.stop()
