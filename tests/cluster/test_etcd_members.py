@@ -26,7 +26,14 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import STORAGE_CLASS, Cluster
-from tests.support.load import ClaimLoad, etcd_members, joblease, start_tools_pod, tokens_by_job
+from tests.support.load import (
+    ClaimLoad,
+    apply_jobleases,
+    etcd_members,
+    start_tools_pod,
+    tokens_by_job,
+    wait_registered,
+)
 from tests.support.release import PERSISTENT_VALUES, Release
 from tests.waiting import wait_until
 
@@ -67,13 +74,11 @@ def test_a_deleted_member_loses_no_acknowledged_completion_and_rejoins_with_its_
         assert cluster.external or pvc["spec"]["storageClassName"] == STORAGE_CLASS
 
     # --soak: more jobs, and the leader's pod deleted three times during the load
-    names = [f"job-{i:02d}" for i in range(40 if soak else 10)]
+    names = [f"job-{i:02d}" for i in range(40 if soak else 8)]
     rounds = 3 if soak else 1
-    cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List",
-                              "items": [joblease(rel.namespace, n) for n in names]}))
-    for name in names:
-        rel.wait_registered(name)
-    tools = start_tools_pod(rel)
+    apply_jobleases(rel, names)
+    tools = start_tools_pod(rel)  # meanwhile the operator registers them
+    wait_registered(rel, names)
     victim, before = leader_pod(rel, tools)
     load = ClaimLoad(rel, tools, names, pause=0.3, releases=1)
     outages = []

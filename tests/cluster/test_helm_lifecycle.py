@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import Cluster
-from tests.support.load import ClaimLoad, joblease, start_tools_pod
+from tests.support.load import ClaimLoad, apply_jobleases, start_tools_pod, wait_registered
 from tests.support.release import CHART, PERSISTENT_VALUES, TEST_CLUSTER_VALUES, Release
 from tests.waiting import wait_until
 
@@ -59,11 +59,9 @@ def test_uninstall_keeps_crd_joblease_and_claims_and_a_reinstall_finds_the_jobs(
         release: Release, cluster: Cluster) -> None:
     rel = release
     rel.install(*PERSISTENT_VALUES)
-    cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": [
-        joblease(rel.namespace, "done"), joblease(rel.namespace, "waiting")]}))
-    rel.wait_registered("done")
-    rel.wait_registered("waiting")
-    tools = start_tools_pod(rel)
+    apply_jobleases(rel, ["done", "waiting"])
+    tools = start_tools_pod(rel)  # meanwhile the operator registers them
+    wait_registered(rel, ["done", "waiting"])
     load = ClaimLoad(rel, tools, ["done"], releases=0)
     (final,) = load.wait_done()
     (completion,) = load.acknowledged("complete")

@@ -25,7 +25,12 @@ import time
 import pytest
 
 from tests.support.cluster import Cluster
-from tests.support.load import ClaimLoad, joblease, start_tools_pod
+from tests.support.load import (
+    ClaimLoad,
+    apply_jobleases,
+    start_tools_pod,
+    wait_registered,
+)
 from tests.support.release import Release
 from tests.support.status_history import StatusWatch, regressions
 from tests.waiting import wait_until
@@ -60,15 +65,13 @@ def test_operator_pod_deleted_under_load_resumes_and_no_status_moves_backwards(
     rel = release
     rel.install()
     # --soak: more jobs, and the operator deleted three times during the load
-    names = [f"job-{i:02d}" for i in range(40 if soak else 10)]
+    names = [f"job-{i:02d}" for i in range(40 if soak else 8)]
     rounds = 3 if soak else 1
-    cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List",
-                              "items": [joblease(rel.namespace, n) for n in names]}))
-    for name in names:
-        rel.wait_registered(name)
-    tools = start_tools_pod(rel)
+    apply_jobleases(rel, names)
+    tools = start_tools_pod(rel)  # meanwhile the operator registers them
+    wait_registered(rel, names)
     watch = StatusWatch(cluster, rel.namespace)
-    load = ClaimLoad(rel, tools, names, pause=0.5, releases=1)
+    load = ClaimLoad(rel, tools, names, pause=0.3, releases=1)
     try:
         outages = []
         for round_ in range(rounds):

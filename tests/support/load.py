@@ -35,6 +35,28 @@ def joblease(namespace: str, name: str, *, ttl: int = 10, attempts: int = 10) ->
             "spec": {"leaseDurationSeconds": ttl, "maxAttempts": attempts}}
 
 
+def apply_jobleases(rel: Release, names: list[str]) -> None:
+    """Apply one :func:`joblease` per name (not waiting)."""
+    rel.cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List",
+                                  "items": [joblease(rel.namespace, n) for n in names]}))
+
+
+def wait_registered(rel: Release, names: list[str], timeout: float = 300) -> None:
+    """Wait until the operator registered every one of ``names`` (Pending with an
+    ``etcdRevision``): one list per poll, not one get per JobLease."""
+    def missing() -> list[str]:
+        items = json.loads(rel.kubectl("get", "jobleases", "-o", "json"))["items"]
+        done = {i["metadata"]["name"] for i in items
+                if (i.get("status") or {}).get("phase") == "Pending"
+                and int(i["status"].get("etcdRevision") or 0) > 0}
+        return [n for n in names if n not in done]
+    try:
+        wait_until(lambda: not missing(), timeout=timeout, what=f"{names} registered",
+                   interval=1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {missing()} not\n{rel.diagnostics()}") from exc
+
+
 def start_tools_pod(rel: Release, name: str = "tools") -> str:
     """A pod of the project image that idles, with the operator's etcd connection
     settings (endpoints, CA, client certificate) and the client Secret mounted where
