@@ -91,7 +91,7 @@ class ClaimLoad:
 
     def __init__(self, rel: Release, pod: str, jobs: list[str], *, owner: str = "driver",
                  pause: float = 0.3, releases: int = 1, limit: float = 240.0) -> None:
-        self.rel, self.jobs = rel, jobs
+        self.rel, self.jobs, self.limit = rel, jobs, limit
         self.records: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         argv = [kubectl_binary(), "--kubeconfig", str(rel.cluster.kubeconfig), "exec", "-i",
@@ -124,14 +124,16 @@ class ClaimLoad:
 
     def wait_completed(self, count: int, timeout: float = 300) -> None:
         """Wait until ``count`` completions were acknowledged."""
-        wait_until(lambda: len(self.acknowledged("complete")) >= count or self.proc.poll(),
+        wait_until(lambda: (len(self.acknowledged("complete")) >= count
+                            or self.proc.poll() is not None),
                    timeout=timeout, what=f"{count} acknowledged completions", interval=0.2)
         assert len(self.acknowledged("complete")) >= count, self.failure()
 
-    def wait_done(self, timeout: float = 400) -> list[dict[str, Any]]:
+    def wait_done(self, timeout: float | None = None) -> list[dict[str, Any]]:
         """Wait for the driver to end (all jobs done, or its own deadline); return
         its ``final`` records (etcd's state per job after the load)."""
-        deadline = time.monotonic() + timeout
+        # the driver's own deadline, plus time for its final reads
+        deadline = time.monotonic() + (timeout or self.limit + 160)
         while self.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)  # the driver has its own deadline; this one bounds the wait
         if self.proc.poll() is None:
