@@ -2,8 +2,8 @@
 
 Each test installs its own release into its own namespace and uninstalls it
 afterwards. Values: the chart's defaults, plus ``etcd.persistence.enabled=false``
-only, because the test cluster has no storage provisioner (a PersistentVolumeClaim
-would stay Pending forever); the members' data then lives in an emptyDir. The
+only (``TEST_CLUSTER_VALUES``: the test cluster's local volumes are a small pool,
+kept for the persistence tests); the members' data then lives in an emptyDir. The
 images are the chart's default references, imported into the node's containerd
 (``hack/build-images``), so ``imagePullPolicy: IfNotPresent`` pulls nothing.
 Waits are on conditions with generous deadlines (the machine is loaded).

@@ -39,6 +39,12 @@ Test-machine-only settings (see docs/control-plane.md): the kubelet runs with
 ``cgroupDriver: cgroupfs``; containerd's CRI with ``restrict_oom_score_adj``
 (runc cannot lower oom_score_adj here). Both are wrong for a production node.
 
+Storage: a default StorageClass ``local`` (``kubernetes.io/no-provisioner``,
+``WaitForFirstConsumer``) with a pool of pre-created local PersistentVolumes,
+directories under ``<state dir>/volumes`` owned by UID/GID 65532 (the chart's
+etcd and the project image run as that user), so StatefulSet claims bind as on
+a real cluster (see :func:`storage_manifest`); they go with the state dir.
+
 State lives in a well-known directory (``/var/tmp/jl-cluster/<name>``,
 or ``JOBLEASE_CLUSTER_DIR``) with a state file ``cluster.json`` recording pids,
 the sysctls the kubelet rewrites (recorded before it starts) and what existed
@@ -112,6 +118,15 @@ CLONE_NEWNET = 0x40000000
 # libcni's result cache (containerd's CRI has no setting for it): files named
 # <network>-<sandbox id>-<interface>, removed by CNI DEL, which killed pods skip
 CNI_RESULTS = Path("/var/lib/cni/results")
+# Storage: the default StorageClass and its pool of pre-created local volumes
+# (see storage_manifest). 16: a few releases with 3 members each; a volume is not
+# reused once its claim is deleted (Released, reclaim policy Retain).
+STORAGE_CLASS = "local"
+LOCAL_VOLUMES = 16
+LOCAL_VOLUME_SIZE = "10Gi"
+#: owner of the volume directories: the UID/GID the chart's etcd (and the
+#: project image) run as, so the non-root container can write its data dir
+VOLUME_OWNER = 65532
 
 
 class ClusterError(RuntimeError):
@@ -584,6 +599,7 @@ class Cluster:
             "--bind-address", "127.0.0.1", "--leader-elect=false",
         ])
         self._start_kube_proxy(binaries["kube-proxy"])
+        self._make_storage()
         self._wait_import(import_proc, "import")
         self._mark("pause, coredns, curl imported", began)
         self._start_kubelet(binaries["kubelet"], pki)
@@ -844,6 +860,21 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
             "--root-dir", str(root), "--cert-dir", str(root / "pki"),
             "--hostname-override", NODE_NAME, "--node-ip", ADVERTISE_ADDRESS,
         ])
+
+    @property
+    def volumes_dir(self) -> Path:
+        return self.state_dir / "volumes"
+
+    def _make_storage(self) -> None:
+        """The default StorageClass and its local PersistentVolumes (directories under
+        the state dir, owned by :data:`VOLUME_OWNER`), so StatefulSet claims bind."""
+        self.volumes_dir.mkdir()
+        for index in range(LOCAL_VOLUMES):
+            path = self.volumes_dir / f"pv-{index:02d}"
+            path.mkdir()
+            os.chown(path, VOLUME_OWNER, VOLUME_OWNER)
+            path.chmod(0o750)
+        self.apply(storage_manifest(self.volumes_dir, LOCAL_VOLUMES))
 
     def _node_ready(self) -> bool:
         result = self.kubectl("get", "node", NODE_NAME, "-o", "json", timeout=20)
@@ -1160,6 +1191,40 @@ def process_start_wall_time(pid: int) -> float:
     ticks = int(_start_time(pid))
     uptime = float(Path("/proc/uptime").read_text().split()[0])
     return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def storage_manifest(volumes_dir: Path, count: int) -> str:
+    """A default StorageClass without a provisioner, and ``count`` local volumes.
+
+    Why this and not a provisioner: ``kubernetes.io/no-provisioner`` with
+    ``WaitForFirstConsumer`` is how Kubernetes serves pre-created local disks (the
+    scheduler's volume binder picks a free PersistentVolume of the class on the
+    pod's node when the pod is scheduled, the kubelet bind-mounts the directory).
+    Every part is the real one; only the pool is finite: a volume whose claim is
+    deleted becomes ``Released`` and is not handed out again (``Retain``; nothing
+    here scrubs data), so the pool bounds how many claims a session may create.
+    ``local`` volumes need node affinity, which is the one node. The capacity is
+    nominal (a directory has no size limit); it only has to cover the claims.
+    """
+    class_ = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+              "metadata": {"name": STORAGE_CLASS, "annotations": {
+                  "storageclass.kubernetes.io/is-default-class": "true"}},
+              "provisioner": "kubernetes.io/no-provisioner",
+              "volumeBindingMode": "WaitForFirstConsumer",
+              "reclaimPolicy": "Retain"}
+    volumes: list[dict[str, Any]] = [{
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": f"{STORAGE_CLASS}-pv-{index:02d}",
+                     "labels": {"joblease.io/test-volume": "true"}},
+        "spec": {
+            "capacity": {"storage": LOCAL_VOLUME_SIZE},
+            "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+            "persistentVolumeReclaimPolicy": "Retain", "storageClassName": STORAGE_CLASS,
+            "local": {"path": str(volumes_dir / f"pv-{index:02d}")},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{
+                "key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}]}]}},
+        }} for index in range(count)]
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": [class_, *volumes]})
 
 
 def coredns_manifest(image: str) -> str:
