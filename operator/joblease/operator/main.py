@@ -194,6 +194,7 @@ async def run_operator(config: OperatorConfig) -> None:
             if not config.leader_election:
                 log.warning("leader election disabled: this process is active whatever "
                             "other replicas do")
+                metrics.leader.set(1)
                 await _run_active(config, settings, client, kube, credentials, metrics,
                                   identity, replica, stop, None)
                 return
