@@ -178,10 +178,12 @@ async def test_the_standby_takes_over_and_nothing_created_during_the_switch_is_l
         await asyncio.sleep(2)  # JobLeases keep coming while the new leader catches up
 
         # A graceful stop (a deleted pod): the leader resigns, the standby leads at once.
+        assert second.proc is not None
         stopped = time.monotonic()
-        await asyncio.to_thread(second.stop)
+        second.proc.terminate()
         third = await leader_of(election, [a, b], but=second)
         graceful_takeover = time.monotonic() - stopped
+        assert await asyncio.to_thread(second.proc.wait, 30) == 0  # a clean exit
         assert third is first
         assert graceful_takeover <= TTL + 2, f"takeover after SIGTERM took {graceful_takeover:.2f}s"
         await asyncio.sleep(2)

@@ -90,11 +90,12 @@ class Leadership:
         """True while this replica may act as leader (checks the safety deadline now)."""
         return self.session.alive and self.lost_reason is None
 
-    def _lose(self, reason: str) -> None:
+    def _lose(self, reason: str, *, expected: bool = False) -> None:
         if self.lost_reason is None:
             self.lost_reason = reason
-            log.warning("leadership of %s (term %d) lost: %s", self.election.name, self.term,
-                        reason)
+            log.log(logging.INFO if expected else logging.WARNING,
+                    "leadership of %s (term %d) %s", self.election.name, self.term,
+                    reason if expected else f"lost: {reason}")
             self._lost.set()
 
     async def wait_lost(self) -> str:
@@ -120,7 +121,7 @@ class Leadership:
         """Give leadership back: revoking the lease deletes the key, so a standby takes
         over at once instead of after the TTL. Best effort (if etcd is unreachable
         the key expires with the lease)."""
-        self._lose("resigned")
+        self._lose("resigned", expected=True)
         self._watch.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._watch

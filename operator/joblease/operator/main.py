@@ -127,6 +127,10 @@ def operator_identity() -> Identity:
     return Identity(f"uid-{os.getuid()}@{host}/{started}/{os.getpid()}")
 
 
+#: Seconds kopf gets to finish in-flight handlers after SIGTERM before it is cancelled.
+STOP_GRACE = 1.0
+
+
 class LeadershipLostError(Exception):
     """This replica stopped being the active one; the process exits (its restart
     stands by)."""
@@ -223,6 +227,7 @@ async def run_operator(config: OperatorConfig) -> None:
             await kube.close()
             if runner is not None:
                 await runner.cleanup()
+    log.info("joblease operator %s stopped", identity)
 
 
 async def _serve_probes(config: OperatorConfig, metrics: OperatorMetrics,
@@ -294,9 +299,13 @@ async def _run_active(config: OperatorConfig, settings: kopf.OperatorSettings,
             # at once (the finally cancels kopf and the mirror), no graceful stop.
             raise LeadershipLostError(f"leadership lost: {lost.result()}")
         if stopped in done or kopf_task in done:
-            # SIGTERM (ours or kopf's): kopf finishes what it is doing, then we resign.
+            # SIGTERM (ours or kopf's): kopf may finish what it is doing for a moment,
+            # then it is cancelled and we resign, so that the standby takes over at once.
+            # (kopf's own graceful stop can wait seconds for workers sleeping on its
+            # consistency timeout; every handler is idempotent, and the next leader's
+            # kopf re-lists and re-runs whatever did not finish.)
             stop_flag.set()
-            await asyncio.wait({kopf_task, lost}, timeout=30,
+            await asyncio.wait({kopf_task, lost}, timeout=STOP_GRACE,
                                return_when=asyncio.FIRST_COMPLETED)
             if kopf_task.done() and not kopf_task.cancelled():
                 kopf_task.result()
