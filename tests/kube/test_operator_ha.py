@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import re
 import time
 from pathlib import Path
@@ -37,7 +38,7 @@ from joblease.operator.election import Election
 from tests.support.binaries import kubectl_binary
 from tests.support.controlplane import ControlPlane
 from tests.support.operator import Kube, OperatorProcess, running_operator, wait_for
-from tests.support.proxy import DelayingProxy
+from tests.support.proxy import DelayingProxy, LossyProxy
 from tests.support.statuses import StatusWatch, backwards
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(400)]
@@ -204,6 +205,52 @@ async def test_the_standby_takes_over_and_nothing_created_during_the_switch_is_l
         print(f"takeover after SIGKILL {crash_takeover:.2f}s (TTL {TTL}s), after SIGTERM "
               f"{graceful_takeover:.2f}s; {len(created)} JobLeases, {watch.events} statuses "
               "served")
+
+
+def logged_at(log: Path, pattern: str) -> float | None:
+    """Wall time of the first log line matching ``pattern`` (the operator's asctime)."""
+    for line in log.read_text(errors="replace").splitlines():
+        if re.search(pattern, line):
+            stamp = dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            return stamp.timestamp()
+    return None
+
+
+async def test_a_leader_cut_off_from_etcd_steps_down_before_the_standby_leads(
+        crds_installed: ControlPlane, etcd_config: EtcdConfig, namespace: str,
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The leader's etcd traffic is swallowed (LossyProxy ``drop_requests``): it must
+    stop its handlers and exit (code 3, so Kubernetes restarts it) having logged the
+    loss before the standby is elected, and the standby registers new JobLeases."""
+    cp, kube = crds_installed, Kube(crds_installed, namespace)
+    host, port = etcd_config.endpoints[0].rsplit(":", 1)
+    proxy = await LossyProxy(host, int(port)).start()
+    a = Replica(cp, etcd_config.with_(endpoints=(proxy.endpoint,)), namespace,
+                tmp_path / "a.log")
+    b = Replica(cp, etcd_config, namespace, tmp_path / "b.log")
+    try:
+        async with JobLeaseClient(etcd_config) as client, running_operator(a, request):
+            election = Election(client.store, etcd_config.root, namespace, "test")
+            assert await leader_of(election, [a]) is a
+            async with running_operator(b, request):
+                assert not b.leads()
+                cut = time.monotonic()
+                proxy.mode = "drop_requests"
+                assert await leader_of(election, [b]) is b
+                elected = time.monotonic() - cut
+                assert elected <= TTL + 2, f"the standby led {elected:.2f}s after the cut"
+                assert a.proc is not None
+                code = await asyncio.to_thread(a.proc.wait, 60)
+                assert code == 3, f"exit code {code}"
+                lost = logged_at(a.log, r"leadership of \S+ \(term \d+\) lost")
+                led = logged_at(b.log, r"is the leader")
+                assert lost is not None and led is not None and lost <= led, (lost, led)
+                assert logged_at(a.log, "exiting \\(a restart stands by\\)") is not None
+                await kube.apply("after-the-cut", SPEC)
+                await kube.status_where("after-the-cut", "registered by the new leader",
+                                        lambda s: int(s.get("etcdRevision") or 0) > 0, 60)
+    finally:
+        await proxy.close()
 
 
 async def test_two_active_operators_never_move_a_status_backwards(

@@ -121,11 +121,14 @@ class Leadership:
         """Give leadership back: revoking the lease deletes the key, so a standby takes
         over at once instead of after the TTL. Best effort (if etcd is unreachable
         the key expires with the lease)."""
+        # A session lost on its own has already tried to revoke (and if etcd is out of
+        # reach, trying again would only hold up the exit by its request timeouts).
+        revoke = self.session.lost_reason is None
         self._lose("resigned", expected=True)
         self._watch.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._watch
-        await self.session.close(revoke=True)
+        await self.session.close(revoke=revoke)
 
 
 class Election:
