@@ -207,20 +207,6 @@ def test_operator_flags_in_the_chart_are_accepted_by_the_operator_cli(
             assert ctx.params["all_namespaces"] is True
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    ({"metrics.port": -1}, "at '/metrics/port': minimum: got -1, want 1"),
-    ({"metrics.service.port": 70000}, "at '/metrics/service/port': maximum"),
-    ({"scope": "galaxy"}, "at '/scope': value must be one of 'cluster', 'namespaced'"),
-    ({"scope": "namespaced"}, "at '/watchNamespaces': minItems: got 0, want 1"),
-    ({"watchNamespaces": ["team-*"]}, "at '/watchNamespaces/0'"),
-    ({"etcd.enabled": False, "etcd.endpoints": []}, "at '/etcd/endpoints': minItems"),
-    ({"replicaCount": 0}, "at '/replicaCount': minimum: got 0, want 1"),
-    ({"operator.leaderElection.leaseDurationSeconds": 1},
-     "at '/operator/leaderElection/leaseDurationSeconds': minimum: got 1, want 2"),
-    ({"replicas": 2}, "additional properties 'replicas' not allowed"),
-], ids=["negative-port", "port-too-large", "unknown-scope", "namespaced-without-namespaces",
-        "glob-namespace", "no-etcd-endpoint", "no-replica", "election-ttl-too-short",
-        "unknown-key"])
 def test_replicas_get_a_disruption_budget_anti_affinity_and_the_election(
         control_plane: ControlPlane, namespace: str) -> None:
     """Several replicas: one active through the etcd election, a PDB that keeps one,
@@ -264,6 +250,20 @@ def test_disabling_the_election_is_refused_with_replicas_or_a_rolling_update(
     assert "--no-leader-election" in deployment_container(docs)["args"]
 
 
+@pytest.mark.parametrize(("values", "message"), [
+    ({"metrics.port": -1}, "at '/metrics/port': minimum: got -1, want 1"),
+    ({"metrics.service.port": 70000}, "at '/metrics/service/port': maximum"),
+    ({"scope": "galaxy"}, "at '/scope': value must be one of 'cluster', 'namespaced'"),
+    ({"scope": "namespaced"}, "at '/watchNamespaces': minItems: got 0, want 1"),
+    ({"watchNamespaces": ["team-*"]}, "at '/watchNamespaces/0'"),
+    ({"etcd.enabled": False, "etcd.endpoints": []}, "at '/etcd/endpoints': minItems"),
+    ({"replicaCount": 0}, "at '/replicaCount': minimum: got 0, want 1"),
+    ({"operator.leaderElection.leaseDurationSeconds": 1},
+     "at '/operator/leaderElection/leaseDurationSeconds': minimum: got 1, want 2"),
+    ({"replicas": 2}, "additional properties 'replicas' not allowed"),
+], ids=["negative-port", "port-too-large", "unknown-scope", "namespaced-without-namespaces",
+        "glob-namespace", "no-etcd-endpoint", "no-replica", "election-ttl-too-short",
+        "unknown-key"])
 def test_values_schema_refuses_bad_values(control_plane: ControlPlane, values: dict[str, Any],
                                           message: str) -> None:
     result = control_plane.helm("template", "bad", str(CHART), *set_args(values))
