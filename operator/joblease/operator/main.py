@@ -171,7 +171,8 @@ async def run_operator(config: OperatorConfig) -> None:
     ``leader_election=False``. A replica that loses leadership stops its
     leader-only parts at once and raises :class:`LeadershipLostError`, so the
     process exits and Kubernetes restarts it as a standby; a replica stopped by
-    SIGTERM stops kopf gracefully, then resigns so a standby takes over at once.
+    SIGTERM gives kopf ``STOP_GRACE`` seconds, then resigns so a standby takes over
+    at once.
     A restart resyncs from an etcd snapshot.
     """
     etcd = config.etcd or EtcdConfig.from_env()
@@ -187,7 +188,9 @@ async def run_operator(config: OperatorConfig) -> None:
     kube = KubeApi(credentials)
     replica = _Replica()
     async with JobLeaseClient(etcd) as client:
-        # -- always-on parts: every replica ------------------------------------------------
+        # -- always-on parts: every replica, leader or not ----------------------------------
+        # Start each one here and stop it in the ``finally`` below (the admission webhook
+        # server belongs here too: all replicas serve it).
         runner = await _serve_probes(config, metrics, client, replica)
         log.info("joblease operator %s: etcd %s root %s, %s%s", identity,
                  ",".join(etcd.endpoints), etcd.root,
