@@ -99,8 +99,9 @@ def test_installed_package_is_the_wheel_not_the_checkout(image_venv: Path) -> No
     assert str(image_venv) in out.stdout and str(ROOT / "operator") not in out.stdout
 
 
-@pytest.mark.parametrize("args", [["--help"], ["operator", "--help"], ["sidecar", "--help"]],
-                         ids=["main", "operator", "sidecar"])
+@pytest.mark.parametrize("args", [["--help"], ["operator", "--help"], ["sidecar", "--help"],
+                                  ["ledger", "--help"]],
+                         ids=["main", "operator", "sidecar", "ledger"])
 def test_image_entrypoints_answer_help(image_venv: Path, args: list[str]) -> None:
     result = run_in(image_venv, *args)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -113,6 +114,18 @@ def test_operator_help_lists_the_flags_the_chart_passes(image_venv: Path) -> Non
     for flag in ("--namespace", "--all-namespaces", "--metrics-host", "--metrics-port",
                  "--watch-timeout", "--result-limit", "--log-level"):
         assert flag in out, flag
+
+
+def test_ledger_help_lists_the_flags_examples_ledger_yaml_passes(image_venv: Path) -> None:
+    import yaml
+
+    docs = list(yaml.safe_load_all((ROOT / "examples" / "ledger.yaml").read_text()))
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"][0] == "ledger"
+    out = run_in(image_venv, "ledger", "--help").stdout
+    flags = [a for a in container["args"] if a.startswith("--")]
+    assert flags and all(flag in out for flag in flags), (flags, out)
 
 
 def test_demo_runs_the_seed_example_from_the_installed_wheel(image_venv: Path) -> None:

@@ -497,6 +497,26 @@ def dev(members: int) -> None:
 
 
 @main.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 in a pod, so that its Service reaches it).")
+@click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
+@click.option("--db", default=None,
+              help="SQLite file for the ledger and its gate, written in one transaction "
+                   "per entry (default: both in memory, gone on restart).")
+@click.option("--root-path", default="",
+              help="The path prefix a proxy serves the ledger under (e.g. /api).")
+def ledger(host: str, port: int, db: str | None, root_path: str) -> None:
+    """Serve the example ledger destination: writes with a stale fencing token get 409
+    (docs/fencing.md; examples/ledger.yaml runs it in a cluster)."""
+    import uvicorn
+
+    from joblease.fencing.destination import create_app
+
+    uvicorn.run(create_app(db=db), host=host, port=port, log_level="info",
+                root_path=root_path)
+
+
+@main.command()
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:
     """Print the shell completion script: eval "$(joblease completion bash)"."""

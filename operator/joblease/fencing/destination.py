@@ -1,7 +1,7 @@
 """The example "ledger" destination: only the current lease holder's writes land.
 
 Shipped in the package so that `joblease demo` runs from a plain install;
-`examples/destination/` runs it as a service.
+``joblease ledger`` runs it as a service (in a cluster: examples/ledger.yaml).
 
     POST /resources/{name}   JSON body -> appends an entry, 201 {"seq", "token", ...}
     GET  /resources/{name}   -> {"resource", "highestToken", "entries": [{seq, token, job, data}]}

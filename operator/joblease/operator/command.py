@@ -10,7 +10,9 @@ import click
 
 from joblease.operator.election import DEFAULT_TTL as ELECTION_TTL
 from joblease.operator.election import check_name
+from joblease.operator.injection import SidecarSettings
 from joblease.operator.main import LeadershipLostError, OperatorConfig, run_operator
+from joblease.operator.webhook import WebhookConfig
 
 
 @click.command("operator")
@@ -50,13 +52,24 @@ from joblease.operator.main import LeadershipLostError, OperatorConfig, run_oper
 @click.option("--leader-election-name", default=None, envvar="JOBLEASE_LEADER_ELECTION_NAME",
               help="Replicas with the same name elect one leader (default: derived from the "
                    "namespaces served).")
+@click.option("--webhook-port", type=int, default=0, show_default=True,
+              envvar="JOBLEASE_WEBHOOK_PORT",
+              help="Serve the sidecar-injection webhook (HTTPS) on this port (0: not served).")
+@click.option("--webhook-cert-dir", default="/etc/joblease/webhook", show_default=True,
+              envvar="JOBLEASE_WEBHOOK_CERT_DIR",
+              help="Directory with the webhook's serving certificate tls.crt and key tls.key.")
+@click.option("--webhook-settings", default=None, envvar="JOBLEASE_WEBHOOK_SETTINGS",
+              help="JSON file with the injected sidecar's settings (image, etcd, ...; "
+                   "docs/sidecar.md#injection); default: the built-in defaults.")
 @click.option("--log-level", default=lambda: os.environ.get("JOBLEASE_LOG_LEVEL", "INFO"),
               show_default="INFO")
 def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, metrics_port: int,
                      metrics_host: str, watch_timeout: int, result_limit: int,
                      tenant_credentials: bool, tenant_resync_interval: float,
                      leader_election: bool, leader_election_ttl: int,
-                     leader_election_name: str | None, log_level: str) -> None:
+                     leader_election_name: str | None, webhook_port: int,
+                     webhook_cert_dir: str, webhook_settings: str | None,
+                     log_level: str) -> None:
     """Register JobLeases in etcd and mirror etcd's decisions into their status.
 
     etcd connection: JOBLEASE_ETCD_ENDPOINTS, JOBLEASE_ETCD_CA_FILE/_CERT_FILE/_KEY_FILE,
@@ -75,13 +88,23 @@ def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, metrics_
             raise click.BadParameter(str(exc), param_hint="--leader-election-name") from exc
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    webhook = None
+    if webhook_port:
+        try:
+            sidecar = (WebhookConfig.settings_from_file(webhook_settings) if webhook_settings
+                       else SidecarSettings())
+        except (ValueError, TypeError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--webhook-settings") from exc
+        webhook = WebhookConfig(port=webhook_port, settings=sidecar,
+                                cert_file=os.path.join(webhook_cert_dir, "tls.crt"),
+                                key_file=os.path.join(webhook_cert_dir, "tls.key"))
     config = OperatorConfig(namespaces=namespaces, metrics_port=metrics_port,
                             metrics_host=metrics_host, server_timeout=watch_timeout,
                             result_limit=result_limit, tenant_credentials=tenant_credentials,
                             tenant_resync_interval=tenant_resync_interval,
                             leader_election=leader_election,
                             leader_election_ttl=leader_election_ttl,
-                            leader_election_name=leader_election_name)
+                            leader_election_name=leader_election_name, webhook=webhook)
     try:
         asyncio.run(run_operator(config))
     except LeadershipLostError as exc:

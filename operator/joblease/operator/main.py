@@ -59,6 +59,7 @@ from joblease.operator.tenants import (
     supervise,
     warn_if_auth_disabled,
 )
+from joblease.operator.webhook import WebhookConfig, kube_lookup, serve_webhook
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,8 @@ class OperatorConfig:
     leader_election_ttl: int = ELECTION_TTL
     #: Replicas with the same name elect one leader; None: derived from ``namespaces``.
     leader_election_name: str | None = None
+    #: The sidecar-injection webhook (operator.webhook); None: not served.
+    webhook: WebhookConfig | None = None
 
     @property
     def clusterwide(self) -> bool:
@@ -187,10 +190,11 @@ async def run_operator(config: OperatorConfig) -> None:
 
     kube = KubeApi(credentials)
     replica = _Replica()
-    async with JobLeaseClient(etcd) as client:
-        # -- always-on parts: every replica, leader or not ----------------------------------
-        # Start each one here and stop it in the ``finally`` below (the admission webhook
-        # server belongs here too: all replicas serve it).
+    # -- always-on parts: every replica, leader or not ----------------------------------
+    # The webhook first, independent of kopf and etcd: every replica answers admissions.
+    # Start each always-on part here (the probes just below) and stop it on the way out.
+    async with serve_webhook(config.webhook, kube_lookup(kube.get)), \
+            JobLeaseClient(etcd) as client:
         runner = await _serve_probes(config, metrics, client, replica)
         log.info("joblease operator %s: etcd %s root %s, %s%s", identity,
                  ",".join(etcd.endpoints), etcd.root,
@@ -227,9 +231,9 @@ async def run_operator(config: OperatorConfig) -> None:
                 metrics.leader.set(0)
                 await leadership.resign()
         finally:
-            await kube.close()
             if runner is not None:
                 await runner.cleanup()
+    await kube.close()  # after the webhook, which looks JobLeases up through it
     log.info("joblease operator %s stopped", identity)
 
 
