@@ -74,6 +74,24 @@ async def test_a_dead_leader_is_replaced_when_its_etcd_lease_expires(
     await second.resign()
 
 
+async def test_a_restarted_process_of_the_same_pod_takes_its_key_back_at_once(
+        stores: list[EtcdStore], etcd_config: EtcdConfig) -> None:
+    """A stable identity (the pod's name, ``POD_ID``): the crashed process's key, still
+    alive in etcd, is its own and is replaced at once instead of after the 30 s TTL
+    (another identity waits for the TTL: test_a_dead_leader_is_replaced_...)."""
+    before = Election(stores[0], etcd_config.root, "all-namespaces", "pod-a", ttl=30,
+                      stable_identity=True)
+    first = await asyncio.wait_for(before.campaign(), 10)
+    await first.session.close(revoke=False)  # the container crashed: its lease lives on
+    restarted = Election(stores[1], etcd_config.root, "all-namespaces", "pod-a", ttl=30,
+                         stable_identity=True)
+    started = time.monotonic()
+    second = await asyncio.wait_for(restarted.campaign(), 10)
+    assert time.monotonic() - started < 5, "waited for the old lease instead"
+    assert second.term > first.term and second.alive
+    await second.resign()
+
+
 async def test_a_partitioned_leader_steps_down_before_a_standby_is_elected(
         stores: list[EtcdStore], etcd_config: EtcdConfig) -> None:
     host, port = etcd_config.endpoints[0].rsplit(":", 1)

@@ -209,8 +209,11 @@ async def run_operator(config: OperatorConfig) -> None:
                 await _run_active(config, settings, client, kube, credentials, metrics,
                                   identity, replica, stop, None)
                 return
+            # POD_ID (the chart sets it to the pod's name) names the pod, not the process:
+            # a restarted container replaces its predecessor's key at once.
             election = Election(client.store, etcd.root, election_name(config), identity,
-                                ttl=config.leader_election_ttl)
+                                ttl=config.leader_election_ttl,
+                                stable_identity=bool(os.environ.get("POD_ID")))
             campaign = asyncio.create_task(election.campaign(), name="joblease-campaign")
             stopped = asyncio.create_task(stop.wait())
             try:
