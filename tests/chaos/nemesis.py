@@ -29,7 +29,8 @@ for the whole run (hours ahead/behind, x0.5 / x2); each such start is logged.
 
 * ``kill-operator``: SIGKILL the operator and restart it a moment later;
 * ``rollout-operator``: start a second operator, let both run for 1-3 x TTL,
-  then SIGTERM the old one (a rolling update: two mirrors writing statuses).
+  then SIGTERM the old one (a rolling update: the new one stands by until the
+  old one hands over its leadership).
 
 The operator's etcd traffic goes through its own proxies, so ``partition``
 and ``delay`` can pick it too, and its API-server traffic through a proxy

@@ -154,7 +154,9 @@ def test_deployment_runs_restricted_with_the_operator_flags(control_plane: Contr
     docs = render(control_plane, namespace, variants(namespace)["tls-and-auth"])
     (deployment,) = by_kind(docs, "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "RollingUpdate",
+                                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -200,10 +202,55 @@ def test_operator_flags_in_the_chart_are_accepted_by_the_operator_cli(
         assert args[0] == "operator"
         ctx = operator_command.make_context("operator", list(args[1:]))
         assert ctx.params["metrics_port"] == 8080
+        assert ctx.params["leader_election"] is True
+        assert ctx.params["leader_election_ttl"] == 10
         if variant == "namespaced":
             assert ctx.params["namespaces"] == (namespace, "default")
         else:
             assert ctx.params["all_namespaces"] is True
+
+
+def test_replicas_get_a_disruption_budget_anti_affinity_and_the_election(
+        control_plane: ControlPlane, namespace: str) -> None:
+    """Several replicas: one active through the etcd election, a PDB that keeps one,
+    preferred anti-affinity (a single-node cluster still schedules them)."""
+    docs = render(control_plane, namespace, {"replicaCount": 3})
+    (deployment,) = by_kind(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    args = deployment_container(docs)["args"]
+    assert "--leader-election" in args and "--leader-election-ttl=10" in args
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    (pdb,) = [d for d in by_kind(docs, "PodDisruptionBudget")
+              if d["metadata"]["name"] == deployment["metadata"]["name"]]
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+    anti = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"] == {"topologyKey": "kubernetes.io/hostname",
+                                       "labelSelector": {"matchLabels": selector}}
+    required = render(control_plane, namespace, {"replicaCount": 2,
+                                                 "podAntiAffinity": "required"})
+    (deployment,) = by_kind(required, "Deployment")
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in (
+        deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"])
+    # One replica: no operator PDB (it would block every drain of the node), no rule.
+    single = render(control_plane, namespace, {})
+    assert [d["metadata"]["name"] for d in by_kind(single, "PodDisruptionBudget")] == [
+        f"{release_name(namespace)}-etcd"]
+    (deployment,) = by_kind(single, "Deployment")
+    assert "affinity" not in deployment["spec"]["template"]["spec"]
+
+
+def test_disabling_the_election_is_refused_with_replicas_or_a_rolling_update(
+        control_plane: ControlPlane, namespace: str) -> None:
+    off = {"operator.leaderElection.enabled": False}
+    for values, message in (
+            ({**off, "replicaCount": 2}, "it needs replicaCount 1"),
+            (off, "needs strategy.type Recreate")):
+        result = control_plane.helm("template", "x", str(CHART), *set_args(values))
+        assert result.returncode != 0 and message in result.stderr, result.stderr
+    docs = render(control_plane, namespace, {**off, "strategy": {"type": "Recreate"}})
+    assert "--no-leader-election" in deployment_container(docs)["args"]
 
 
 @pytest.mark.parametrize(("values", "message"), [
@@ -213,9 +260,13 @@ def test_operator_flags_in_the_chart_are_accepted_by_the_operator_cli(
     ({"scope": "namespaced"}, "at '/watchNamespaces': minItems: got 0, want 1"),
     ({"watchNamespaces": ["team-*"]}, "at '/watchNamespaces/0'"),
     ({"etcd.enabled": False, "etcd.endpoints": []}, "at '/etcd/endpoints': minItems"),
-    ({"replicaCount": 2}, "additional properties 'replicaCount' not allowed"),
+    ({"replicaCount": 0}, "at '/replicaCount': minimum: got 0, want 1"),
+    ({"operator.leaderElection.leaseDurationSeconds": 1},
+     "at '/operator/leaderElection/leaseDurationSeconds': minimum: got 1, want 2"),
+    ({"replicas": 2}, "additional properties 'replicas' not allowed"),
 ], ids=["negative-port", "port-too-large", "unknown-scope", "namespaced-without-namespaces",
-        "glob-namespace", "no-etcd-endpoint", "unknown-key"])
+        "glob-namespace", "no-etcd-endpoint", "no-replica", "election-ttl-too-short",
+        "unknown-key"])
 def test_values_schema_refuses_bad_values(control_plane: ControlPlane, values: dict[str, Any],
                                           message: str) -> None:
     result = control_plane.helm("template", "bad", str(CHART), *set_args(values))

@@ -105,9 +105,12 @@ class OperatorProcess:
 
     def environment(self) -> dict[str, str]:
         """The operator's environment; subclasses add etcd TLS/auth or feature flags."""
+        # A 5 s election TTL (not the default 10 s): a test that SIGKILLs and restarts the
+        # operator waits for the dead process's leader key to expire before it leads again.
         return dict(os.environ, KUBECONFIG=str(self.cp.kubeconfig),
                     JOBLEASE_ETCD_ENDPOINTS=",".join(self.etcd.endpoints),
-                    JOBLEASE_ROOT=self.etcd.root, PYTHONUNBUFFERED="1")
+                    JOBLEASE_ROOT=self.etcd.root, PYTHONUNBUFFERED="1",
+                    JOBLEASE_LEADER_ELECTION_TTL="5")
 
     def start(self) -> OperatorProcess:
         env = self.environment()

@@ -8,8 +8,10 @@ import os
 
 import click
 
+from joblease.operator.election import DEFAULT_TTL as ELECTION_TTL
+from joblease.operator.election import check_name
 from joblease.operator.injection import SidecarSettings
-from joblease.operator.main import OperatorConfig, run_operator
+from joblease.operator.main import LeadershipLostError, OperatorConfig, run_operator
 from joblease.operator.webhook import WebhookConfig
 
 
@@ -37,6 +39,19 @@ from joblease.operator.webhook import WebhookConfig
               envvar="JOBLEASE_TENANT_RESYNC_INTERVAL",
               help="Seconds between re-checks of the tenant Secrets (repairs them and "
                    "performs rotations requested with joblease.io/rotate=true; 0 disables).")
+@click.option("--leader-election/--no-leader-election", default=True, show_default=True,
+              envvar="JOBLEASE_LEADER_ELECTION",
+              help="Elect one active replica through etcd; the others stand by (probes, "
+                   "metrics, webhook) and take over when it goes. --no-leader-election makes "
+                   "this process active whatever other replicas do: only for tests that "
+                   "force overlapping operators, never with several replicas.")
+@click.option("--leader-election-ttl", type=click.IntRange(1, 3600), default=ELECTION_TTL,
+              show_default=True, envvar="JOBLEASE_LEADER_ELECTION_TTL",
+              help="Seconds of the leader's etcd lease: a dead or partitioned leader is "
+                   "replaced within about this long.")
+@click.option("--leader-election-name", default=None, envvar="JOBLEASE_LEADER_ELECTION_NAME",
+              help="Replicas with the same name elect one leader (default: derived from the "
+                   "namespaces served).")
 @click.option("--webhook-port", type=int, default=0, show_default=True,
               envvar="JOBLEASE_WEBHOOK_PORT",
               help="Serve the sidecar-injection webhook (HTTPS) on this port (0: not served).")
@@ -51,7 +66,9 @@ from joblease.operator.webhook import WebhookConfig
 def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, metrics_port: int,
                      metrics_host: str, watch_timeout: int, result_limit: int,
                      tenant_credentials: bool, tenant_resync_interval: float,
-                     webhook_port: int, webhook_cert_dir: str, webhook_settings: str | None,
+                     leader_election: bool, leader_election_ttl: int,
+                     leader_election_name: str | None, webhook_port: int,
+                     webhook_cert_dir: str, webhook_settings: str | None,
                      log_level: str) -> None:
     """Register JobLeases in etcd and mirror etcd's decisions into their status.
 
@@ -64,6 +81,11 @@ def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, metrics_
                            if n.strip())
     if all_namespaces and namespaces:
         raise click.UsageError("--all-namespaces and --namespace exclude each other")
+    if leader_election_name is not None:
+        try:
+            check_name(leader_election_name)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--leader-election-name") from exc
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     webhook = None
@@ -79,5 +101,14 @@ def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, metrics_
     config = OperatorConfig(namespaces=namespaces, metrics_port=metrics_port,
                             metrics_host=metrics_host, server_timeout=watch_timeout,
                             result_limit=result_limit, tenant_credentials=tenant_credentials,
-                            tenant_resync_interval=tenant_resync_interval, webhook=webhook)
-    asyncio.run(run_operator(config))
+                            tenant_resync_interval=tenant_resync_interval,
+                            leader_election=leader_election,
+                            leader_election_ttl=leader_election_ttl,
+                            leader_election_name=leader_election_name, webhook=webhook)
+    try:
+        asyncio.run(run_operator(config))
+    except LeadershipLostError as exc:
+        # Exit non-zero so that Kubernetes restarts the container: the new process
+        # stands by (another replica leads by now) instead of acting on stale leadership.
+        logging.getLogger(__name__).error("%s; exiting (a restart stands by)", exc)
+        raise SystemExit(3) from exc

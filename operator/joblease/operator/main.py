@@ -6,9 +6,11 @@ kopf settings, each chosen on purpose (see docs/operator.md):
   deletion waits until the etcd keys are removed.
 - progress and diff-base in *annotations* under ``joblease.io/``: ``status``
   belongs entirely to the mirror (kopf's default also writes ``status.kopf``).
-- ``peering.standalone``: one replica (Deployment strategy ``Recreate``); no
-  peering objects or their RBAC. Two overlapping replicas would still not
-  regress a status (conditional writes), but handlers could run twice.
+- ``peering.standalone``: kopf's own peering is not used; replicas elect one
+  active replica through etcd (:mod:`joblease.operator.election`), and only
+  that one runs kopf. No peering objects or their RBAC. Two replicas that
+  briefly both believe they lead still cannot regress a status (conditional
+  writes on ``etcdRevision``), but handlers could run twice.
 - ``watching.server_timeout``/``client_timeout``: the API server ends each
   watch after ``server_timeout`` and kopf re-lists; the client gives up a bit
   later so a silently dead connection is noticed.
@@ -26,11 +28,15 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import kopf
+from aiohttp import web
 
 # kopf.operator(identity=...) takes this NewType; kopf's public namespace does
 # not re-export it (kopf's own CLI imports it from here too).
@@ -39,6 +45,8 @@ from kopf._core.engines.peering import Identity
 from joblease.client import JobLeaseClient
 from joblease.errors import JobLeaseError
 from joblease.etcd_store import EtcdConfig, EtcdStore
+from joblease.operator.election import DEFAULT_TTL as ELECTION_TTL
+from joblease.operator.election import Election, Leadership
 from joblease.operator.handlers import build_registry
 from joblease.operator.kube import KubeApi, login
 from joblease.operator.metrics import OperatorMetrics, serve
@@ -71,6 +79,12 @@ class OperatorConfig:
     #: Per-namespace etcd users + Secret ``joblease-etcd-credentials`` (operator.tenants).
     tenant_credentials: bool = False
     tenant_resync_interval: float = DEFAULT_RESYNC_INTERVAL  # <= 0: no periodic resync
+    #: Elect one active replica through etcd (:mod:`joblease.operator.election`). False:
+    #: this process is active whatever others do (tests that force overlapping operators).
+    leader_election: bool = True
+    leader_election_ttl: int = ELECTION_TTL
+    #: Replicas with the same name elect one leader; None: derived from ``namespaces``.
+    leader_election_name: str | None = None
     #: The sidecar-injection webhook (operator.webhook); None: not served.
     webhook: WebhookConfig | None = None
 
@@ -116,78 +130,205 @@ def operator_identity() -> Identity:
     return Identity(f"uid-{os.getuid()}@{host}/{started}/{os.getpid()}")
 
 
+#: Seconds kopf gets to finish in-flight handlers after SIGTERM before it is cancelled.
+STOP_GRACE = 1.0
+
+
+class LeadershipLostError(Exception):
+    """This replica stopped being the active one; the process exits (its restart
+    stands by)."""
+
+
+@dataclass
+class _Replica:
+    """What the probes need to know: the leader-only parts while this replica is active."""
+
+    mirror_task: asyncio.Task[None] | None = None
+    kopf_ready: asyncio.Event | None = None
+
+
+def election_name(config: OperatorConfig) -> str:
+    """Replicas serving the same namespaces elect one leader; others are separate."""
+    if config.leader_election_name:
+        return config.leader_election_name
+    return "all-namespaces" if config.clusterwide else ",".join(sorted(config.namespaces))
+
+
+def _on_signals(stop: asyncio.Event) -> None:
+    """SIGTERM/SIGINT set ``stop``. kopf installs its own handlers when it starts
+    (they stop kopf only); the active parts put ours back once kopf is up."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)  # not in the main thread: no signals
+
+
 async def run_operator(config: OperatorConfig) -> None:
-    """Run kopf (registration, finalizer) and the mirror (status, events) until a
-    signal stops kopf or the mirror fails; the process then exits so that
-    Kubernetes restarts it, and the restart resyncs from an etcd snapshot."""
+    """Run one operator replica until a signal stops it or it fails.
+
+    Every replica, leader or not, serves the health/metrics port (and the
+    admission webhook) for as long as the process lives: the *always-on* parts.
+    The leader-only parts (kopf's handlers, the etcd mirror, the tenant
+    credentials) run only on the replica elected through etcd
+    (:mod:`joblease.operator.election`), or on every process with
+    ``leader_election=False``. A replica that loses leadership stops its
+    leader-only parts at once and raises :class:`LeadershipLostError`, so the
+    process exits and Kubernetes restarts it as a standby; a replica stopped by
+    SIGTERM gives kopf ``STOP_GRACE`` seconds, then resigns so a standby takes over
+    at once.
+    A restart resyncs from an etcd snapshot.
+    """
     etcd = config.etcd or EtcdConfig.from_env()
     settings = build_settings(config)
     metrics = OperatorMetrics()
+    identity = operator_identity()
+    stop = asyncio.Event()
+    _on_signals(stop)
 
     def credentials() -> kopf.ConnectionInfo:
         return login(settings)
 
     kube = KubeApi(credentials)
-    # the webhook first, independent of kopf and etcd: every replica answers admissions
+    replica = _Replica()
+    # -- always-on parts: every replica, leader or not ----------------------------------
+    # The webhook first, independent of kopf and etcd: every replica answers admissions.
+    # Start each always-on part here (the probes just below) and stop it on the way out.
     async with serve_webhook(config.webhook, kube_lookup(kube.get)), \
             JobLeaseClient(etcd) as client:
-        mirror = Mirror(client, kube, metrics, namespaces=config.namespaces,
-                        concurrency=config.concurrency, result_limit=config.result_limit)
-        tenants = None
-        tenants_task: asyncio.Task[None] | None = None
-        if config.tenant_credentials:
-            if not isinstance(client.store, EtcdStore):
-                raise TypeError("tenant credentials need the etcd store")
-            tenants = TenantManager(client.store, etcd.root, kube,
-                                    resync_interval=config.tenant_resync_interval)
-            await warn_if_auth_disabled(client.store)
-            tenants_task = asyncio.create_task(supervise(tenants), name="joblease-tenants")
-        registry = build_registry(client, mirror, credentials, tenants)
-        ready_flag, stop_flag = asyncio.Event(), asyncio.Event()
-        mirror_task = asyncio.create_task(mirror.run(), name="joblease-mirror")
-
-        async def healthy() -> bool:
-            return not mirror_task.done()
-
-        async def ready() -> bool:
-            if not ready_flag.is_set() or mirror_task.done():
-                return False
-            try:
-                await client.store.get(client.keys.namespace_prefix() + b"\0readyz")
-            except JobLeaseError:
-                return False
-            return True
-
-        runner = None
-        if config.metrics_port:
-            runner = await serve(metrics, config.metrics_host, config.metrics_port,
-                                 healthy=healthy, ready=ready)
-        log.info("joblease operator: etcd %s root %s, %s%s", ",".join(etcd.endpoints), etcd.root,
+        runner = await _serve_probes(config, metrics, client, replica)
+        log.info("joblease operator %s: etcd %s root %s, %s%s", identity,
+                 ",".join(etcd.endpoints), etcd.root,
                  "all namespaces" if config.clusterwide else f"namespaces {config.namespaces}",
-                 ", per-namespace tenant credentials" if tenants is not None else "")
-        kopf_task = asyncio.create_task(kopf.operator(
-            registry=registry, settings=settings, standalone=True,
-            identity=operator_identity(),
-            clusterwide=config.clusterwide, namespaces=list(config.namespaces),
-            ready_flag=ready_flag, stop_flag=stop_flag,
-        ), name="kopf")
+                 ", per-namespace tenant credentials" if config.tenant_credentials else "")
         try:
-            done, _ = await asyncio.wait({kopf_task, mirror_task},
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if mirror_task in done:
-                log.error("the etcd mirror stopped; stopping the operator")
-                stop_flag.set()
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(kopf_task, timeout=30)
-                mirror_task.result()  # re-raise its error
-            else:
-                kopf_task.result()
+            # -- leader-only parts: the elected replica ------------------------------------
+            if not config.leader_election:
+                log.warning("leader election disabled: this process is active whatever "
+                            "other replicas do")
+                metrics.leader.set(1)
+                await _run_active(config, settings, client, kube, credentials, metrics,
+                                  identity, replica, stop, None)
+                return
+            # POD_ID (the chart sets it to the pod's name) names the pod, not the process:
+            # a restarted container replaces its predecessor's key at once.
+            election = Election(client.store, etcd.root, election_name(config), identity,
+                                ttl=config.leader_election_ttl,
+                                stable_identity=bool(os.environ.get("POD_ID")))
+            campaign = asyncio.create_task(election.campaign(), name="joblease-campaign")
+            stopped = asyncio.create_task(stop.wait())
+            try:
+                await asyncio.wait({campaign, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+                if not campaign.done():
+                    campaign.cancel()  # stopped while standing by
+                    await asyncio.gather(campaign, return_exceptions=True)
+            if campaign.cancelled():
+                return
+            leadership = campaign.result()
+            metrics.leader.set(1)
+            try:
+                await _run_active(config, settings, client, kube, credentials, metrics,
+                                  identity, replica, stop, leadership)
+            finally:
+                metrics.leader.set(0)
+                await leadership.resign()
         finally:
-            tasks = [mirror_task, kopf_task] + ([tenants_task] if tenants_task else [])
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await mirror.close()
-            await kube.close()
             if runner is not None:
                 await runner.cleanup()
+    await kube.close()  # after the webhook, which looks JobLeases up through it
+    log.info("joblease operator %s stopped", identity)
+
+
+async def _serve_probes(config: OperatorConfig, metrics: OperatorMetrics,
+                        client: JobLeaseClient, replica: _Replica) -> web.AppRunner | None:
+    """/metrics, /healthz, /readyz on every replica. Ready means "this replica
+    serves" (etcd answers; on the leader, kopf has started and the mirror runs),
+    not "this replica leads": a standby is ready too, so a Service (the
+    webhook's) sends to every replica and a rollout waits for standbys."""
+    if not config.metrics_port:
+        return None
+
+    async def healthy() -> bool:
+        return replica.mirror_task is None or not replica.mirror_task.done()
+
+    async def ready() -> bool:
+        if replica.mirror_task is not None and (
+                replica.mirror_task.done()
+                or (replica.kopf_ready is not None and not replica.kopf_ready.is_set())):
+            return False
+        try:
+            await client.store.get(client.keys.namespace_prefix() + b"\0readyz")
+        except JobLeaseError:
+            return False
+        return True
+
+    return await serve(metrics, config.metrics_host, config.metrics_port,
+                       healthy=healthy, ready=ready)
+
+
+async def _run_active(config: OperatorConfig, settings: kopf.OperatorSettings,
+                      client: JobLeaseClient, kube: KubeApi,
+                      credentials: Callable[[], kopf.ConnectionInfo], metrics: OperatorMetrics,
+                      identity: Identity, replica: _Replica, stop: asyncio.Event,
+                      leadership: Leadership | None) -> None:
+    """kopf (registration, finalizer), the mirror (status, events) and the tenant
+    credentials, until ``stop``, a failure, or the loss of ``leadership``."""
+    etcd = client.config
+    mirror = Mirror(client, kube, metrics, namespaces=config.namespaces,
+                    concurrency=config.concurrency, result_limit=config.result_limit)
+    tenants = None
+    tasks: list[asyncio.Task[Any]] = []
+    if config.tenant_credentials:
+        if not isinstance(client.store, EtcdStore):
+            raise TypeError("tenant credentials need the etcd store")
+        tenants = TenantManager(client.store, etcd.root, kube,
+                                resync_interval=config.tenant_resync_interval)
+        await warn_if_auth_disabled(client.store)
+        tasks.append(asyncio.create_task(supervise(tenants), name="joblease-tenants"))
+    registry = build_registry(client, mirror, credentials, tenants)
+    ready_flag, stop_flag = asyncio.Event(), asyncio.Event()
+    mirror_task = asyncio.create_task(mirror.run(), name="joblease-mirror")
+    kopf_task = asyncio.create_task(kopf.operator(
+        registry=registry, settings=settings, standalone=True, identity=identity,
+        clusterwide=config.clusterwide, namespaces=list(config.namespaces),
+        ready_flag=ready_flag, stop_flag=stop_flag,
+    ), name="kopf")
+    stopped = asyncio.create_task(stop.wait(), name="joblease-stop")
+    lost = asyncio.create_task(leadership.wait_lost() if leadership else asyncio.Event().wait(),
+                               name="joblease-leadership")
+    kopf_up = asyncio.create_task(ready_flag.wait())
+    kopf_up.add_done_callback(lambda _: _on_signals(stop))  # kopf's handlers replaced ours
+    tasks += [mirror_task, kopf_task, stopped, lost, kopf_up]
+    replica.mirror_task, replica.kopf_ready = mirror_task, ready_flag
+    try:
+        done, _ = await asyncio.wait({kopf_task, mirror_task, stopped, lost},
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if lost in done:
+            # Another replica may be elected from now on: stop every handler effect
+            # at once (the finally cancels kopf and the mirror), no graceful stop.
+            raise LeadershipLostError(f"leadership lost: {lost.result()}")
+        if stopped in done or kopf_task in done:
+            # SIGTERM (ours or kopf's): kopf may finish what it is doing for a moment,
+            # then it is cancelled and we resign, so that the standby takes over at once.
+            # (kopf's own graceful stop can wait seconds for workers sleeping on its
+            # consistency timeout; every handler is idempotent, and the next leader's
+            # kopf re-lists and re-runs whatever did not finish.)
+            stop_flag.set()
+            await asyncio.wait({kopf_task, lost}, timeout=STOP_GRACE,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if kopf_task.done() and not kopf_task.cancelled():
+                kopf_task.result()
+        else:
+            log.error("the etcd mirror stopped; stopping the operator")
+            stop_flag.set()
+            await asyncio.wait({kopf_task, lost}, timeout=30,
+                               return_when=asyncio.FIRST_COMPLETED)
+            mirror_task.result()  # re-raise its error
+    finally:
+        replica.mirror_task = replica.kopf_ready = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await mirror.close()
+        _on_signals(stop)

@@ -5,7 +5,8 @@ bound with the number of jobs); per-job detail is in each resource's status.
 
 Endpoints (one small aiohttp server): ``/metrics``, ``/healthz`` (the
 process's loops are alive: the etcd watch task has not died) and ``/readyz``
-(kopf has started and etcd answers a read).
+(etcd answers a read; on the active replica also: kopf has started). A standby
+replica is ready: readiness means "serving", not "leading".
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ class OperatorMetrics:
             "Jobs the mirror skipped or retried after an unexpected error, by stage: "
             "invalid_name (an etcd key whose job name no JobLease can have), observe, write.",
             ["stage"], registry=r)
+        self.leader = Gauge(
+            "joblease_operator_leader",
+            "1 while this replica is the active one (runs kopf's handlers and the mirror), "
+            "0 while it stands by (serves probes, metrics and the webhook only).", registry=r)
         self.jobs = Gauge(
             "joblease_operator_jobs", "Jobs known from etcd, by phase.", ["phase"], registry=r)
         for phase in Phase:

@@ -1,0 +1,192 @@
+"""Two operator replicas on the real single-node cluster: deleting the active pod
+under a steady claim/complete load hands over to the standby.
+
+Real pods of the chart (``replicaCount: 2``, its own etcd with TLS), a load pod
+of the project image that claims and completes every JobLease the test creates
+(through the etcd client Secret the operator uses), JobLeases created by the
+test every half second before, during and after the switch, and a
+``kubectl get --watch`` recording every status the API server served. Asserted:
+
+- both replicas are Ready while only one leads (readiness is "serving");
+- after ``kubectl delete pod <leader>`` the standby leads within the election
+  TTL + 2 s (from the delete call to the leader line in its log; same clock:
+  one machine);
+- every JobLease created around the switch was registered (the load could
+  claim and complete it, which needs the registration) and its last served
+  status is that completion; no served status moved backwards;
+- the Deployment's replacement pod stands by.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.support.binaries import kubectl_binary
+from tests.support.cluster import Cluster, image_ref
+from tests.support.release import Release
+from tests.support.statuses import StatusWatch, backwards
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+
+TTL = 10  # the chart's default operator.leaderElection.leaseDurationSeconds
+JOBS = 30
+LEADER_LINE = re.compile(
+    r"^(\S+ \S+) INFO joblease\.operator\.election: election \S+: (\S+) is the leader", re.M)
+
+LOAD = """
+import asyncio, sys
+from joblease import EtcdConfig, JobLeaseClient, JobRef
+from joblease.errors import JobLeaseError, NotRegisteredError
+
+async def main(ns, n):
+    done = set()
+    async with JobLeaseClient(EtcdConfig.from_env()) as client:
+        print("load up", flush=True)
+        while len(done) < n:
+            for name in [f"j{i:03d}" for i in range(n)]:
+                if name in done:
+                    continue
+                try:
+                    lease = await client.claim(JobRef(ns, name), "load")
+                    await lease.complete({"by": "load"})
+                except NotRegisteredError:
+                    continue  # not registered by the operator (yet)
+                except JobLeaseError as exc:
+                    print("retry", name, exc, flush=True)
+                    continue
+                done.add(name)
+                print("completed", name, lease.token, flush=True)
+            await asyncio.sleep(0.2)
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def operator_pods(release: Release) -> list[dict[str, Any]]:
+    pods = json.loads(release.kubectl(
+        "get", "pods", "-o", "json", "-l",
+        f"app.kubernetes.io/name=joblease-operator,app.kubernetes.io/instance={release.name}"))
+    return [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in pod.get("status", {}).get("conditions", []))
+
+
+def leader_line(release: Release, pod: str) -> tuple[float, str] | None:
+    """(wall time, identity) of the pod's "is the leader" log line, if it has one."""
+    r = release.cluster.kubectl("logs", pod, "-n", release.namespace, timeout=30)
+    found = LEADER_LINE.search(r.stdout) if r.returncode == 0 else None
+    if found is None:
+        return None
+    at = dt.datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f")
+    return at.replace(tzinfo=dt.UTC).timestamp(), found.group(2)
+
+
+def load_pod(release: Release) -> str:
+    """The load pod: the operator's etcd env and client certificate, the project image."""
+    deployment = release.get("deployment", release.fullname)
+    spec = deployment["spec"]["template"]["spec"]
+    (operator,) = spec["containers"]
+    env = [e for e in operator["env"] if e["name"].startswith("JOBLEASE_ETCD")
+           or e["name"] == "JOBLEASE_ROOT"]
+    volumes = [v for v in spec["volumes"] if v["name"] == "etcd-tls"]
+    mounts = [m for m in operator["volumeMounts"] if m["name"] == "etcd-tls"]
+    release.cluster.apply(json.dumps({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "load", "namespace": release.namespace},
+        "spec": {"restartPolicy": "Never", "securityContext": spec["securityContext"],
+                 "volumes": volumes, "containers": [{
+                     "name": "load", "image": image_ref("ghcr.io/joblease/joblease"),
+                     "imagePullPolicy": "Never",
+                     "command": ["python", "-c", LOAD, release.namespace, str(JOBS)],
+                     "env": env, "volumeMounts": mounts,
+                     "securityContext": operator["securityContext"]}]}}))
+    wait_until(lambda: "load up" in release.cluster.kubectl(
+        "logs", "load", "-n", release.namespace).stdout, timeout=300, interval=1,
+        what="the load pod connected to etcd")
+    return "load"
+
+
+def completed(release: Release) -> dict[str, int]:
+    out = release.cluster.kubectl("logs", "load", "-n", release.namespace, timeout=30).stdout
+    return {m.group(1): int(m.group(2))
+            for m in re.finditer(r"^completed (\S+) (\d+)$", out, re.M)}
+
+
+def test_deleting_the_active_operator_pod_hands_over_to_the_standby(
+        cluster: Cluster, release: Release) -> None:
+    release.install("--set", "replicaCount=2")
+    pods = operator_pods(release)
+    assert len(pods) == 2 and all(ready(p) for p in pods), "both replicas Ready"
+    names = [p["metadata"]["name"] for p in pods]
+    leaders = wait_until(lambda: [n for n in names if leader_line(release, n)] or None,
+                         timeout=120, interval=1, what="an operator pod leading")
+    assert len(leaders) == 1, leaders
+    (old,) = leaders
+    (standby,) = [n for n in names if n != old]
+
+    load_pod(release)
+    watch = StatusWatch(kubectl_binary(), cluster.kubeconfig, release.namespace).start()
+    created: list[str] = []
+    deleted_at: list[float] = []
+    stop = threading.Event()
+
+    def create() -> None:
+        for i in range(JOBS):
+            release.apply_joblease(f"j{i:03d}")
+            created.append(f"j{i:03d}")
+            if i == JOBS // 3:  # a third before the switch, the rest during and after
+                wait_until(lambda: len(completed(release)) >= 3, timeout=180, interval=1,
+                           what="the first completions")
+                deleted_at.append(time.time())
+                release.kubectl("delete", "pod", old, "--wait=false")
+            if stop.wait(0.5):
+                return
+
+    creator = threading.Thread(target=create, daemon=True)
+    creator.start()
+    try:
+        found = wait_until(lambda: leader_line(release, standby), timeout=180, interval=0.5,
+                           what=f"the standby {standby} leading")
+        takeover = found[0] - deleted_at[0]
+        assert takeover <= TTL + 2, f"the standby led {takeover:.2f}s after the delete"
+        creator.join(300)
+        assert not creator.is_alive() and len(created) == JOBS
+
+        # Every JobLease, created before, during or after the switch, was registered and
+        # completed, and the statuses caught up with no step backwards.
+        def all_completed() -> dict[str, int] | None:
+            now = completed(release)
+            return now if len(now) == JOBS else None
+        done = wait_until(all_completed, timeout=300, interval=2,
+                          what=f"all {JOBS} JobLeases completed")
+
+        def settled() -> bool:
+            return all(watch.last(n).get("phase") == "Completed"
+                       and watch.last(n).get("fencingToken") == t for n, t in done.items())
+        wait_until(settled, timeout=180, interval=1, what="every status Completed")
+        assert not backwards(watch.snapshot()), backwards(watch.snapshot())
+
+        # The Deployment replaced the deleted pod; the replacement stands by.
+        def replaced() -> list[dict[str, Any]] | None:
+            now = operator_pods(release)
+            return now if len(now) == 2 and all(ready(p) for p in now) else None
+        now = wait_until(replaced, timeout=300, interval=2, what="the replacement Ready")
+        newcomer = next(p["metadata"]["name"] for p in now
+                        if p["metadata"]["name"] not in names)
+        assert leader_line(release, newcomer) is None
+        print(f"takeover {takeover:.2f}s after the delete (TTL {TTL}s); "
+              f"{watch.events} statuses served")
+    finally:
+        stop.set()
+        watch.stop()
