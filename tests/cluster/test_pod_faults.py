@@ -10,16 +10,15 @@ claimer's wall clock; every pod runs on this machine's kernel clock) minus
 the moment the test caused the loss.
 
 - ``kubectl delete pod``: the kubelet stops the worker, then SIGTERMs the
-  native sidecar, which releases; the next claim comes after the waiter's
-  next retry (claim backoff, at most 5 s by default), long before the 60 s TTL.
+  native sidecar, which releases; the waiting sidecar watches the holder key and
+  claims at the release, long before the 60 s TTL.
 - SIGKILL of every process of the holder's two containers from the node
   (found by cgroup; the sidecar's first, so it never sees its worker die):
-  nothing releases, etcd expires the lease after the TTL (3 s here). Both
-  sidecars (either may end up waiting) set
-  ``JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX=0.5``, so the waiter retries often
-  enough to claim within TTL + 1 s; with the default cap (5 s) a retry can land
-  up to 5 s after the expiry (docs/benchmarks.md). Marker ``node``: skipped
-  against a ``JOBLEASE_TEST_KUBECONFIG`` cluster.
+  nothing releases, etcd expires the lease after the TTL (3 s here), and the
+  waiter, woken by the deletion of the holder key, claims within TTL + 1 s with
+  the sidecar's default settings (before the waiter watched the key, a retry
+  could land up to a backoff, 5 s, after the expiry: docs/benchmarks.md).
+  Marker ``node``: skipped against a ``JOBLEASE_TEST_KUBECONFIG`` cluster.
 """
 
 from __future__ import annotations
@@ -63,8 +62,8 @@ def test_deleted_holder_pod_releases_and_the_next_pod_claims_within_seconds(
     _register(cluster, ns, name, ttl)
     t = takeover(cluster, ns, name, "delete", "del")
     _assert_next_generation(cluster, ns, name, t)
-    # released on SIGTERM, not expired: far less than the TTL (the waiter's retry
-    # backoff is at most 5 s; the rest is the kubelet stopping the worker first)
+    # released on SIGTERM, not expired: far less than the TTL (the waiter wakes at
+    # the release; the rest is the kubelet stopping the worker first)
     print(f"\nnext claim {t.seconds:.2f}s after the delete (TTL {ttl}s)")
     assert t.seconds < 15, f"next claim {t.seconds:.1f}s after the delete (TTL {ttl}s)"
     # the new holder finishes: the job completes under its token
@@ -79,8 +78,7 @@ def test_killed_holder_pod_loses_the_job_to_the_next_pod_within_the_ttl(
         cluster: Cluster, worker_namespace: str) -> None:
     ns, name, ttl = worker_namespace, "killed-holder", 3
     _register(cluster, ns, name, ttl)
-    t = takeover(cluster, ns, name, "kill", "kill",
-                 waiter_env={"JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX": "0.5"})
+    t = takeover(cluster, ns, name, "kill", "kill")  # the sidecar's default settings
     _assert_next_generation(cluster, ns, name, t)
     # nothing released: etcd expired the lease (at most TTL after the last keep-alive,
     # which was before the kill; at least 2/3 TTL after it, keep-alives go every TTL/3)
