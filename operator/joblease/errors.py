@@ -33,6 +33,13 @@ class InvalidInputError(JobLeaseError, ValueError):
     http_status = 400
 
 
+class PayloadTooLargeError(InvalidInputError):
+    """A result or checkpoint over the size limit: bad input like any other
+    (same reason and exit code), which HTTP answers with 413."""
+
+    http_status = 413
+
+
 class NotRegisteredError(JobLeaseError, LookupError):
     """The job has no registration record in etcd."""
 

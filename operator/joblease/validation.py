@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from joblease.errors import InvalidInputError
+from joblease.errors import InvalidInputError, PayloadTooLargeError
 from joblease.keys import JobRef
 
 #: etcd raises any TTL under its minimum (2 s by default) and counts whole seconds.
@@ -111,7 +111,7 @@ def json_payload(value: Any, what: str, limit: int) -> bytes:
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInputError(f"invalid {what}: not JSON-serializable ({exc})") from None
     if len(data) > limit:
-        raise InvalidInputError(
+        raise PayloadTooLargeError(
             f"{what} too large: {len(data)} bytes of JSON, the limit is {limit} bytes"
         )
     return data

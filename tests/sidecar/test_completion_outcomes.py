@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from joblease import JobLeaseClient, JobSpec
-from joblease.sidecar.runner import Phase
+from joblease.sidecar.state import Phase
 from tests.sidecar.conftest import WORKER_PY, Env, Proc
 from tests.support.sidecar import FileEvents, sidecar_in_process
 from tests.waiting import poll

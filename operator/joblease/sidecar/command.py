@@ -21,7 +21,7 @@ from joblease.sidecar.config import (
     read_secret,
 )
 from joblease.sidecar.logs import configure_logging
-from joblease.sidecar.runner import run_sidecar
+from joblease.sidecar.serve import run_sidecar
 
 _PATH = click.Path(dir_okay=False, path_type=Path)
 

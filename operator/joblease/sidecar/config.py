@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import logging
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +33,11 @@ ON_FINAL_ACTIONS = ("serve", "exit")
 DEFAULT_PORT = 8470
 DEFAULT_PROBE_PORT = 8471
 DEFAULT_TOKEN_FILE = "/run/joblease/token"
+#: Requests per second the lease API (``/v1/*``) answers before 429.
+DEFAULT_RATE_LIMIT = 50.0
+RATE_LIMIT_ENV = "JOBLEASE_SIDECAR_RATE_LIMIT"
+
+log = logging.getLogger("joblease.sidecar")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -53,6 +60,29 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise InvalidInputError(f"{name}: expected a number, got {raw!r}") from None
+
+
+def parse_rate_limit(raw: str) -> float | None:
+    """``JOBLEASE_SIDECAR_RATE_LIMIT`` as requests/s; ``None`` when disabled
+    (``0``, ``off``, ``none``, ``false``).
+
+    An unusable value is logged and the default is used (a typo must not
+    turn the limit off, nor stop the sidecar after it has claimed).
+    """
+    raw = raw.strip().lower()
+    if raw == "":
+        return DEFAULT_RATE_LIMIT
+    if raw in ("0", "off", "none", "false"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        log.error("invalid rate limit; using the default", extra={
+            "variable": RATE_LIMIT_ENV, "value": raw, "default": DEFAULT_RATE_LIMIT})
+        return DEFAULT_RATE_LIMIT
+    return value
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -110,6 +140,8 @@ class SidecarConfig:
     release_on_term: bool = True
     api_token: str | None = field(default=None, repr=False)
     max_result_bytes: int = validation.MAX_RESULT_BYTES
+    #: requests/s the lease API answers (bursts of one second's worth); ``None``: unlimited
+    rate_limit: float | None = DEFAULT_RATE_LIMIT
     backoff: Backoff = field(default_factory=Backoff)
     registration_wait: float = 30.0
     loss_exit_code: int = 8  # LeaseLostError.exit_code
@@ -132,6 +164,10 @@ class SidecarConfig:
             raise InvalidInputError("max result bytes must be positive")
         if self.registration_wait < 0:
             raise InvalidInputError("registration wait must be >= 0")
+        if self.rate_limit is not None and (not self.rate_limit > 0
+                                            or math.isinf(self.rate_limit)):
+            raise InvalidInputError(
+                f"rate limit must be a positive finite number or None, got {self.rate_limit!r}")
 
     @property
     def token_json_file(self) -> Path | None:
@@ -208,6 +244,7 @@ class SidecarConfig:
                 maximum=_float(env, "JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX", Backoff.maximum),
             ),
             "registration_wait": _float(env, "JOBLEASE_SIDECAR_REGISTRATION_WAIT", 30.0),
+            "rate_limit": parse_rate_limit(env.get(RATE_LIMIT_ENV, "")),
             "log_level": env.get("JOBLEASE_LOG_LEVEL", "INFO").upper(),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
