@@ -169,7 +169,8 @@ class OutcomeUnknownError(StoreUnavailableError):
     """A write was sent but its outcome is unknown (timeout or dropped connection).
 
     Raised by the store layer; the protocol resolves it by reading back
-    (DESIGN.md invariant 7) and surfaces it only when read-back failed too.
+    (invariant ``read-back``, docs/protocol.md#read-back) and surfaces it only
+    when read-back failed too.
     """
 
     reason = "unknown"

@@ -334,7 +334,7 @@ class Lease:
                 )
             except OutcomeUnknownError:
                 log.info("completion of %s has an unknown outcome; reading back", self.job)
-                # Invariant 7: read back. If our result is there, it committed; if
+                # Invariant read-back (docs/protocol.md). If our result is there, it committed; if
                 # the holder is still ours, it did not and the same conditional
                 # transaction is safe to send again (it can commit at most once).
                 outcome = await self._read_back("completion")
@@ -436,7 +436,7 @@ class Lease:
 
     @staticmethod
     async def check_all(holders: list[object]) -> None:
-        """Re-check many holders with few requests (invariant 3 at scale).
+        """Re-check many holders with few requests (invariant ``renew-checks-holder`` at scale).
 
         One transaction per chunk of 64 handles (two compares each, within
         etcd's default ``--max-txn-ops`` of 128) proves every holder key in
