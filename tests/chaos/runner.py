@@ -173,7 +173,8 @@ class Served:
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off",
-            backlog=512))
+            # longer than any client keeps a pooled connection (see tests/fencing/conftest.py)
+            backlog=512, timeout_keep_alive=300))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def start(self) -> Served:

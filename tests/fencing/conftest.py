@@ -129,8 +129,11 @@ class Served:
     def __init__(self, app: Any) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # timeout_keep_alive: uvicorn closes an idle connection after 5 s, httpx keeps
+        # one pooled for 5 s: a request sent on it as the server closes it fails with
+        # "Server disconnected without sending a response" (a flake under load).
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="off", backlog=512)
+                                lifespan="off", backlog=512, timeout_keep_alive=300)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -33,9 +33,11 @@ import random
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from joblease.errors import OutcomeUnknownError, StoreUnavailableError
 from joblease.fencing.gate import (
+    MAX_TOKEN,
     Decision,
     Effect,
     IdempotencyKeyConflictError,
@@ -43,9 +45,55 @@ from joblease.fencing.gate import (
     check_key,
     check_resource,
 )
+from joblease.records import decoding
 from joblease.store import Compare, Get, KeyValue, Put, Store
 
 DEFAULT_FENCE_ROOT = "/joblease-fence/v1"
+
+
+@dataclass(frozen=True)
+class FenceRecord:
+    """The first outcome of an idempotency key, as stored under ``<root>/key/``."""
+
+    resource: str
+    token: int
+    response: str
+    nonce: str
+
+    def encode(self) -> bytes:
+        return json.dumps({"resource": self.resource, "token": self.token,
+                           "response": self.response, "nonce": self.nonce},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> FenceRecord:
+        """Anything else under the gate's root (another writer, a bad restore) is a
+        :class:`~joblease.errors.CorruptRecordError`, never a stray ``KeyError``."""
+        with decoding("fence"):
+            obj = json.loads(data)
+            if not isinstance(obj, dict):
+                raise TypeError(f"expected a JSON object, got {type(obj).__name__}")
+            resource, token = obj["resource"], obj["token"]
+            response, nonce = obj.get("response", ""), obj.get("nonce", "")
+            if not isinstance(resource, str) or not all(
+                    isinstance(v, str) for v in (response, nonce)):
+                raise TypeError("'resource', 'response' and 'nonce' must be strings")
+            return cls(resource, _token(token), response, nonce)
+
+
+def decode_mark(data: bytes) -> int:
+    """A resource's high-water mark: a decimal token (written by :meth:`EtcdGate.admit`)."""
+    with decoding("fence mark"):
+        text = data.decode("ascii")
+        if not text.isdigit():
+            raise ValueError(f"not a decimal token: {text[:40]!r}")
+        return _token(int(text))
+
+
+def _token(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_TOKEN:
+        raise ValueError(f"not a token: {value!r}")
+    return value
 
 
 class EtcdGate:
@@ -80,9 +128,7 @@ class EtcdGate:
         record_key = (self.record_key(effect.idempotency_key)
                       if effect.idempotency_key is not None else None)
         nonce = uuid.uuid4().hex
-        record = json.dumps({"resource": effect.resource, "token": effect.token,
-                             "response": effect.response, "nonce": nonce},
-                            separators=(",", ":")).encode()
+        record = FenceRecord(effect.resource, effect.token, effect.response, nonce).encode()
         deadline = time.monotonic() + self.timeout
         delay = 0.002
         reads: list[Get] = [Get(mark_key)] + ([Get(record_key)] if record_key else [])
@@ -92,7 +138,7 @@ class EtcdGate:
             record_kv = r.kv(1) if record_key else None
             if record_kv is not None:
                 return self._replay(effect, record_kv, mark_kv, nonce)
-            mark = int(mark_kv.value) if mark_kv is not None else 0
+            mark = decode_mark(mark_kv.value) if mark_kv is not None else 0
             if effect.token < mark:
                 raise StaleFenceError(effect.resource, effect.token, mark)
             compares = [Compare(mark_key, "mod", "==", mark_kv.mod_revision if mark_kv else 0)]
@@ -134,29 +180,27 @@ class EtcdGate:
                 await asyncio.sleep(pause)
                 pause = min(1.0, pause * 2)
                 continue
-            return bool(kvs) and json.loads(kvs[0].value).get("nonce") == nonce
+            return bool(kvs) and FenceRecord.decode(kvs[0].value).nonce == nonce
 
     def _replay(self, effect: Effect, record_kv: KeyValue, mark_kv: KeyValue | None,
                 nonce: str) -> Decision:
-        first = json.loads(record_kv.value)
-        resource, token = str(first["resource"]), int(first["token"])
+        first = FenceRecord.decode(record_kv.value)
         assert effect.idempotency_key is not None
-        if (resource, token) != (effect.resource, effect.token):
+        if (first.resource, first.token) != (effect.resource, effect.token):
             raise IdempotencyKeyConflictError(effect.idempotency_key, effect.resource,
-                                              effect.token, resource, token)
-        mark = int(mark_kv.value) if mark_kv is not None else 0
-        return Decision(resource, token, mark, effect.idempotency_key,
-                        first.get("nonce") != nonce, str(first.get("response", "")))
+                                              effect.token, first.resource, first.token)
+        mark = decode_mark(mark_kv.value) if mark_kv is not None else 0
+        return Decision(first.resource, first.token, mark, effect.idempotency_key,
+                        first.nonce != nonce, first.response)
 
     async def recall(self, idempotency_key: str) -> Decision | None:
         _, kvs = await self.store.get(self.record_key(idempotency_key))
         if not kvs:
             return None
-        first = json.loads(kvs[0].value)
-        resource = str(first["resource"])
-        return Decision(resource, int(first["token"]), await self.highest(resource),
-                        idempotency_key, True, str(first.get("response", "")))
+        first = FenceRecord.decode(kvs[0].value)
+        return Decision(first.resource, first.token, await self.highest(first.resource),
+                        idempotency_key, True, first.response)
 
     async def highest(self, resource: str) -> int:
         _, kvs = await self.store.get(self.mark_key(resource))
-        return int(kvs[0].value) if kvs else 0
+        return decode_mark(kvs[0].value) if kvs else 0
