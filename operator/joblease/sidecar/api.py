@@ -31,7 +31,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from joblease.sidecar.state import Outcome, Phase
+from joblease.errors import JobLeaseError
+from joblease.records import CheckpointRecord, ResultRecord
+from joblease.sidecar.state import (
+    Answer,
+    NothingToRelease,
+    Phase,
+    Released,
+    Stale,
+    Unsettled,
+)
 
 if TYPE_CHECKING:
     from joblease.sidecar.runner import SidecarRunner
@@ -79,6 +88,44 @@ class RateLimiter:
             self._tokens -= 1.0
             return 0.0
         return (1.0 - self._tokens) / self.rate
+
+
+class Outcome:
+    """An HTTP answer: a status and a JSON body."""
+
+    __slots__ = ("body", "status")
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        self.status, self.body = status, body
+
+
+def render(answer: Answer) -> Outcome:
+    """An operation's answer as HTTP (docs/sidecar.md): records 200; stale 409;
+    unsettled 503 ``unknown``; a domain error with its own status and body
+    (``http_status``, ``to_dict()``: 413 for a result too large, 503 for etcd
+    unavailable, ...)."""
+    if isinstance(answer, ResultRecord | CheckpointRecord):
+        return Outcome(200, answer.to_dict())
+    if isinstance(answer, Released):
+        return Outcome(200, {"state": "released", "token": answer.token})
+    if isinstance(answer, Stale):
+        return Outcome(409, {"error": "stale", "message": answer.message, "token": answer.token,
+                             "currentToken": answer.current_token,
+                             "state": answer.state.value})
+    if isinstance(answer, Unsettled):
+        return Outcome(503, {
+            "error": "unknown", "state": answer.state.value,
+            "message": f"the lease ended while the completion under token {answer.token} "
+                       "was in flight and etcd cannot say yet whether it committed; "
+                       "retry the same request"})
+    if isinstance(answer, NothingToRelease):
+        # Not "stale" (which would name this very token as the current one).
+        return Outcome(409, {"error": "completed", "token": answer.token,
+                             "state": answer.state.value, "result": answer.result.to_dict(),
+                             "message": f"the job was completed under token {answer.token}; "
+                                        "there is nothing to release"})
+    assert isinstance(answer, JobLeaseError), answer
+    return Outcome(answer.http_status, answer.to_dict())
 
 
 def lease_view(runner: SidecarRunner) -> Outcome:
@@ -246,7 +293,7 @@ def build_app(runner: SidecarRunner) -> Starlette:
         obj = _parse(await _read_body(request, body_limit))
         token = _token(obj)
         result = _result(obj, cfg.max_result_bytes)
-        return _reply(await runner.complete(token, result))
+        return _reply(render(await runner.complete(token, result)))
 
     async def checkpoint(request: Request) -> Response:
         obj = _parse(await _read_body(request, body_limit))
@@ -254,11 +301,11 @@ def build_app(runner: SidecarRunner) -> Starlette:
         if "data" not in obj:
             raise BadRequest(400, "invalid", "missing \"data\": the checkpoint as JSON")
         data = _result(obj, cfg.max_result_bytes, key="data", what="checkpoint")
-        return _reply(await runner.checkpoint(token, data))
+        return _reply(render(await runner.checkpoint(token, data)))
 
     async def release(request: Request) -> Response:
         obj = _parse(await _read_body(request, _ENVELOPE_BYTES))
-        return _reply(await runner.release(_token(obj)))
+        return _reply(render(await runner.release(_token(obj))))
 
     routes = [
         Route("/v1/lease", _guard(runner, ("GET", "HEAD"), lease, auth=True, limiter=limiter),

@@ -59,7 +59,7 @@ from joblease.lease import Lease, LeaseState
 from joblease.records import JobState, ResultRecord
 from joblease.sidecar.config import SidecarConfig
 from joblease.sidecar.metrics import SidecarMetrics
-from joblease.sidecar.state import Outcome, Phase
+from joblease.sidecar.state import Answer, NothingToRelease, Phase, Released, Stale, Unsettled
 
 log = logging.getLogger("joblease.sidecar")
 
@@ -311,7 +311,7 @@ class SidecarRunner:
             self._exit_code = self.config.loss_exit_code
             self._stop.set()
 
-    def _completed(self, lease: Lease, record: ResultRecord) -> Outcome:
+    def _completed(self, lease: Lease, record: ResultRecord) -> ResultRecord:
         """The job is completed under our token (``record`` carries our claim id)."""
         first = self.phase is not Phase.COMPLETED
         self.result = record
@@ -322,7 +322,7 @@ class SidecarRunner:
             self.metrics.completions.inc()
             log.info("job completed", extra={"job": str(lease.job), "token": lease.token,
                                              "generation": lease.generation})
-        return Outcome(200, record.to_dict())
+        return record
 
     def request_stop(self, signame: str = "SIGTERM") -> None:
         if not self._stop.is_set():
@@ -371,10 +371,10 @@ class SidecarRunner:
         self._on_loss(f"{self._end_reason or 'lease ended'}; the job has no result of ours")
         return state
 
-    async def _settled_answer(self, token: int, state: JobState) -> Outcome:
+    async def _settled_answer(self, token: int, state: JobState) -> Answer:
         """The API's answer once :meth:`_settle` decided."""
         if self.phase is Phase.COMPLETED and self.result is not None:
-            return Outcome(200, self.result.to_dict())
+            return self.result
         return await self._stale(token, f"token {token} is not current; the lease is lost: "
                                         f"{self.lost_reason}", state.token, known=True)
 
@@ -391,8 +391,8 @@ class SidecarRunner:
     # -- operations the API calls ------------------------------------------------------------
 
     async def _stale(self, token: int, message: str, current: int | None = None,
-                     *, known: bool = False) -> Outcome:
-        """409 stale. ``current`` is the current token when ``known``; otherwise
+                     *, known: bool = False) -> Stale:
+        """Stale. ``current`` is the current token when ``known``; otherwise
         it is read from etcd (the sidecar no longer holds a token of its own)."""
         self.metrics.stale_rejections.inc()
         if not known:
@@ -400,10 +400,9 @@ class SidecarRunner:
             current = state.token if state is not None else None
         log.warning("refused a stale token",
                     extra={"token": token, "currentToken": current, "why": message})
-        return Outcome(409, {"error": "stale", "message": message, "token": token,
-                             "currentToken": current, "state": self.phase.value})
+        return Stale(token, message, current, self.phase)
 
-    async def _not_current(self, token: int, why: str) -> Outcome:
+    async def _not_current(self, token: int, why: str) -> Answer:
         """The answer for ``token`` when the lease is not held. If ``token`` is
         our own and the job's result carries our claim id, the job was completed
         by us (e.g. the retry of a completion that was answered 503): say so."""
@@ -416,23 +415,19 @@ class SidecarRunner:
         return await self._stale(token, f"token {token} is not current; {why}",
                                  state.token if state is not None else None, known=True)
 
-    async def complete(self, token: int, result: Any) -> Outcome:
+    async def complete(self, token: int, result: Any) -> Answer:
         """Complete under ``token`` if and only if it is this sidecar's live token."""
         async with self._op_lock:
             phase = self.current()
             lease = self.lease
             if (phase is Phase.COMPLETED and lease is not None and lease.token == token
                     and self.result is not None):
-                return Outcome(200, self.result.to_dict())  # a retried completion
+                return self.result  # a retried completion
             if phase is Phase.COMPLETING and lease is not None and lease.token == token:
                 settled = await self._settle()
                 if settled is not None:
                     return await self._settled_answer(token, settled)
-                return Outcome(503, {
-                    "error": "unknown", "state": phase.value,
-                    "message": f"the lease ended while the completion under token {token} "
-                               "was in flight and etcd cannot say yet whether it committed; "
-                               "retry the same request"})
+                return Unsettled(token, phase)
             if phase is not Phase.HELD or lease is None:
                 why = (f"the lease is {phase.value}"
                        + (f": {self.lost_reason}" if self.lost_reason else ""))
@@ -456,7 +451,7 @@ class SidecarRunner:
                 return await self._stale(token, str(exc))
             except InvalidInputError as exc:  # refused before anything was sent
                 self._completion_sent = False
-                return Outcome.of_error(exc)
+                return exc
             except JobLeaseError as exc:
                 # Unavailable, outcome unknown, permission denied...: the completion
                 # may have committed. While the lease is held the same request may be
@@ -466,10 +461,10 @@ class SidecarRunner:
                     settled = await self._settle()
                     if settled is not None:
                         return await self._settled_answer(token, settled)
-                return Outcome.of_error(exc)
+                return exc
             return self._completed(lease, record)
 
-    async def checkpoint(self, token: int, data: Any) -> Outcome:
+    async def checkpoint(self, token: int, data: Any) -> Answer:
         """Store ``data`` as the job's checkpoint under ``token`` if and only if
         it is this sidecar's live token (``Lease.checkpoint``: fenced in etcd)."""
         async with self._op_lock:
@@ -489,25 +484,22 @@ class SidecarRunner:
                 self._on_loss(f"etcd refused the checkpoint: {exc}")
                 return await self._stale(token, str(exc), exc.current_token, known=True)
             except InvalidInputError as exc:  # refused before anything was sent
-                return Outcome.of_error(exc)
+                return exc
             except JobLeaseError as exc:
-                return Outcome.of_error(exc)
-            return Outcome(200, record.to_dict())
+                return exc
+            return record
 
-    async def release(self, token: int) -> Outcome:
+    async def release(self, token: int) -> Answer:
         """Give the job back under ``token`` (same condition as completion)."""
         async with self._op_lock:
             phase = self.current()
             lease = self.lease
             if phase is Phase.RELEASED and lease is not None and lease.token == token:
-                return Outcome(200, {"state": "released", "token": token})
+                return Released(token)
             if (phase is Phase.COMPLETED and lease is not None and lease.token == token
                     and self.result is not None):
                 # Not "stale" (which would name this very token as the current one).
-                return Outcome(409, {"error": "completed", "token": token,
-                                     "state": phase.value, "result": self.result.to_dict(),
-                                     "message": f"the job was completed under token {token}; "
-                                                "there is nothing to release"})
+                return NothingToRelease(token, phase, self.result)
             if phase is not Phase.HELD or lease is None:
                 return await self._stale(token, f"token {token} is not current; "
                                                 f"the lease is {phase.value}")
@@ -529,14 +521,14 @@ class SidecarRunner:
                 # Unavailable or outcome unknown: while the lease is held the same
                 # request may be retried; once it has ended, the job is given back.
                 if self.current() is Phase.RELEASED:
-                    return Outcome(200, {"state": "released", "token": token})
-                return Outcome.of_error(exc)
+                    return Released(token)
+                return exc
             finally:
                 self._release_sent = False
             self._set_phase(Phase.RELEASED)
             self._drop_token_files()
             log.info("lease released by the worker", extra={"token": token})
-            return Outcome(200, {"state": "released", "token": token})
+            return Released(token)
 
     # -- lifecycle -------------------------------------------------------------------------
 

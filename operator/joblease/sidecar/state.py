@@ -1,16 +1,18 @@
 """The sidecar's state vocabulary, shared by the runner and the HTTP layer.
 
 Its own module so that neither imports the other for it: the runner decides
-(a :class:`Phase`, an :class:`Outcome`), the API renders, and
+(a :class:`Phase`; an :data:`Answer` to each operation, in the protocol's
+terms), the API renders it as HTTP (:func:`joblease.sidecar.api.render`), and
 :mod:`joblease.sidecar.serve` wires the two together.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any
+from dataclasses import dataclass
 
 from joblease.errors import JobLeaseError
+from joblease.records import CheckpointRecord, ResultRecord
 
 
 class Phase(enum.StrEnum):
@@ -29,16 +31,44 @@ class Phase(enum.StrEnum):
     STOPPING = "stopping"
 
 
-class Outcome:
-    """What an API operation yields: an HTTP status and a JSON body."""
+@dataclass(frozen=True)
+class Stale:
+    """``token`` is not (or no longer) the job's current token; ``current_token``
+    is, when known. Nothing was written under ``token``."""
 
-    __slots__ = ("body", "status")
+    token: int
+    message: str
+    current_token: int | None
+    state: Phase
 
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        self.status, self.body = status, body
 
-    @classmethod
-    def of_error(cls, exc: JobLeaseError) -> Outcome:
-        """A domain error as the API answers it: the error's own status and body
-        (docs/sidecar.md: ``stale`` 409, ``unavailable`` 503, too large 413...)."""
-        return cls(exc.http_status, exc.to_dict())
+@dataclass(frozen=True)
+class Unsettled:
+    """The lease ended while the completion under ``token`` was in flight, and
+    etcd cannot say yet whether it committed: the same request may be retried."""
+
+    token: int
+    state: Phase
+
+
+@dataclass(frozen=True)
+class Released:
+    """The job was given back under ``token``."""
+
+    token: int
+
+
+@dataclass(frozen=True)
+class NothingToRelease:
+    """A release under ``token`` after the job was completed under it."""
+
+    token: int
+    state: Phase
+    result: ResultRecord
+
+
+#: What an operation (complete, checkpoint, release) answers: the record it
+#: wrote (or found already written), one of the outcomes above, or the domain
+#: error that stopped it.
+Answer = (ResultRecord | CheckpointRecord | Stale | Unsettled | Released | NothingToRelease
+          | JobLeaseError)
