@@ -148,7 +148,9 @@ def test_worker_secret_copies_go_to_the_listed_namespaces() -> None:
 def test_user_supplied_certificate_secrets_are_used_and_none_generated() -> None:
     docs = render({"etcd.certificates.serverSecretName": "my-etcd-server",
                    "etcd.certificates.clientSecretName": "my-etcd-client"})
-    assert not [d for d in docs if d["kind"] == "Secret"]
+    # (the injection webhook's serving certificate is not an etcd one)
+    assert not [d for d in docs if d["kind"] == "Secret"
+                and not d["metadata"]["name"].endswith("-webhook-tls")]
     sts = one(docs, "StatefulSet")
     volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
     assert volumes["tls"]["secret"]["secretName"] == "my-etcd-server"
@@ -164,7 +166,8 @@ def test_own_etcd_renders_no_etcd_objects() -> None:
                     if d["metadata"].get("labels", {}).get("app.kubernetes.io/component")
                     == "etcd" or "etcd" in d["metadata"]["name"]]
     assert etcd_objects == []
-    kinds = {d["kind"] for d in docs}
+    # the one Secret left is the injection webhook's serving certificate
+    kinds = {d["kind"] for d in docs if not d["metadata"]["name"].endswith("-webhook-tls")}
     assert not kinds & {"StatefulSet", "PodDisruptionBudget", "Secret"}
     env = operator_env(docs)
     assert env["JOBLEASE_ETCD_ENDPOINTS"] == "https://etcd.example:2379"

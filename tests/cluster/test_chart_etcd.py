@@ -111,6 +111,7 @@ def test_upgrade_keeps_the_certificates_and_the_registrations(release: Release) 
     before = rel.wait_registered("kept")
     server = secret_data(rel, f"{rel.etcd}-server-tls")
     client = secret_data(rel, f"{rel.etcd}-client")
+    webhook = secret_data(rel, f"{rel.fullname}-webhook-tls")
     old_pod = rel.operator_pod()["metadata"]["uid"]
     etcd_pod = rel.get("pod", f"{rel.etcd}-0")["metadata"]["uid"]
 
@@ -124,6 +125,12 @@ def test_upgrade_keeps_the_certificates_and_the_registrations(release: Release) 
 
     assert secret_data(rel, f"{rel.etcd}-server-tls") == server
     assert secret_data(rel, f"{rel.etcd}-client") == client
+    # the injection webhook's serving certificate too, and its CA stays the caBundle
+    assert secret_data(rel, f"{rel.fullname}-webhook-tls") == webhook
+    configs = json.loads(rel.kubectl("get", "mutatingwebhookconfigurations", "-o", "json"))
+    (hook,) = [w for c in configs["items"] for w in c["webhooks"]
+               if w["clientConfig"].get("service", {}).get("namespace") == rel.namespace]
+    assert hook["clientConfig"]["caBundle"] == webhook["ca.crt"]
     # the member kept running (its emptyDir, i.e. the job state, is the same)
     assert rel.get("pod", f"{rel.etcd}-0")["metadata"]["uid"] == etcd_pod
     # the new operator talks to etcd with the kept certificates ...

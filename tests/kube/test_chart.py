@@ -158,6 +158,9 @@ def test_deployment_runs_restricted_with_the_operator_flags(control_plane: Contr
     assert env["JOBLEASE_ETCD_USERNAME"]["valueFrom"]["secretKeyRef"] == {
         "name": "etcd-credentials", "key": "username"}
     secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    # and the injection webhook's serving certificate (webhook.enabled by default)
+    webhook_tls = secrets.pop("webhook-tls")
+    assert webhook_tls == f"{deployment['metadata']['name']}-webhook-tls"
     assert secrets == {"etcd-tls": "etcd-client-tls", "etcd-auth": "etcd-credentials"}
     for doc in docs:  # recommended labels on every object
         labels = doc["metadata"]["labels"]

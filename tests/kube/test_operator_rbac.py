@@ -75,7 +75,9 @@ class ChartOperator(OperatorProcess):
         super().__init__(cp, etcd, namespace, log)
         args = list(container["args"])
         assert args[0] == "operator", args  # the image's ENTRYPOINT is `joblease`
-        self.argv = [self._local(a) for a in args[1:]]
+        # --webhook-*: the injection webhook needs its mounted certificate and settings,
+        # which a local process lacks; it is tested on the cluster (test_injection.py)
+        self.argv = [self._local(a) for a in args[1:] if not a.startswith("--webhook-")]
         values = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         inherited = {k: v for k, v in os.environ.items()
                      if not k.startswith(("JOBLEASE_", "KUBERNETES_"))}

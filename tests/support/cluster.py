@@ -640,6 +640,12 @@ class Cluster:
         # the advertise address on the namespace's lo: this kernel has no dummy
         # driver, and an address on lo is just as local (pods reach it via cni0)
         _run([*ns, "addr", "add", f"{ADVERTISE_ADDRESS}/32", "dev", "lo"])
+        # a route for the Service range, as a node's default route would give: without
+        # it a process of the namespace itself (the API server calling an admission
+        # webhook's Service) fails at the route lookup, before kube-proxy's OUTPUT DNAT
+        # rewrites the ClusterIP to a pod IP; from the advertise address, pods answer
+        # it through cni0 as they answer the API server
+        _run([*ns, "route", "add", SERVICE_CIDR, "dev", "lo", "src", ADVERTISE_ADDRESS])
         # per-namespace sysctls: forwarding between pods on cni0 (Service DNAT),
         # bridged traffic through iptables (kube-proxy's hairpin).
         _run(["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward && "

@@ -105,3 +105,41 @@ RBAC rules on JobLeases, shared by the ClusterRole (scope cluster) and each Role
   verbs: ["get", "update", "delete"]
 {{- end }}
 {{- end }}
+
+{{/* The injected sidecar's image: webhook.sidecar.image, or the operator's image. */}}
+{{- define "joblease-operator.sidecarImage" -}}
+{{- $img := .Values.webhook.sidecar.image }}
+{{- $repo := default .Values.image.repository $img.repository }}
+{{- $tag := default (default .Chart.AppVersion .Values.image.tag) $img.tag }}
+{{- if $img.digest }}
+{{- printf "%s@%s" $repo $img.digest }}
+{{- else }}
+{{- printf "%s:%s" $repo $tag }}
+{{- end }}
+{{- end }}
+
+{{/* The sidecar injection's settings (operator.injection.SidecarSettings), as JSON. */}}
+{{- define "joblease-operator.sidecarSettings" -}}
+{{- $s := .Values.webhook.sidecar }}
+{{- $endpoints := join "," .Values.etcd.endpoints }}
+{{- $secret := default .Values.etcd.tls.secretName $s.etcdClientSecret }}
+{{- $keys := pick .Values.etcd.tls "caKey" "certKey" "keyKey" }}
+{{- if .Values.etcd.enabled }}
+{{- $endpoints = include "joblease-operator.etcd.clientEndpoints" . }}
+{{- $secret = default .Values.etcd.workerSecret.name $s.etcdClientSecret }}
+{{- $keys = dict "caKey" "ca.crt" "certKey" "tls.crt" "keyKey" "tls.key" }}
+{{- end }}
+{{- $settings := dict
+      "image" (include "joblease-operator.sidecarImage" .)
+      "args" $s.args
+      "imagePullPolicy" $s.image.pullPolicy
+      "etcdEndpoints" $endpoints
+      "etcdRoot" .Values.etcd.root
+      "etcdServerName" (ternary "" .Values.etcd.serverName .Values.etcd.enabled)
+      "etcdTlsSecret" $secret
+      "etcdCaKey" $keys.caKey "etcdCertKey" $keys.certKey "etcdKeyKey" $keys.keyKey
+      "tenantCredentials" .Values.tenantCredentials.enabled
+      "runAsUser" $s.runAsUser "runAsGroup" $s.runAsGroup
+      "resources" $s.resources }}
+{{- toPrettyJson $settings }}
+{{- end }}

@@ -8,7 +8,9 @@ import os
 
 import click
 
+from joblease.operator.injection import SidecarSettings
 from joblease.operator.main import OperatorConfig, run_operator
+from joblease.operator.webhook import WebhookConfig
 
 #: The flags' defaults are OperatorConfig's own (defined there once).
 _DEFAULTS = OperatorConfig()
@@ -40,11 +42,21 @@ _DEFAULTS = OperatorConfig()
               envvar="JOBLEASE_TENANT_RESYNC_INTERVAL",
               help="Seconds between re-checks of the tenant Secrets (repairs them and "
                    "performs rotations requested with joblease.io/rotate=true; 0 disables).")
+@click.option("--webhook-port", type=int, default=0, show_default=True,
+              envvar="JOBLEASE_WEBHOOK_PORT",
+              help="Serve the sidecar-injection webhook (HTTPS) on this port (0: not served).")
+@click.option("--webhook-cert-dir", default="/etc/joblease/webhook", show_default=True,
+              envvar="JOBLEASE_WEBHOOK_CERT_DIR",
+              help="Directory with the webhook's serving certificate tls.crt and key tls.key.")
+@click.option("--webhook-settings", default=None, envvar="JOBLEASE_WEBHOOK_SETTINGS",
+              help="JSON file with the injected sidecar's settings (image, etcd, ...; "
+                   "docs/sidecar.md#injection); default: the built-in defaults.")
 @click.option("--log-level", default=lambda: os.environ.get("JOBLEASE_LOG_LEVEL", "INFO"),
               show_default="INFO")
 def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, metrics_port: int,
                      metrics_host: str, watch_timeout: int, result_limit: int,
                      tenant_credentials: bool, tenant_resync_interval: float,
+                     webhook_port: int, webhook_cert_dir: str, webhook_settings: str | None,
                      log_level: str) -> None:
     """Register JobLeases in etcd and mirror etcd's decisions into their status.
 
@@ -59,8 +71,18 @@ def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, metrics_
         raise click.UsageError("--all-namespaces and --namespace exclude each other")
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    webhook = None
+    if webhook_port:
+        try:
+            sidecar = (WebhookConfig.settings_from_file(webhook_settings) if webhook_settings
+                       else SidecarSettings())
+        except (ValueError, TypeError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--webhook-settings") from exc
+        webhook = WebhookConfig(port=webhook_port, settings=sidecar,
+                                cert_file=os.path.join(webhook_cert_dir, "tls.crt"),
+                                key_file=os.path.join(webhook_cert_dir, "tls.key"))
     config = OperatorConfig(namespaces=namespaces, metrics_port=metrics_port,
                             metrics_host=metrics_host, server_timeout=watch_timeout,
                             result_limit=result_limit, tenant_credentials=tenant_credentials,
-                            tenant_resync_interval=tenant_resync_interval)
+                            tenant_resync_interval=tenant_resync_interval, webhook=webhook)
     asyncio.run(run_operator(config))

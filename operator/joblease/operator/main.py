@@ -51,6 +51,7 @@ from joblease.operator.tenants import (
     supervise,
     warn_if_auth_disabled,
 )
+from joblease.operator.webhook import WebhookConfig, kube_lookup, serve_webhook
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class OperatorConfig:
     #: Per-namespace etcd users + Secret ``joblease-etcd-credentials`` (operator.tenants).
     tenant_credentials: bool = False
     tenant_resync_interval: float = DEFAULT_RESYNC_INTERVAL  # <= 0: no periodic resync
+    #: The sidecar-injection webhook (operator.webhook); None: not served.
+    webhook: WebhookConfig | None = None
 
     @property
     def clusterwide(self) -> bool:
@@ -125,7 +128,9 @@ async def run_operator(config: OperatorConfig) -> None:
         return login(settings)
 
     kube = KubeApi(credentials)
-    async with JobLeaseClient(etcd) as client:
+    # the webhook first, independent of kopf and etcd: every replica answers admissions
+    async with serve_webhook(config.webhook, kube_lookup(kube.get)), \
+            JobLeaseClient(etcd) as client:
         mirror = Mirror(client, kube, metrics, namespaces=config.namespaces,
                         concurrency=config.concurrency, result_limit=config.result_limit)
         tenants = None

@@ -1,0 +1,435 @@
+"""Sidecar injection: a pod annotated ``joblease.io/job: <name>`` → a JSON patch.
+
+Pure functions, no I/O: :func:`plan` takes the pod (as the API server sends it
+in an AdmissionReview), the operator's :class:`SidecarSettings` and whether the
+JobLease exists, and returns an :class:`Injection` (RFC 6902 operations plus
+warnings for the user) or raises :class:`InjectionRefused` with a message that
+names the offending annotation or field. :mod:`joblease.operator.webhook` is
+the server around it.
+
+The injected pod is the one ``examples/worker-pod.yaml`` spells out by hand:
+the sidecar as a native sidecar (first ``initContainers`` entry,
+``restartPolicy: Always``) with a startup probe on ``/readyz`` (the worker
+starts only once the lease is held, or once to read a final answer) and a
+liveness probe on ``/healthz``; the token emptyDir mounted at the same path
+in every container; ``shareProcessNamespace`` when the on-loss action signals
+the worker; the etcd client credentials (the client certificate Secret, and
+the namespace's tenant Secret when tenant credentials are on); a restricted
+security context; resources. Every other container gets
+``JOBLEASE_SIDECAR_URL`` and ``JOBLEASE_TOKEN_FILE`` (plus the pid file and API
+token variables when they apply); variables a container already sets are
+left as they are.
+
+Idempotent: a pod that already has a container named ``joblease`` is not
+given a second one. If this webhook injected it (annotation
+``joblease.io/injected``), containers added since (another webhook, with
+``reinvocationPolicy: IfNeeded``) are completed with the mount and variables;
+a sidecar written by hand is left entirely alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+PREFIX = "joblease.io/"
+JOB_ANNOTATION = PREFIX + "job"
+ON_LOSS_ANNOTATION = PREFIX + "on-loss"
+API_PORT_ANNOTATION = PREFIX + "api-port"
+PROBE_PORT_ANNOTATION = PREFIX + "probe-port"
+API_TOKEN_SECRET_ANNOTATION = PREFIX + "api-token-secret"
+WORKER_PROCESS_ANNOTATION = PREFIX + "worker-process-name"
+#: Written by the webhook on every pod it injected.
+INJECTED_ANNOTATION = PREFIX + "injected"
+#: The annotations a pod may carry in our domain; any other is refused (a typo
+#: such as ``joblease.io/onloss`` would otherwise be silently ignored).
+KNOWN_ANNOTATIONS = (JOB_ANNOTATION, ON_LOSS_ANNOTATION, API_PORT_ANNOTATION,
+                     PROBE_PORT_ANNOTATION, API_TOKEN_SECRET_ANNOTATION,
+                     WORKER_PROCESS_ANNOTATION, INJECTED_ANNOTATION)
+
+SIDECAR_NAME = "joblease"
+RUN_VOLUME = "joblease-run"
+ETCD_TLS_VOLUME = "joblease-etcd-tls"
+ETCD_AUTH_VOLUME = "joblease-etcd-auth"
+API_TOKEN_VOLUME = "joblease-api-token"
+RUN_DIR = "/run/joblease"
+TOKEN_FILE = RUN_DIR + "/token"
+PID_FILE = RUN_DIR + "/worker.pid"
+ETCD_TLS_DIR = "/etc/joblease/etcd"
+ETCD_AUTH_DIR = "/etc/joblease/etcd-auth"
+API_TOKEN_DIR = "/etc/joblease/api-token"
+API_TOKEN_KEY = "token"
+TENANT_SECRET = "joblease-etcd-credentials"  # operator.tenants.SECRET_NAME
+ON_LOSS_ACTIONS = ("signal", "exit", "none")
+DEFAULT_API_PORT = 8470
+DEFAULT_PROBE_PORT = 8471
+
+# RFC 1123: Secret and JobLease names are DNS subdomains; process names are
+# checked only for being printable (the kernel's comm is 15 bytes, argv longer).
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_PROCESS_NAME = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+class InjectionRefused(ValueError):
+    """The pod cannot be injected as it is; the message says which annotation or
+    field and what would be accepted. The webhook refuses the pod with it."""
+
+
+@dataclass(frozen=True)
+class SidecarSettings:
+    """What the operator's installation decides (chart values), the same for every pod.
+
+    ``etcd_tls_secret``: a Secret in the pod's namespace with the CA (and a client
+    certificate and key, for mutual TLS) under the given keys; empty for
+    plain-text etcd. ``tenant_credentials``: also mount the namespace's
+    ``joblease-etcd-credentials`` (username + password file).
+    """
+
+    image: str = "ghcr.io/joblease/joblease:0.1.0"
+    args: tuple[str, ...] = ("sidecar",)
+    image_pull_policy: str = "IfNotPresent"
+    etcd_endpoints: str = "https://joblease-etcd.joblease-system.svc:2379"
+    etcd_root: str = "/joblease/v1"
+    etcd_server_name: str = ""
+    etcd_tls_secret: str = "joblease-etcd-client"
+    etcd_ca_key: str = "ca.crt"
+    etcd_cert_key: str = "tls.crt"
+    etcd_key_key: str = "tls.key"
+    tenant_credentials: bool = False
+    run_as_user: int = 65532
+    run_as_group: int = 65532
+    resources: Mapping[str, Any] = field(default_factory=lambda: {
+        "requests": {"cpu": "10m", "memory": "48Mi"}, "limits": {"memory": "128Mi"}})
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SidecarSettings:
+        """From the chart's ``settings.json`` (camelCase keys; unknown keys refused)."""
+        names = {"image": "image", "args": "args", "imagePullPolicy": "image_pull_policy",
+                 "etcdEndpoints": "etcd_endpoints", "etcdRoot": "etcd_root",
+                 "etcdServerName": "etcd_server_name", "etcdTlsSecret": "etcd_tls_secret",
+                 "etcdCaKey": "etcd_ca_key", "etcdCertKey": "etcd_cert_key",
+                 "etcdKeyKey": "etcd_key_key", "tenantCredentials": "tenant_credentials",
+                 "runAsUser": "run_as_user", "runAsGroup": "run_as_group",
+                 "resources": "resources"}
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"unknown sidecar settings {unknown}; known: {sorted(names)}")
+        kwargs: dict[str, Any] = {names[k]: v for k, v in data.items()}
+        if "args" in kwargs:
+            kwargs["args"] = tuple(str(a) for a in kwargs["args"])
+        settings = cls(**kwargs)
+        if not settings.image:
+            raise ValueError("sidecar settings: image must not be empty")
+        if not settings.etcd_endpoints:
+            raise ValueError("sidecar settings: etcdEndpoints must not be empty")
+        return settings
+
+
+@dataclass(frozen=True)
+class PodOptions:
+    """The pod's own choices, from its ``joblease.io/*`` annotations."""
+
+    job: str
+    on_loss: str = "signal"
+    api_port: int = DEFAULT_API_PORT
+    probe_port: int = DEFAULT_PROBE_PORT
+    api_token_secret: str = ""
+    worker_process_name: str = ""
+
+
+@dataclass(frozen=True)
+class Injection:
+    """``patch``: RFC 6902 operations (empty: admit unchanged); ``warnings``: shown
+    to the user by kubectl (AdmissionReview ``response.warnings``)."""
+
+    patch: list[dict[str, Any]]
+    warnings: list[str]
+
+
+def pod_annotations(pod: Mapping[str, Any]) -> dict[str, str]:
+    return dict((pod.get("metadata") or {}).get("annotations") or {})
+
+
+def wants_injection(pod: Mapping[str, Any]) -> bool:
+    return JOB_ANNOTATION in pod_annotations(pod)
+
+
+def parse_options(notes: Mapping[str, str]) -> PodOptions:
+    """The pod's options; :class:`InjectionRefused` names the first bad annotation."""
+    unknown = sorted(k for k in notes if k.startswith(PREFIX) and k not in KNOWN_ANNOTATIONS)
+    if unknown:
+        raise InjectionRefused(
+            f"unknown annotation {unknown[0]}: the joblease webhook knows "
+            + ", ".join(KNOWN_ANNOTATIONS))
+    job = notes.get(JOB_ANNOTATION, "")
+    if not (0 < len(job) <= 253 and _DNS_SUBDOMAIN.fullmatch(job)):
+        raise InjectionRefused(
+            f"invalid annotation {JOB_ANNOTATION}: {job!r} is not a JobLease name (a DNS "
+            "subdomain: lowercase letters, digits, '-' and '.', at most 253 characters)")
+    on_loss = notes.get(ON_LOSS_ANNOTATION, "signal")
+    if on_loss not in ON_LOSS_ACTIONS:
+        raise InjectionRefused(
+            f"invalid annotation {ON_LOSS_ANNOTATION}: {on_loss!r} is not one of "
+            + ", ".join(ON_LOSS_ACTIONS))
+    api_port = _port(notes, API_PORT_ANNOTATION, DEFAULT_API_PORT)
+    probe_port = _port(notes, PROBE_PORT_ANNOTATION, DEFAULT_PROBE_PORT)
+    if api_port == probe_port:
+        raise InjectionRefused(
+            f"invalid annotations {API_PORT_ANNOTATION} and {PROBE_PORT_ANNOTATION}: both are "
+            f"{api_port}; the lease API and the probe listener need two ports")
+    secret = notes.get(API_TOKEN_SECRET_ANNOTATION, "")
+    if secret and not (len(secret) <= 253 and _DNS_SUBDOMAIN.fullmatch(secret)):
+        raise InjectionRefused(
+            f"invalid annotation {API_TOKEN_SECRET_ANNOTATION}: {secret!r} is not a Secret "
+            "name (a DNS subdomain)")
+    process = notes.get(WORKER_PROCESS_ANNOTATION, "")
+    if process and not _PROCESS_NAME.fullmatch(process):
+        raise InjectionRefused(
+            f"invalid annotation {WORKER_PROCESS_ANNOTATION}: {process!r} is not a process "
+            "name (printable characters without spaces, at most 255)")
+    return PodOptions(job=job, on_loss=on_loss, api_port=api_port, probe_port=probe_port,
+                      api_token_secret=secret, worker_process_name=process)
+
+
+def _port(notes: Mapping[str, str], key: str, default: int) -> int:
+    text = notes.get(key)
+    if text is None:
+        return default
+    if not re.fullmatch(r"[0-9]{1,5}", text) or not 1 <= int(text) <= 65535:
+        raise InjectionRefused(f"invalid annotation {key}: {text!r} is not a port "
+                               "(a number from 1 to 65535)")
+    return int(text)
+
+
+def plan(pod: Mapping[str, Any], settings: SidecarSettings, *, namespace: str,
+         joblease_exists: bool | None = None) -> Injection:
+    """The patch that injects the sidecar into ``pod`` (see the module docstring).
+
+    ``joblease_exists``: whether the JobLease ``namespace/<job>`` exists (None: not
+    known). A missing one is admitted with a warning, not refused: a Job and its
+    JobLease are often applied together and the pod may come first; the sidecar
+    then waits for the registration (``JOBLEASE_SIDECAR_REGISTRATION_WAIT``) and
+    the pod fails with "not registered" if it never comes.
+    """
+    notes = pod_annotations(pod)
+    if JOB_ANNOTATION not in notes:
+        return Injection([], [])
+    options = parse_options(notes)
+    spec = pod.get("spec") or {}
+    containers: list[dict[str, Any]] = list(spec.get("containers") or [])
+    inits: list[dict[str, Any]] = list(spec.get("initContainers") or [])
+    if any(c.get("name") == SIDECAR_NAME for c in containers + inits):
+        if INJECTED_ANNOTATION not in notes:
+            return Injection([], [f"pod already has a container named {SIDECAR_NAME!r}: "
+                                  "joblease left it as it is"])
+        return Injection(_complete_workers(spec, options), [])
+
+    warnings: list[str] = []
+    if joblease_exists is False:
+        warnings.append(
+            f"JobLease {namespace}/{options.job} does not exist (yet): the sidecar waits for "
+            "its registration and the pod fails (exit 3, not registered) if it never comes")
+    _check_conflicts(spec, containers + inits, options)
+    if options.on_loss == "signal" and spec.get("shareProcessNamespace") is False:
+        raise InjectionRefused(
+            f"{ON_LOSS_ANNOTATION}: signal needs spec.shareProcessNamespace (the sidecar "
+            "signals the worker), but the pod sets it to false; set the annotation to "
+            "exit or none, or drop shareProcessNamespace: false")
+
+    pod_sc = spec.get("securityContext") or {}
+    pod_uid = pod_sc.get("runAsUser")
+    inherit_uid = isinstance(pod_uid, int) and pod_uid != 0
+    sidecar_uid = pod_uid if inherit_uid else settings.run_as_user
+    if options.on_loss == "signal":
+        for c in containers:
+            uid = (c.get("securityContext") or {}).get("runAsUser", pod_uid)
+            if uid != sidecar_uid:
+                warnings.append(
+                    f"{ON_LOSS_ANNOTATION}: signal: container {c.get('name')!r} runs as "
+                    f"{'the image user' if uid is None else f'uid {uid}'} and the sidecar as "
+                    f"uid {sidecar_uid}; the sidecar can signal it only if both are the "
+                    "same user (set spec.securityContext.runAsUser)")
+
+    ops: list[dict[str, Any]] = []
+    sidecar = _sidecar(settings, options, namespace, inherit_uid=inherit_uid)
+    if inits:
+        ops.append({"op": "add", "path": "/spec/initContainers/0", "value": sidecar})
+    else:
+        ops.append({"op": "add", "path": "/spec/initContainers", "value": [sidecar]})
+    # the other init containers now sit one index further down
+    ops += _complete_workers(spec, options, init_offset=1)
+    volumes = _volumes(settings, options)
+    if spec.get("volumes"):
+        ops += [{"op": "add", "path": "/spec/volumes/-", "value": v} for v in volumes]
+    else:
+        ops.append({"op": "add", "path": "/spec/volumes", "value": volumes})
+    if options.on_loss == "signal" and not spec.get("shareProcessNamespace"):
+        ops.append({"op": "add", "path": "/spec/shareProcessNamespace", "value": True})
+    ops.append({"op": "add", "path": "/metadata/annotations/" + _escape(INJECTED_ANNOTATION),
+                "value": "true"})
+    return Injection(ops, warnings)
+
+
+def _check_conflicts(spec: Mapping[str, Any], containers: list[dict[str, Any]],
+                     options: PodOptions) -> None:
+    ours = {RUN_VOLUME, ETCD_TLS_VOLUME, ETCD_AUTH_VOLUME, API_TOKEN_VOLUME}
+    for v in spec.get("volumes") or []:
+        if v.get("name") in ours:
+            raise InjectionRefused(
+                f"the pod already has a volume named {v.get('name')!r}, which the joblease "
+                f"sidecar injection adds; rename it (reserved: {', '.join(sorted(ours))})")
+    for c in containers:
+        for m in c.get("volumeMounts") or []:
+            if m.get("mountPath", "").rstrip("/") in (RUN_DIR, API_TOKEN_DIR):
+                raise InjectionRefused(
+                    f"container {c.get('name')!r} already mounts {m.get('mountPath')}, where "
+                    "the joblease sidecar injection mounts its token volume; use another path")
+        for p in c.get("ports") or []:
+            if p.get("containerPort") in (options.api_port, options.probe_port):
+                raise InjectionRefused(
+                    f"container {c.get('name')!r} uses port {p.get('containerPort')}, which the "
+                    f"joblease sidecar needs; choose others with {API_PORT_ANNOTATION} / "
+                    f"{PROBE_PORT_ANNOTATION}")
+
+
+def _complete_workers(spec: Mapping[str, Any], options: PodOptions, *,
+                      init_offset: int = 0) -> list[dict[str, Any]]:
+    """Mount and variables for every container (and init container) but the sidecar,
+    where missing."""
+    ops: list[dict[str, Any]] = []
+    groups = (("containers", 0), ("initContainers", init_offset))
+    for key, offset in groups:
+        for i, c in enumerate(spec.get(key) or []):
+            if c.get("name") == SIDECAR_NAME:
+                continue
+            base = f"/spec/{key}/{i + offset}"
+            ops += _append(c, "env", base, _worker_env(options, c))
+            ops += _append(c, "volumeMounts", base, _worker_mounts(options, c))
+    return ops
+
+
+def _append(container: Mapping[str, Any], key: str, base: str, items: list[dict[str, Any]]
+            ) -> list[dict[str, Any]]:
+    if not items:
+        return []
+    if container.get(key):
+        return [{"op": "add", "path": f"{base}/{key}/-", "value": item} for item in items]
+    return [{"op": "add", "path": f"{base}/{key}", "value": items}]
+
+
+def _worker_env(options: PodOptions, container: Mapping[str, Any]) -> list[dict[str, Any]]:
+    present = {e.get("name") for e in container.get("env") or []}
+    env = [{"name": "JOBLEASE_SIDECAR_URL", "value": f"http://127.0.0.1:{options.api_port}"},
+           {"name": "JOBLEASE_TOKEN_FILE", "value": TOKEN_FILE}]
+    if options.on_loss != "none":
+        env.append({"name": "JOBLEASE_WORKER_PID_FILE", "value": PID_FILE})
+    if options.api_token_secret:
+        env.append({"name": "JOBLEASE_API_TOKEN_FILE",
+                    "value": f"{API_TOKEN_DIR}/{API_TOKEN_KEY}"})
+    return [e for e in env if e["name"] not in present]
+
+
+def _worker_mounts(options: PodOptions, container: Mapping[str, Any]) -> list[dict[str, Any]]:
+    present = {m.get("name") for m in container.get("volumeMounts") or []}
+    mounts: list[dict[str, Any]] = [{"name": RUN_VOLUME, "mountPath": RUN_DIR}]
+    if options.api_token_secret:
+        mounts.append({"name": API_TOKEN_VOLUME, "mountPath": API_TOKEN_DIR, "readOnly": True})
+    return [m for m in mounts if m["name"] not in present]
+
+
+def _sidecar(settings: SidecarSettings, options: PodOptions, namespace: str, *,
+             inherit_uid: bool) -> dict[str, Any]:
+    def field_ref(name: str, path: str) -> dict[str, Any]:
+        return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+    env: list[dict[str, Any]] = [
+        {"name": "JOBLEASE_JOB_NAME", "value": options.job},
+        field_ref("JOBLEASE_JOB_NAMESPACE", "metadata.namespace"),
+        field_ref("POD_NAME", "metadata.name"),
+        field_ref("POD_UID", "metadata.uid"),
+        {"name": "JOBLEASE_ETCD_ENDPOINTS", "value": settings.etcd_endpoints},
+        {"name": "JOBLEASE_ROOT", "value": settings.etcd_root},
+    ]
+    if settings.etcd_server_name:
+        env.append({"name": "JOBLEASE_ETCD_SERVER_NAME", "value": settings.etcd_server_name})
+    mounts: list[dict[str, Any]] = [{"name": RUN_VOLUME, "mountPath": RUN_DIR}]
+    if settings.etcd_tls_secret:
+        env.append({"name": "JOBLEASE_ETCD_CA_FILE",
+                    "value": f"{ETCD_TLS_DIR}/{settings.etcd_ca_key}"})
+        if settings.etcd_cert_key and settings.etcd_key_key:
+            env += [{"name": "JOBLEASE_ETCD_CERT_FILE",
+                     "value": f"{ETCD_TLS_DIR}/{settings.etcd_cert_key}"},
+                    {"name": "JOBLEASE_ETCD_KEY_FILE",
+                     "value": f"{ETCD_TLS_DIR}/{settings.etcd_key_key}"}]
+        mounts.append({"name": ETCD_TLS_VOLUME, "mountPath": ETCD_TLS_DIR, "readOnly": True})
+    if settings.tenant_credentials:
+        env += [{"name": "JOBLEASE_ETCD_USERNAME", "valueFrom": {"secretKeyRef": {
+                    "name": TENANT_SECRET, "key": "username"}}},
+                {"name": "JOBLEASE_ETCD_PASSWORD_FILE", "value": f"{ETCD_AUTH_DIR}/password"}]
+        mounts.append({"name": ETCD_AUTH_VOLUME, "mountPath": ETCD_AUTH_DIR, "readOnly": True})
+    env += [
+        {"name": "JOBLEASE_TOKEN_FILE", "value": TOKEN_FILE},
+        {"name": "JOBLEASE_SIDECAR_ON_LOSS", "value": options.on_loss},
+        {"name": "JOBLEASE_SIDECAR_ON_FINAL", "value": "serve"},
+        {"name": "JOBLEASE_SIDECAR_PORT", "value": str(options.api_port)},
+        {"name": "JOBLEASE_SIDECAR_PROBE_PORT", "value": str(options.probe_port)},
+    ]
+    if options.on_loss != "none":
+        env.append({"name": "JOBLEASE_WORKER_PID_FILE", "value": PID_FILE})
+    if options.worker_process_name:
+        env.append({"name": "JOBLEASE_WORKER_PROCESS_NAME",
+                    "value": options.worker_process_name})
+    if options.api_token_secret:
+        env.append({"name": "JOBLEASE_SIDECAR_API_TOKEN_FILE",
+                    "value": f"{API_TOKEN_DIR}/{API_TOKEN_KEY}"})
+        mounts.append({"name": API_TOKEN_VOLUME, "mountPath": API_TOKEN_DIR, "readOnly": True})
+    security: dict[str, Any] = {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"}}
+    if not inherit_uid:
+        security["runAsUser"] = settings.run_as_user
+        security["runAsGroup"] = settings.run_as_group
+    probe = {"httpGet": {"path": "/readyz", "port": options.probe_port}}
+    container: dict[str, Any] = {
+        "name": SIDECAR_NAME,
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "args": list(settings.args),
+        "restartPolicy": "Always",
+        "env": env,
+        "ports": [{"name": "joblease-probe", "containerPort": options.probe_port}],
+        # the lease is held (or the final answer is ready) before the worker starts
+        "startupProbe": {**probe, "periodSeconds": 1, "failureThreshold": 600},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": options.probe_port},
+                          "periodSeconds": 10},
+        "securityContext": security,
+        "resources": dict(settings.resources),
+        "volumeMounts": mounts,
+    }
+    return container
+
+
+def _volumes(settings: SidecarSettings, options: PodOptions) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": RUN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+    if settings.etcd_tls_secret:
+        items = [{"key": k, "path": k} for k in (settings.etcd_ca_key, settings.etcd_cert_key,
+                                                 settings.etcd_key_key) if k]
+        volumes.append({"name": ETCD_TLS_VOLUME, "secret": {
+            "secretName": settings.etcd_tls_secret, "items": items}})
+    if settings.tenant_credentials:
+        volumes.append({"name": ETCD_AUTH_VOLUME, "secret": {
+            "secretName": TENANT_SECRET, "items": [{"key": "password", "path": "password"}]}})
+    if options.api_token_secret:
+        volumes.append({"name": API_TOKEN_VOLUME, "secret": {
+            "secretName": options.api_token_secret,
+            "items": [{"key": API_TOKEN_KEY, "path": API_TOKEN_KEY}]}})
+    return volumes
+
+
+def _escape(key: str) -> str:
+    """A JSON pointer token (RFC 6901): ``~`` → ``~0``, ``/`` → ``~1``."""
+    return key.replace("~", "~0").replace("/", "~1")

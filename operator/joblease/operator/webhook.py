@@ -1,0 +1,236 @@
+"""The pod-mutating admission webhook: an aiohttp HTTPS server of its own.
+
+Not ``kopf.on.mutate``: kopf's managed webhook configuration sets no
+``namespaceSelector`` (the opt-in that keeps a broken webhook from blocking
+pods cluster-wide), and kopf's handlers run only where kopf runs, while every
+operator replica must answer admission requests (with leader election only the
+leader runs kopf). So this server is started by ``run_operator`` beside kopf,
+needs neither kopf nor etcd, and keeps serving whatever kopf does.
+
+``POST /mutate-pods`` takes an ``admission.k8s.io/v1`` AdmissionReview and
+answers with the :func:`joblease.operator.injection.plan` patch, a refusal
+(HTTP 200, ``allowed: false``, code 400 and the message saying which annotation
+is wrong) or an unchanged admission. ``GET /healthz`` answers 200.
+
+TLS: the serving certificate and key come from files (a mounted Secret:
+the chart's generated one or cert-manager's); they are re-read when they change
+on disk (checked every ``reload_interval`` seconds), so a renewed certificate is
+served without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import os
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from joblease.keys import JobRef
+from joblease.operator.injection import (
+    JOB_ANNOTATION,
+    InjectionRefused,
+    SidecarSettings,
+    parse_options,
+    plan,
+    pod_annotations,
+)
+from joblease.operator.kube import KubeApiError, NotFoundError
+
+log = logging.getLogger(__name__)
+
+PATH = "/mutate-pods"
+#: The API server's own limit on an AdmissionReview is 3 MiB of object.
+MAX_BODY = 4 * 1024 * 1024
+#: The JobLease lookup is only for a warning: never let it eat the webhook's timeout.
+LOOKUP_TIMEOUT = 2.0
+
+#: ``await exists(JobRef)`` → True / False, or None when it cannot be told.
+JobLeaseLookup = Callable[[JobRef], Awaitable[bool | None]]
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    port: int = 8443
+    host: str = "0.0.0.0"
+    cert_file: str = "/etc/joblease/webhook/tls.crt"
+    key_file: str = "/etc/joblease/webhook/tls.key"
+    settings: SidecarSettings = field(default_factory=SidecarSettings)
+    reload_interval: float = 30.0
+
+    @staticmethod
+    def settings_from_file(path: str) -> SidecarSettings:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"sidecar settings file {path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"sidecar settings file {path}: not a JSON object")
+        return SidecarSettings.from_json(data)
+
+
+def kube_lookup(get: Callable[[JobRef], Awaitable[dict[str, Any]]]) -> JobLeaseLookup:
+    """A :data:`JobLeaseLookup` from ``KubeApi.get``: 404 → False, other errors → None."""
+    async def exists(ref: JobRef) -> bool | None:
+        try:
+            await asyncio.wait_for(get(ref), LOOKUP_TIMEOUT)
+        except NotFoundError:
+            return False
+        except (KubeApiError, OSError, TimeoutError) as exc:
+            log.info("webhook: cannot look up JobLease %s/%s: %s", ref.namespace, ref.name, exc)
+            return None
+        return True
+    return exists
+
+
+def review_response(review: Any, settings: SidecarSettings,
+                    exists: bool | None = None) -> dict[str, Any]:
+    """The AdmissionReview answer to ``review`` (a pure function; the handler adds
+    the JobLease lookup). Raises ValueError for a body that is not a pod review."""
+    if not isinstance(review, dict) or not isinstance(review.get("request"), dict):
+        raise ValueError("not an AdmissionReview with a request")
+    request = review["request"]
+    uid = request.get("uid")
+    pod = request.get("object")
+    if not isinstance(uid, str) or not isinstance(pod, dict):
+        raise ValueError("AdmissionReview request without uid or object")
+    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or ""
+    response: dict[str, Any] = {"uid": uid, "allowed": True}
+    try:
+        injection = plan(pod, settings, namespace=namespace, joblease_exists=exists)
+    except InjectionRefused as exc:
+        response["allowed"] = False
+        response["status"] = {"code": 400, "reason": "BadRequest",
+                              "message": f"joblease sidecar injection: {exc}"}
+    else:
+        if injection.patch:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(
+                json.dumps(injection.patch).encode()).decode()
+        if injection.warnings:
+            response["warnings"] = [f"joblease: {w}" for w in injection.warnings]
+    return {"apiVersion": review.get("apiVersion", "admission.k8s.io/v1"),
+            "kind": "AdmissionReview", "response": response}
+
+
+class WebhookServer:
+    def __init__(self, config: WebhookConfig, lookup: JobLeaseLookup | None = None) -> None:
+        self.config = config
+        self.lookup = lookup
+        self._runner: web.AppRunner | None = None
+        self._reload: asyncio.Task[None] | None = None
+        self._ssl: ssl.SSLContext | None = None
+        self._stamp: tuple[float, float] | None = None
+        self.port: int | None = None
+
+    async def _mutate(self, request: web.Request) -> web.Response:
+        try:
+            review = await request.json()
+        except ValueError:
+            return web.json_response({"error": "body is not JSON"}, status=400)
+        exists: bool | None = None
+        try:
+            req = review["request"]
+            pod = req["object"]
+            notes = pod_annotations(pod)
+            if self.lookup is not None and JOB_ANNOTATION in notes:
+                namespace = req.get("namespace") or pod["metadata"].get("namespace", "")
+                options = parse_options(notes)
+                exists = await self.lookup(JobRef(namespace, options.job))
+        except (KeyError, TypeError, AttributeError, InjectionRefused):
+            pass  # review_response says what is wrong with it
+        try:
+            answer = review_response(review, self.config.settings, exists)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        r = answer["response"]
+        log.info("webhook: pod %s/%s: %s", req_namespace(review), pod_name(review),
+                 "refused: " + r["status"]["message"] if not r["allowed"]
+                 else "injected" if "patch" in r else "unchanged")
+        return web.json_response(answer)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    def _stat(self) -> tuple[float, float]:
+        return (os.stat(self.config.cert_file).st_mtime, os.stat(self.config.key_file).st_mtime)
+
+    def _load(self) -> None:
+        assert self._ssl is not None
+        self._ssl.load_cert_chain(self.config.cert_file, self.config.key_file)
+        self._stamp = self._stat()
+
+    async def _watch_cert(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reload_interval)
+            try:
+                if self._stat() != self._stamp:
+                    self._load()
+                    log.info("webhook: serving certificate reloaded from %s",
+                             self.config.cert_file)
+            except (OSError, ssl.SSLError) as exc:
+                log.warning("webhook: cannot reload the serving certificate: %s", exc)
+
+    async def start(self) -> None:
+        self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._ssl.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._load()
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_post(PATH, self._mutate)
+        app.router.add_get("/healthz", self._healthz)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port,
+                           ssl_context=self._ssl)
+        await site.start()
+        # the bound port (config.port 0: any free one, for tests)
+        addresses = self._runner.addresses
+        self.port = int(addresses[0][1]) if addresses else self.config.port
+        self._reload = asyncio.create_task(self._watch_cert(), name="joblease-webhook-cert")
+        log.info("webhook: serving %s on %s:%s (sidecar image %s)", PATH, self.config.host,
+                 self.port, self.config.settings.image)
+
+    async def stop(self) -> None:
+        if self._reload is not None:
+            self._reload.cancel()
+            await asyncio.gather(self._reload, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+def req_namespace(review: Any) -> str:
+    try:
+        return str(review["request"].get("namespace") or "?")
+    except (KeyError, TypeError, AttributeError):
+        return "?"
+
+
+def pod_name(review: Any) -> str:
+    try:
+        meta = review["request"]["object"].get("metadata") or {}
+        return str(meta.get("name") or meta.get("generateName", "") + "*")
+    except (KeyError, TypeError, AttributeError):
+        return "?"
+
+
+@contextlib.asynccontextmanager
+async def serve_webhook(config: WebhookConfig | None, lookup: JobLeaseLookup | None
+                        ) -> AsyncIterator[WebhookServer | None]:
+    """Serve while the block runs, if ``config`` is given (the hook ``run_operator`` uses)."""
+    if config is None:
+        yield None
+        return
+    server = WebhookServer(config, lookup)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()

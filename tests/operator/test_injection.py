@@ -1,0 +1,318 @@
+"""The injection patch (joblease.operator.injection.plan), applied with a real RFC 6902
+implementation (``jsonpatch``, kopf's own dependency) to pods as the API server
+sends them. Nothing is faked: these are pure functions of dicts.
+
+The reference is examples/worker-pod.yaml: its Job's pod template with the
+sidecar, its volumes and the worker's joblease variables taken out, annotated,
+and injected, must get back the example's sidecar and wiring.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from typing import Any
+
+import jsonpatch  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+from joblease.operator import injection
+from joblease.operator.injection import (
+    INJECTED_ANNOTATION,
+    JOB_ANNOTATION,
+    InjectionRefused,
+    SidecarSettings,
+    plan,
+)
+from joblease.operator.webhook import review_response
+from tests.support.binaries import REPO_ROOT
+
+EXAMPLE = REPO_ROOT / "examples" / "worker-pod.yaml"
+SETTINGS = SidecarSettings()  # the chart's defaults for release joblease in joblease-system
+NS = "team-a"
+
+
+def _example_job() -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    return job
+
+
+def _example_pod() -> dict[str, Any]:
+    template = _example_job()["spec"]["template"]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": copy.deepcopy(template["metadata"]),
+            "spec": copy.deepcopy(template["spec"])}
+
+
+def _bare_pod(**notes: str) -> dict[str, Any]:
+    """The example's pod as a user would write it for injection: no sidecar, no
+    joblease volumes or variables, no shareProcessNamespace; annotated."""
+    pod = _example_pod()
+    spec = pod["spec"]
+    del spec["initContainers"], spec["shareProcessNamespace"]
+    spec["volumes"] = [v for v in spec["volumes"] if v["name"] == "worker-script"]
+    (worker,) = spec["containers"]
+    del worker["env"]
+    worker["volumeMounts"] = [m for m in worker["volumeMounts"] if m["name"] == "worker-script"]
+    pod["metadata"]["annotations"] = {JOB_ANNOTATION: "nightly-report", **notes}
+    return pod
+
+
+def _inject(pod: dict[str, Any], settings: SidecarSettings = SETTINGS,
+            **kw: Any) -> tuple[dict[str, Any], list[str]]:
+    result = plan(pod, settings, namespace=NS, **kw)
+    patched: dict[str, Any] = jsonpatch.apply_patch(pod, result.patch)
+    return patched, result.warnings
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def _mounts(container: dict[str, Any]) -> dict[str, str]:
+    return {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+
+
+def test_injected_pod_has_the_example_sidecar_and_wiring() -> None:
+    pod, warnings = _inject(_bare_pod())
+    example = _example_pod()["spec"]
+    spec = pod["spec"]
+    (sidecar,) = spec["initContainers"]
+    (want,) = example["initContainers"]
+    assert sidecar["name"] == want["name"] == "joblease"
+    assert sidecar["image"] == want["image"] and sidecar["args"] == want["args"]
+    assert sidecar["restartPolicy"] == "Always"
+    # every variable of the example's sidecar, with the example's value
+    got = _env(sidecar)
+    for name, value in _env(want).items():
+        assert got.get(name) == value, (name, got.get(name), value)
+    assert got["JOBLEASE_SIDECAR_PORT"] == "8470" and got["JOBLEASE_SIDECAR_PROBE_PORT"] == "8471"
+    # the probes: startup on /readyz (the gate), liveness on /healthz, the probe port
+    assert sidecar["startupProbe"]["httpGet"] == {"path": "/readyz", "port": 8471}
+    assert sidecar["startupProbe"]["failureThreshold"] == want["startupProbe"]["failureThreshold"]
+    assert sidecar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 8471}
+    assert [p["containerPort"] for p in sidecar["ports"]] == [8471]
+    # restricted: the example's container settings, plus non-root with a seccomp profile
+    for key, value in want["securityContext"].items():
+        assert sidecar["securityContext"][key] == value
+    assert sidecar["securityContext"]["runAsNonRoot"] is True
+    assert sidecar["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert sidecar["resources"] == want["resources"]
+    # same mount paths as the example (the volumes' names are the webhook's own)
+    assert set(_mounts(sidecar)) == set(_mounts(want)) == {"/run/joblease", "/etc/joblease/etcd"}
+    # the worker: the example's variables and the token volume at the same path
+    (worker,) = spec["containers"]
+    assert _env(worker) == _env(example["containers"][0])
+    assert _mounts(worker)["/run/joblease"] == _mounts(sidecar)["/run/joblease"]
+    assert _mounts(worker)["/opt/worker"] == "worker-script"  # the user's mount is kept
+    # pod level: process namespace shared (on-loss signal), the volumes
+    assert spec["shareProcessNamespace"] is True
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["joblease-run"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Mi"}
+    assert volumes["joblease-etcd-tls"]["secret"]["secretName"] == "joblease-etcd-client"
+    assert "worker-script" in volumes
+    assert pod["metadata"]["annotations"][INJECTED_ANNOTATION] == "true"
+    assert warnings == []  # the pod runs as 65532, the sidecar's user
+
+
+def test_pod_without_the_annotation_gets_no_patch() -> None:
+    pod = _bare_pod()
+    del pod["metadata"]["annotations"]
+    assert plan(pod, SETTINGS, namespace=NS).patch == []
+    pod["metadata"]["annotations"] = {"other.io/x": "1"}
+    assert plan(pod, SETTINGS, namespace=NS).patch == []
+
+
+def test_injecting_an_injected_pod_again_changes_nothing() -> None:
+    once, _ = _inject(_bare_pod())
+    assert plan(once, SETTINGS, namespace=NS).patch == []
+
+
+def test_a_hand_written_sidecar_is_left_alone_with_a_warning() -> None:
+    pod = _example_pod()
+    pod["metadata"]["annotations"] = {JOB_ANNOTATION: "nightly-report"}
+    result = plan(pod, SETTINGS, namespace=NS)
+    assert result.patch == []
+    assert any("already has a container named 'joblease'" in w for w in result.warnings)
+
+
+def test_reinvocation_completes_containers_added_after_injection() -> None:
+    once, _ = _inject(_bare_pod())
+    once["spec"]["containers"].append({"name": "late", "image": "x",
+                                       "env": [{"name": "A", "value": "1"}]})
+    twice, _ = _inject(once)
+    late = twice["spec"]["containers"][1]
+    assert _env(late) == {"A": "1", "JOBLEASE_SIDECAR_URL": "http://127.0.0.1:8470",
+                          "JOBLEASE_TOKEN_FILE": "/run/joblease/token",
+                          "JOBLEASE_WORKER_PID_FILE": "/run/joblease/worker.pid"}
+    assert _mounts(late) == {"/run/joblease": "joblease-run"}
+    assert len(twice["spec"]["initContainers"]) == 1  # no second sidecar
+    assert twice["spec"]["containers"][0] == once["spec"]["containers"][0]
+
+
+def test_sidecar_goes_first_and_other_init_containers_get_the_wiring() -> None:
+    pod = _bare_pod()
+    pod["spec"]["initContainers"] = [{"name": "migrate", "image": "x"}]
+    patched, _ = _inject(pod)
+    names = [c["name"] for c in patched["spec"]["initContainers"]]
+    assert names == ["joblease", "migrate"]
+    migrate = patched["spec"]["initContainers"][1]
+    assert "restartPolicy" not in migrate
+    assert _env(migrate)["JOBLEASE_TOKEN_FILE"] == "/run/joblease/token"
+    assert _mounts(migrate) == {"/run/joblease": "joblease-run"}
+
+
+def test_variables_the_pod_already_sets_are_kept() -> None:
+    pod = _bare_pod()
+    pod["spec"]["containers"][0]["env"] = [
+        {"name": "JOBLEASE_SIDECAR_URL", "value": "http://localhost:8470"}]
+    patched, _ = _inject(pod)
+    env = patched["spec"]["containers"][0]["env"]
+    assert [e["value"] for e in env if e["name"] == "JOBLEASE_SIDECAR_URL"] == [
+        "http://localhost:8470"]
+
+
+def test_annotations_choose_on_loss_ports_token_and_process_name() -> None:
+    pod = _bare_pod(**{"joblease.io/on-loss": "none", "joblease.io/api-port": "9000",
+                       "joblease.io/probe-port": "9001",
+                       "joblease.io/api-token-secret": "api-token",
+                       "joblease.io/worker-process-name": "report"})
+    patched, _ = _inject(pod)
+    spec = patched["spec"]
+    sidecar, worker = spec["initContainers"][0], spec["containers"][0]
+    env = _env(sidecar)
+    assert env["JOBLEASE_SIDECAR_ON_LOSS"] == "none"
+    assert env["JOBLEASE_SIDECAR_PORT"] == "9000" and env["JOBLEASE_SIDECAR_PROBE_PORT"] == "9001"
+    assert env["JOBLEASE_WORKER_PROCESS_NAME"] == "report"
+    assert env["JOBLEASE_SIDECAR_API_TOKEN_FILE"] == "/etc/joblease/api-token/token"
+    assert "JOBLEASE_WORKER_PID_FILE" not in env  # nobody is signalled
+    assert sidecar["startupProbe"]["httpGet"]["port"] == 9001
+    assert _env(worker)["JOBLEASE_SIDECAR_URL"] == "http://127.0.0.1:9000"
+    assert _env(worker)["JOBLEASE_API_TOKEN_FILE"] == "/etc/joblease/api-token/token"
+    assert _mounts(worker)["/etc/joblease/api-token"] == "joblease-api-token"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["joblease-api-token"]["secret"] == {
+        "secretName": "api-token", "items": [{"key": "token", "path": "token"}]}
+    assert "shareProcessNamespace" not in spec  # on-loss none: not needed
+
+
+def test_tenant_credentials_mount_the_namespace_secret() -> None:
+    settings = SidecarSettings(tenant_credentials=True, etcd_cert_key="", etcd_key_key="")
+    patched, _ = _inject(_bare_pod(), settings)
+    sidecar = patched["spec"]["initContainers"][0]
+    env = _env(sidecar)
+    assert env["JOBLEASE_ETCD_USERNAME"] == {"secretKeyRef": {
+        "name": "joblease-etcd-credentials", "key": "username"}}
+    assert env["JOBLEASE_ETCD_PASSWORD_FILE"] == "/etc/joblease/etcd-auth/password"
+    assert env["JOBLEASE_ETCD_CA_FILE"] == "/etc/joblease/etcd/ca.crt"
+    assert "JOBLEASE_ETCD_CERT_FILE" not in env  # CA only: the client key stays out
+    volumes = {v["name"]: v for v in patched["spec"]["volumes"]}
+    assert volumes["joblease-etcd-auth"]["secret"]["secretName"] == "joblease-etcd-credentials"
+    assert volumes["joblease-etcd-tls"]["secret"]["items"] == [{"key": "ca.crt",
+                                                                "path": "ca.crt"}]
+
+
+def test_plain_text_etcd_mounts_no_tls_secret() -> None:
+    settings = SidecarSettings(etcd_tls_secret="", etcd_endpoints="http://etcd:2379")
+    patched, _ = _inject(_bare_pod(), settings)
+    sidecar = patched["spec"]["initContainers"][0]
+    assert not any(k.startswith("JOBLEASE_ETCD_CA") for k in _env(sidecar))
+    assert "joblease-etcd-tls" not in {v["name"] for v in patched["spec"]["volumes"]}
+
+
+def test_pod_user_is_inherited_and_a_different_worker_user_is_warned_about() -> None:
+    patched, _ = _inject(_bare_pod())
+    assert "runAsUser" not in patched["spec"]["initContainers"][0]["securityContext"]
+    pod = _bare_pod()
+    del pod["spec"]["securityContext"]["runAsUser"]
+    pod["spec"]["containers"][0]["securityContext"]["runAsUser"] = 1000
+    patched, warnings = _inject(pod)
+    assert patched["spec"]["initContainers"][0]["securityContext"]["runAsUser"] == 65532
+    assert any("'worker' runs as uid 1000" in w for w in warnings), warnings
+
+
+def test_missing_joblease_is_admitted_with_a_warning() -> None:
+    result = plan(_bare_pod(), SETTINGS, namespace=NS, joblease_exists=False)
+    assert result.patch
+    assert any("JobLease team-a/nightly-report does not exist" in w for w in result.warnings)
+    assert not plan(_bare_pod(), SETTINGS, namespace=NS, joblease_exists=True).warnings
+
+
+@pytest.mark.parametrize(("notes", "says"), [
+    ({JOB_ANNOTATION: "Nightly_Report"}, "invalid annotation joblease.io/job: 'Nightly_Report'"),
+    ({JOB_ANNOTATION: ""}, "invalid annotation joblease.io/job: ''"),
+    ({"joblease.io/on-loss": "kill"}, "invalid annotation joblease.io/on-loss: 'kill' is not one"),
+    ({"joblease.io/api-port": "http"}, "invalid annotation joblease.io/api-port: 'http'"),
+    ({"joblease.io/probe-port": "70000"}, "invalid annotation joblease.io/probe-port: '70000'"),
+    ({"joblease.io/api-port": "8471"}, "both are 8471"),
+    ({"joblease.io/api-token-secret": "No/Such"}, "joblease.io/api-token-secret: 'No/Such'"),
+    ({"joblease.io/worker-process-name": "a b"}, "joblease.io/worker-process-name: 'a b'"),
+    ({"joblease.io/onloss": "none"}, "unknown annotation joblease.io/onloss"),
+])
+def test_invalid_annotations_are_refused_naming_the_annotation(notes: dict[str, str],
+                                                               says: str) -> None:
+    pod = _bare_pod(**notes)
+    with pytest.raises(InjectionRefused) as err:
+        plan(pod, SETTINGS, namespace=NS)
+    assert says in str(err.value)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (lambda s: s["volumes"].append({"name": "joblease-run", "emptyDir": {}}),
+     "already has a volume named 'joblease-run'"),
+    (lambda s: s["containers"][0]["volumeMounts"].append(
+        {"name": "worker-script", "mountPath": "/run/joblease"}),
+     "already mounts /run/joblease"),
+    (lambda s: s["containers"][0].setdefault("ports", []).append({"containerPort": 8470}),
+     "uses port 8470"),
+    (lambda s: s.update(shareProcessNamespace=False), "signal needs spec.shareProcessNamespace"),
+])
+def test_conflicting_pods_are_refused_with_the_reason(change: Any, says: str) -> None:
+    pod = _bare_pod()
+    change(pod["spec"])
+    with pytest.raises(InjectionRefused, match=says):
+        plan(pod, SETTINGS, namespace=NS)
+
+
+def test_settings_from_the_chart_json_refuse_unknown_keys() -> None:
+    s = SidecarSettings.from_json({"image": "img:1", "args": ["run", "sidecar"],
+                                   "etcdEndpoints": "https://e:2379"})
+    assert s.image == "img:1" and s.args == ("run", "sidecar")
+    with pytest.raises(ValueError, match="unknown sidecar settings"):
+        SidecarSettings.from_json({"imagee": "x"})
+    with pytest.raises(ValueError, match="image must not be empty"):
+        SidecarSettings.from_json({"image": ""})
+
+
+def _review(pod: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-1", "namespace": NS, "operation": "CREATE",
+                        "kind": {"group": "", "version": "v1", "kind": "Pod"}, "object": pod}}
+
+
+def test_review_response_carries_the_patch_or_the_refusal() -> None:
+    pod = _bare_pod()
+    answer = review_response(_review(pod), SETTINGS, exists=False)
+    response = answer["response"]
+    assert answer["kind"] == "AdmissionReview" and response["uid"] == "u-1"
+    assert response["allowed"] is True and response["patchType"] == "JSONPatch"
+    patch = json.loads(base64.b64decode(response["patch"]))
+    assert patch == plan(pod, SETTINGS, namespace=NS).patch
+    assert response["warnings"][0].startswith("joblease: JobLease team-a/nightly-report")
+    refused = review_response(_review(_bare_pod(**{"joblease.io/on-loss": "kill"})),
+                              SETTINGS)["response"]
+    assert refused["allowed"] is False and refused["status"]["code"] == 400
+    assert "joblease.io/on-loss" in refused["status"]["message"]
+    assert "patch" not in refused
+    untouched = review_response(_review({"metadata": {"name": "p"}, "spec": {}}),
+                                SETTINGS)["response"]
+    assert untouched == {"uid": "u-1", "allowed": True}
+    with pytest.raises(ValueError):
+        review_response({"request": {"object": {}}}, SETTINGS)
+
+
+def test_json_pointer_escaping_of_the_annotation_key() -> None:
+    assert injection._escape("joblease.io/injected") == "joblease.io~1injected"
+    assert injection._escape("a~b/c") == "a~0b~1c"

@@ -1,0 +1,132 @@
+"""The webhook server (joblease.operator.webhook) over real TLS on a loopback port.
+
+Real: the aiohttp server, TLS with a certificate made here (``cryptography``), an
+aiohttp client verifying it. Faked: the JobLease lookup (a function answering
+from a set) instead of the API server, because these tests are about the HTTP
+and TLS side; tests/cluster/test_injection.py covers the API server calling it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import json
+import ssl
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from joblease.keys import JobRef
+from joblease.operator.injection import JOB_ANNOTATION, SidecarSettings
+from joblease.operator.webhook import PATH, WebhookConfig, WebhookServer
+from tests.waiting import wait_until
+
+
+def _write_cert(directory: Path, common_name: str) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=1))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    (directory / "tls.key.new").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    (directory / "tls.crt.new").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    # replaced as the kubelet swaps a Secret volume's files: whole, never half-written
+    (directory / "tls.key.new").rename(directory / "tls.key")
+    (directory / "tls.crt.new").rename(directory / "tls.crt")
+
+
+def _review(annotations: dict[str, str]) -> dict[str, Any]:
+    pod = {"metadata": {"generateName": "w-", "namespace": "ns", "annotations": annotations},
+           "spec": {"containers": [{"name": "worker", "image": "busybox"}]}}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "abc", "namespace": "ns", "operation": "CREATE", "object": pod}}
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> Any:
+    _write_cert(tmp_path, "first")
+    known = {JobRef("ns", "present")}
+
+    async def lookup(ref: JobRef) -> bool | None:
+        return ref in known
+
+    config = WebhookConfig(port=0, host="127.0.0.1", cert_file=str(tmp_path / "tls.crt"),
+                           key_file=str(tmp_path / "tls.key"), settings=SidecarSettings(),
+                           reload_interval=0.1)
+    srv = WebhookServer(config, lookup)
+    await srv.start()
+    yield srv, tmp_path
+    await srv.stop()
+
+
+def _client_ssl(directory: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(directory / "tls.crt"))
+
+
+async def _post(srv: WebhookServer, directory: Path, body: Any) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as session, session.post(
+            f"https://localhost:{srv.port}{PATH}", json=body,
+            ssl=_client_ssl(directory)) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def test_annotated_pod_is_answered_with_a_patch_over_tls(server: Any) -> None:
+    srv, directory = server
+    status, answer = await _post(srv, directory, _review({JOB_ANNOTATION: "present"}))
+    assert status == 200
+    response = answer["response"]
+    assert response["uid"] == "abc" and response["allowed"] is True
+    patch = json.loads(base64.b64decode(response["patch"]))
+    sidecar = patch[0]["value"][0]
+    assert patch[0]["path"] == "/spec/initContainers" and sidecar["name"] == "joblease"
+    # the lookup found the JobLease; the one warning is about the worker's user
+    (warning,) = response["warnings"]
+    assert "'worker' runs as the image user" in warning
+
+
+async def test_missing_joblease_is_warned_about_and_bad_values_refused(server: Any) -> None:
+    srv, directory = server
+    _, answer = await _post(srv, directory, _review({JOB_ANNOTATION: "absent"}))
+    assert answer["response"]["allowed"] is True
+    assert "JobLease ns/absent does not exist" in answer["response"]["warnings"][0]
+    _, answer = await _post(srv, directory, _review({JOB_ANNOTATION: "present",
+                                                     "joblease.io/api-port": "0"}))
+    assert answer["response"]["allowed"] is False
+    assert "joblease.io/api-port: '0'" in answer["response"]["status"]["message"]
+
+
+async def test_a_body_that_is_no_review_gets_400(server: Any) -> None:
+    srv, directory = server
+    status, body = await _post(srv, directory, {"kind": "AdmissionReview"})
+    assert status == 400 and "request" in body["error"]
+
+
+async def test_a_renewed_certificate_is_served_without_a_restart(server: Any) -> None:
+    srv, directory = server
+
+    def served_name() -> str:
+        pem = ssl.get_server_certificate(("127.0.0.1", srv.port))
+        cert = x509.load_pem_x509_certificate(pem.encode())
+        return str(cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value)
+
+    assert await asyncio.to_thread(served_name) == "first"
+    _write_cert(directory, "second")
+    await asyncio.to_thread(wait_until, lambda: served_name() == "second", timeout=30,
+                            what="the renewed certificate served", interval=0.1)
+    status, _ = await _post(srv, directory, _review({JOB_ANNOTATION: "present"}))
+    assert status == 200  # verified against the new certificate
