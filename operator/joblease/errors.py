@@ -34,8 +34,10 @@ class InvalidInputError(JobLeaseError, ValueError):
 
 
 class PayloadTooLargeError(InvalidInputError):
-    """A result or checkpoint over the size limit: bad input like any other
-    (same reason and exit code), which HTTP answers with 413."""
+    """A result or checkpoint over its size limit: bad input like any other
+    (same reason and exit code), but one a worker sends as a request body
+    (the sidecar's ``/v1/complete``, ``/v1/checkpoint``), so HTTP answers 413.
+    Other oversized input (a registration's parameters) stays a plain 400."""
 
     http_status = 413
 

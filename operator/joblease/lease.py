@@ -28,6 +28,7 @@ from joblease.errors import (
     JobLeaseError,
     LeaseLostError,
     OutcomeUnknownError,
+    PayloadTooLargeError,
     StaleTokenError,
     StoreUnavailableError,
 )
@@ -268,7 +269,8 @@ class Lease:
         and it can commit at most once); :class:`OutcomeUnknownError` if it
         cannot be settled.
         """
-        validation.json_payload(data, "checkpoint", validation.MAX_CHECKPOINT_BYTES)
+        validation.json_payload(data, "checkpoint", validation.MAX_CHECKPOINT_BYTES,
+                                PayloadTooLargeError)
         value = CheckpointRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
                                  generation=self.generation, data=data,
                                  checkpointed_at=time.time()).encode()
@@ -321,7 +323,8 @@ class Lease:
         """
         if self._state is LeaseState.COMPLETED and self.result is not None:
             return self.result
-        validation.json_payload(result, "result", validation.MAX_RESULT_BYTES)
+        validation.json_payload(result, "result", validation.MAX_RESULT_BYTES,
+                                PayloadTooLargeError)
         value = ResultRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
                              generation=self.generation, result=result,
                              completed_at=time.time()).encode()

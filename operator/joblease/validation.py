@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from joblease.errors import InvalidInputError, PayloadTooLargeError
+from joblease.errors import InvalidInputError
 from joblease.keys import JobRef
 
 #: etcd raises any TTL under its minimum (2 s by default) and counts whole seconds.
@@ -104,14 +104,16 @@ def token(value: object) -> int:
     return value
 
 
-def json_payload(value: Any, what: str, limit: int) -> bytes:
-    """Serialize ``value`` as compact JSON and refuse it above ``limit`` bytes."""
+def json_payload(value: Any, what: str, limit: int,
+                 too_large: type[InvalidInputError] = InvalidInputError) -> bytes:
+    """Serialize ``value`` as compact JSON and refuse it above ``limit`` bytes
+    (raising ``too_large``: :class:`PayloadTooLargeError` for request bodies)."""
     try:
         data = json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInputError(f"invalid {what}: not JSON-serializable ({exc})") from None
     if len(data) > limit:
-        raise PayloadTooLargeError(
+        raise too_large(
             f"{what} too large: {len(data)} bytes of JSON, the limit is {limit} bytes"
         )
     return data
