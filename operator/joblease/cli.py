@@ -20,18 +20,25 @@ import click
 
 from joblease.client import JobLeaseClient
 from joblease.errors import CorruptRecordError, InvalidInputError, JobLeaseError
-from joblease.etcd_store import EtcdConfig
+from joblease.etcd_store import (
+    DEFAULT_ENDPOINT,
+    EtcdConfig,
+    parse_endpoints,
+    read_password_file,
+)
 from joblease.keys import JobRef
 from joblease.lease import LeaseState
 from joblease.records import JobSpec, JobState, Phase
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_ETCD_DEFAULTS = EtcdConfig()
+
 
 def etcd_options(fn: F) -> F:
     """The etcd connection options shared by every verb that talks to etcd."""
     options = [
-        click.option("--endpoints", envvar="JOBLEASE_ETCD_ENDPOINTS", default="127.0.0.1:2379",
+        click.option("--endpoints", envvar="JOBLEASE_ETCD_ENDPOINTS", default=DEFAULT_ENDPOINT,
                      show_default=True, help="Comma-separated etcd endpoints."),
         click.option("--ca-file", envvar="JOBLEASE_ETCD_CA_FILE", help="CA bundle (enables TLS)."),
         click.option("--cert-file", envvar="JOBLEASE_ETCD_CERT_FILE",
@@ -44,9 +51,10 @@ def etcd_options(fn: F) -> F:
         click.option("--password-file", envvar="JOBLEASE_ETCD_PASSWORD_FILE",
                      type=click.Path(exists=True, dir_okay=False),
                      help="File holding the etcd password (JOBLEASE_ETCD_PASSWORD also works)."),
-        click.option("--root", envvar="JOBLEASE_ROOT", default="/joblease/v1", show_default=True,
-                     help="Key prefix under which jobs live."),
-        click.option("--timeout", "request_timeout", type=float, default=5.0, show_default=True,
+        click.option("--root", envvar="JOBLEASE_ROOT", default=_ETCD_DEFAULTS.root,
+                     show_default=True, help="Key prefix under which jobs live."),
+        click.option("--timeout", "request_timeout", type=float,
+                     default=_ETCD_DEFAULTS.request_timeout, show_default=True,
                      help="Per-request timeout in seconds."),
     ]
     for option in reversed(options):
@@ -62,22 +70,15 @@ def output_option(fn: F) -> F:
 def make_config(endpoints: str, ca_file: str | None, cert_file: str | None,
                 key_file: str | None, server_name: str | None, user: str | None,
                 password_file: str | None, root: str, request_timeout: float) -> EtcdConfig:
-    """The options (click already folded in their environment variables) read the
-    same way every other component reads its environment: ``EtcdConfig.from_env``."""
-    import os
-
-    options = {
-        "JOBLEASE_ETCD_ENDPOINTS": endpoints, "JOBLEASE_ETCD_CA_FILE": ca_file,
-        "JOBLEASE_ETCD_CERT_FILE": cert_file, "JOBLEASE_ETCD_KEY_FILE": key_file,
-        "JOBLEASE_ETCD_SERVER_NAME": server_name, "JOBLEASE_ETCD_USERNAME": user,
-        "JOBLEASE_ETCD_PASSWORD_FILE": password_file, "JOBLEASE_ROOT": root,
-        # a password file given as an option wins over a password in the environment
-        "JOBLEASE_ETCD_PASSWORD": None if password_file else os.environ.get(
-            "JOBLEASE_ETCD_PASSWORD"),
-    }
-    environ = {k: v for k, v in options.items() if v}
-    environ.update(JOBLEASE_ETCD_ENDPOINTS=endpoints, JOBLEASE_ROOT=root)  # even if empty
-    return EtcdConfig.from_env(environ, request_timeout=request_timeout)
+    """The options (click already folded in their environment variables) as
+    overrides of ``EtcdConfig.from_env``, which reads the rest (the password)
+    the way every other component does. A password file given as an option
+    wins over a password in the environment."""
+    return EtcdConfig.from_env(
+        endpoints=parse_endpoints(endpoints), ca_file=ca_file, cert_file=cert_file,
+        key_file=key_file, server_name=server_name, username=user,
+        password=(read_password_file(password_file) or None) if password_file else None,
+        root=root, request_timeout=request_timeout)
 
 
 ETCD_KEYS = ("endpoints", "ca_file", "cert_file", "key_file", "server_name", "user",
@@ -497,26 +498,6 @@ def dev(members: int) -> None:
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (0.0.0.0 in a pod, so that its Service reaches it).")
-@click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
-@click.option("--db", default=None,
-              help="SQLite file for the ledger and its gate, written in one transaction "
-                   "per entry (default: both in memory, gone on restart).")
-@click.option("--root-path", default="",
-              help="The path prefix a proxy serves the ledger under (e.g. /api).")
-def ledger(host: str, port: int, db: str | None, root_path: str) -> None:
-    """Serve the example ledger destination: writes with a stale fencing token get 409
-    (docs/fencing.md; examples/ledger.yaml runs it in a cluster)."""
-    import uvicorn
-
-    from joblease.fencing.destination import create_app
-
-    uvicorn.run(create_app(db=db), host=host, port=port, log_level="info",
-                root_path=root_path)
-
-
-@main.command()
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:
     """Print the shell completion script: eval "$(joblease completion bash)"."""
@@ -534,6 +515,7 @@ def _register_optional_commands() -> None:
 
     for module, attr in (("joblease.demo", "demo_command"),
                          ("joblease.sidecar.command", "sidecar_command"),
+                         ("joblease.fencing.command", "ledger_command"),
                          ("joblease.operator.command", "operator_command")):
         try:
             command = getattr(importlib.import_module(module), attr)

@@ -1,6 +1,7 @@
 """The protocol's entry point: register, claim, inspect and watch jobs.
 
-Claim (invariant 1) is one etcd transaction:
+Claim (invariant ``claim-is-one-transaction``, docs/protocol.md) is one etcd
+transaction:
 
     if  mod(spec) == the spec revision we know   (registered, spec unchanged)
     and create(holder) == 0                      (no live holder)
@@ -453,7 +454,7 @@ class JobLeaseClient:
         self, job: JobRef, keys: JobKeys, owner: str, claim_id: str, holder_value: bytes,
         session: Session, spec: JobSpec, revoked: list[int],
     ) -> Lease | None:
-        """Invariant 7: a claim whose response was lost is resolved by reading back.
+        """Invariant ``read-back``: a claim whose response was lost is resolved by reading back.
 
         The holder record carries our unique claim id, so "my claim committed"
         is told apart from "someone else holds it" (then the retry raises

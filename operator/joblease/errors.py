@@ -33,6 +33,15 @@ class InvalidInputError(JobLeaseError, ValueError):
     http_status = 400
 
 
+class PayloadTooLargeError(InvalidInputError):
+    """A result or checkpoint over its size limit: bad input like any other
+    (same reason and exit code), but one a worker sends as a request body
+    (the sidecar's ``/v1/complete``, ``/v1/checkpoint``), so HTTP answers 413.
+    Other oversized input (a registration's parameters) stays a plain 400."""
+
+    http_status = 413
+
+
 class NotRegisteredError(JobLeaseError, LookupError):
     """The job has no registration record in etcd."""
 
@@ -166,7 +175,8 @@ class OutcomeUnknownError(StoreUnavailableError):
     """A write was sent but its outcome is unknown (timeout or dropped connection).
 
     Raised by the store layer; the protocol resolves it by reading back
-    (DESIGN.md invariant 7) and surfaces it only when read-back failed too.
+    (invariant ``read-back``, docs/protocol.md#read-back) and surfaces it only
+    when read-back failed too.
     """
 
     reason = "unknown"

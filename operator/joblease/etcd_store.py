@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from joblease.errors import (
     PermissionDeniedError,
     StoreUnavailableError,
 )
+from joblease.keys import DEFAULT_ROOT
 from joblease.store import (
     Compare,
     Delete,
@@ -73,15 +74,40 @@ def _stale_token(details: str) -> bool:
     return any(h in details for h in _STALE_TOKEN_HINTS)
 
 
+#: Where a local etcd listens unless told otherwise (etcd's own default client URL).
+DEFAULT_ENDPOINT = "127.0.0.1:2379"
+
+#: Environment variables of the plain string settings: attribute -> variable.
+_ENV_STRINGS = {
+    "ca_file": "JOBLEASE_ETCD_CA_FILE",
+    "cert_file": "JOBLEASE_ETCD_CERT_FILE",
+    "key_file": "JOBLEASE_ETCD_KEY_FILE",
+    "server_name": "JOBLEASE_ETCD_SERVER_NAME",
+    "username": "JOBLEASE_ETCD_USERNAME",
+}
+
+
+def parse_endpoints(text: str) -> tuple[str, ...]:
+    """``a:2379, https://b:2379`` -> ``("a:2379", "https://b:2379")``."""
+    return tuple(e.strip() for e in text.split(",") if e.strip())
+
+
+def read_password_file(path: str) -> str:
+    """A mounted Secret's value, without the trailing newline editors add."""
+    with open(path) as f:
+        return f.read().strip()
+
+
 @dataclass(frozen=True)
 class EtcdConfig:
     """How to reach etcd. TLS, mutual TLS and auth are configuration, not code.
 
     ``endpoints``: ``host:port`` or ``http(s)://host:port``; an ``https``
-    scheme, or any TLS file, switches to TLS.
+    scheme, or any TLS file, switches to TLS. The defaults here are the only
+    ones: :meth:`from_env` and the CLI's flags fall back to them.
     """
 
-    endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
+    endpoints: tuple[str, ...] = (DEFAULT_ENDPOINT,)
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
@@ -89,35 +115,35 @@ class EtcdConfig:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     request_timeout: float = 5.0
-    root: str = "/joblease/v1"
+    root: str = DEFAULT_ROOT
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> EtcdConfig:
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> EtcdConfig:
         """``JOBLEASE_ETCD_ENDPOINTS`` (comma separated), ``JOBLEASE_ETCD_CA_FILE``,
         ``..._CERT_FILE``, ``..._KEY_FILE``, ``..._SERVER_NAME``, ``..._USERNAME``,
-        ``..._PASSWORD`` or ``..._PASSWORD_FILE`` (a mounted Secret), ``JOBLEASE_ROOT``."""
+        ``..._PASSWORD`` or ``..._PASSWORD_FILE`` (a mounted Secret), ``JOBLEASE_ROOT``.
+
+        ``overrides`` (flags) win over the environment when not ``None``; what
+        neither sets keeps the dataclass default."""
         env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        if "JOBLEASE_ETCD_ENDPOINTS" in env:
+            values["endpoints"] = parse_endpoints(env["JOBLEASE_ETCD_ENDPOINTS"])
+        for attr, variable in _ENV_STRINGS.items():
+            if env.get(variable):
+                values[attr] = env[variable]
         password = env.get("JOBLEASE_ETCD_PASSWORD")
         if not password and env.get("JOBLEASE_ETCD_PASSWORD_FILE"):
-            with open(env["JOBLEASE_ETCD_PASSWORD_FILE"]) as f:
-                password = f.read().strip()
-        values: dict[str, Any] = {
-            "endpoints": tuple(
-                e.strip() for e in env.get("JOBLEASE_ETCD_ENDPOINTS", "127.0.0.1:2379").split(",")
-                if e.strip()
-            ),
-            "ca_file": env.get("JOBLEASE_ETCD_CA_FILE") or None,
-            "cert_file": env.get("JOBLEASE_ETCD_CERT_FILE") or None,
-            "key_file": env.get("JOBLEASE_ETCD_KEY_FILE") or None,
-            "server_name": env.get("JOBLEASE_ETCD_SERVER_NAME") or None,
-            "username": env.get("JOBLEASE_ETCD_USERNAME") or None,
-            "password": password or None,
-            "root": env.get("JOBLEASE_ROOT", "/joblease/v1"),
-        }
+            password = read_password_file(env["JOBLEASE_ETCD_PASSWORD_FILE"])
+        if password:
+            values["password"] = password
+        if "JOBLEASE_ROOT" in env:
+            values["root"] = env["JOBLEASE_ROOT"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
     def with_(self, **changes: Any) -> EtcdConfig:
+        """A copy with ``changes`` (the one copy-with-changes name of every config)."""
         return dataclasses.replace(self, **changes)
 
     @property

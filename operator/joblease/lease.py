@@ -28,6 +28,7 @@ from joblease.errors import (
     JobLeaseError,
     LeaseLostError,
     OutcomeUnknownError,
+    PayloadTooLargeError,
     StaleTokenError,
     StoreUnavailableError,
 )
@@ -268,7 +269,8 @@ class Lease:
         and it can commit at most once); :class:`OutcomeUnknownError` if it
         cannot be settled.
         """
-        validation.json_payload(data, "checkpoint", validation.MAX_CHECKPOINT_BYTES)
+        validation.json_payload(data, "checkpoint", validation.MAX_CHECKPOINT_BYTES,
+                                PayloadTooLargeError)
         value = CheckpointRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
                                  generation=self.generation, data=data,
                                  checkpointed_at=time.time()).encode()
@@ -321,7 +323,8 @@ class Lease:
         """
         if self._state is LeaseState.COMPLETED and self.result is not None:
             return self.result
-        validation.json_payload(result, "result", validation.MAX_RESULT_BYTES)
+        validation.json_payload(result, "result", validation.MAX_RESULT_BYTES,
+                                PayloadTooLargeError)
         value = ResultRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
                              generation=self.generation, result=result,
                              completed_at=time.time()).encode()
@@ -334,7 +337,7 @@ class Lease:
                 )
             except OutcomeUnknownError:
                 log.info("completion of %s has an unknown outcome; reading back", self.job)
-                # Invariant 7: read back. If our result is there, it committed; if
+                # Invariant read-back (docs/protocol.md). If our result is there, it committed; if
                 # the holder is still ours, it did not and the same conditional
                 # transaction is safe to send again (it can commit at most once).
                 outcome = await self._read_back("completion")
@@ -436,7 +439,7 @@ class Lease:
 
     @staticmethod
     async def check_all(holders: list[object]) -> None:
-        """Re-check many holders with few requests (invariant 3 at scale).
+        """Re-check many holders with few requests (invariant ``renew-checks-holder`` at scale).
 
         One transaction per chunk of 64 handles (two compares each, within
         etcd's default ``--max-txn-ops`` of 128) proves every holder key in

@@ -4,7 +4,8 @@ Like etcd's Go ``concurrency.Session``: a client keeps one etcd lease per TTL
 and binds every holder key it creates to it, so a claim costs no extra round
 trip for a lease grant.
 
-Expiry is decided by etcd (invariant 2). Locally the session only keeps a
+Expiry is decided by etcd (invariant ``etcd-decides-expiry``, docs/protocol.md).
+Locally the session only keeps a
 *safety deadline* on the monotonic clock: ``time a keep-alive was sent +
 the TTL etcd reset the lease to - margin``. Measuring from the send (not the
 answer) means the deadline can only be early, never late, whatever the

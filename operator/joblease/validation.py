@@ -104,14 +104,16 @@ def token(value: object) -> int:
     return value
 
 
-def json_payload(value: Any, what: str, limit: int) -> bytes:
-    """Serialize ``value`` as compact JSON and refuse it above ``limit`` bytes."""
+def json_payload(value: Any, what: str, limit: int,
+                 too_large: type[InvalidInputError] = InvalidInputError) -> bytes:
+    """Serialize ``value`` as compact JSON and refuse it above ``limit`` bytes
+    (raising ``too_large``: :class:`PayloadTooLargeError` for request bodies)."""
     try:
         data = json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInputError(f"invalid {what}: not JSON-serializable ({exc})") from None
     if len(data) > limit:
-        raise InvalidInputError(
+        raise too_large(
             f"{what} too large: {len(data)} bytes of JSON, the limit is {limit} bytes"
         )
     return data

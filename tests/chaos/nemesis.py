@@ -40,7 +40,6 @@ that ``delay-destination`` can hold.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 import signal
@@ -49,12 +48,13 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from joblease import EtcdConfig
 from joblease.embedded import EtcdCluster
 from joblease.errors import JobLeaseError
 from joblease.etcd_store import EtcdStore
+from tests.support.proxy import ChaosProxy, PartitionMode
 
 FAULT_TYPES = (
     "pause-short-worker", "pause-long-worker", "pause-short-sidecar", "pause-long-sidecar",
@@ -64,86 +64,7 @@ FAULT_TYPES = (
 
 OPERATOR_FAULT_TYPES = ("kill-operator", "rollout-operator")
 
-Mode = Literal["pass", "blackhole", "delay"]
-
-
-class ChaosProxy:
-    """A TCP proxy to one etcd member (after tests/support/proxy.py's LossyProxy).
-
-    ``pass`` forwards; ``blackhole`` swallows every byte both ways (connections
-    stay open, nothing arrives: a partition); ``delay`` holds each chunk for
-    ``delay`` seconds, keeping order. :meth:`sever` closes every connection
-    (what a client sees when a partition heals: its old connections are dead).
-    """
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.mode: Mode = "pass"
-        self.delay = 0.0
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._conns: set[asyncio.StreamWriter] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def start(self) -> ChaosProxy:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    def blackholed(self) -> bool:
-        return self.mode == "blackhole"
-
-    def sever(self) -> None:
-        for w in list(self._conns):
-            with contextlib.suppress(Exception):
-                w.transport.abort()
-        self._conns.clear()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(*self.upstream), 2.0)
-        except (OSError, TimeoutError):
-            writer.transport.abort()  # member down: the client fails over
-            return
-        self._conns.update((writer, up_writer))
-
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                       linger: float) -> None:
-            with contextlib.suppress(ConnectionError, asyncio.CancelledError, OSError):
-                while data := await src.read(65536):
-                    if self.mode == "blackhole":
-                        continue
-                    if self.mode == "delay" and self.delay > 0:
-                        await asyncio.sleep(self.delay)
-                        if self.blackholed():  # the mode may have changed meanwhile
-                            continue
-                    dst.write(data)
-                    await dst.drain()
-                # The client gave up (e.g. a timeout): what it sent was delivered
-                # already; give the server a moment with it before closing.
-                await asyncio.sleep(linger)
-            with contextlib.suppress(Exception):
-                dst.transport.abort()
-            self._conns.discard(dst)
-
-        for coro in (pump(reader, up_writer, 1.0), pump(up_reader, writer, 0.0)):
-            task = asyncio.create_task(coro)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        self.sever()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
+Mode = PartitionMode
 
 class ProxyGroup:
     """One process's own proxies, one per etcd member: its only way to etcd."""

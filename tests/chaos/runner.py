@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from joblease.embedded import EtcdCluster
@@ -53,6 +52,7 @@ from tests.chaos.nemesis import (
     Target,
 )
 from tests.chaos.workload import SQL_TABLE, effects_prefix, ledger_name
+from tests.support.served import Served  # the example ledger and the /direct gates
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "chaos"
@@ -165,33 +165,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-class Served:
-    """The example ledger (FencingMiddleware + MemoryGate) and the direct-gate
-    destinations (``/direct``) under uvicorn, in a thread."""
-
-    def __init__(self, app: Any) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off",
-            # longer than any client keeps a pooled connection (see tests/fencing/conftest.py)
-            backlog=512, timeout_keep_alive=300))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def start(self) -> Served:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 class Proc:

@@ -9,47 +9,15 @@ when set (pytest rotates old tmp_paths away).
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.chaos.runner import ChaosConfig, Report, run
-
-
-def _run_dir(tmp_path: Path, name: str) -> Path:
-    base = os.environ.get("JOBLEASE_CHAOS_DIR")
-    if base:
-        return Path(base) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return tmp_path / name
-
-
-def _judge(report: Report) -> None:
-    print("\n" + report.summary())
-    print(f"report: {Path(report.run_dir) / 'report.json'}")
-    assert report.violations == [], json.dumps(report.violations[:10], indent=2)
-    scheduled = tuple(report.config["fault_types"])
-    missing = [t for t in (*scheduled, "clock-skew") if not report.faults_by_type.get(t)]
-    assert not missing, f"fault types never injected: {missing}"
-    assert report.unexpected_exits == [], report.unexpected_exits
-    assert report.jobs_completed == report.jobs_registered
-    ops = report.operations
-    assert ops["claim"]["accepted"] >= report.jobs_registered
-    assert ops["write"]["accepted"] > 0
-    # every destination took effects, the gates called directly included
-    dests = {"http", "sqlite", "direct-memory", "direct-sqlite", "etcd"}
-    if report.config["pg_dsn"]:
-        dests.add("pg")
-    assert {d for d, n in report.destination_entries.items() if n} >= dests, \
-        report.destination_entries
-    # writes were re-sent with their idempotency key (the duplicate rule was exercised)
-    assert ops["write"].get("resent", 0) > 0
-    # the sidecar pairs really worked (claims through the sidecar's HTTP API)
-    assert report.sidecar_claims > 0
+from tests.chaos.runner import ChaosConfig, run
+from tests.chaos.verdict import judge as _judge
+from tests.chaos.verdict import run_dir as _run_dir
 
 
 def _sidecars(impl: str, argv: list[str], shorter: float | None = None) -> dict[str, Any]:

@@ -25,7 +25,8 @@ import pytest
 
 from tests.chaos.nemesis import FAULT_TYPES, OPERATOR_FAULT_TYPES
 from tests.chaos.runner import ChaosConfig, run
-from tests.chaos.test_chaos import _judge, _run_dir
+from tests.chaos.verdict import judge as _judge
+from tests.chaos.verdict import run_dir as _run_dir
 from tests.support.binaries import REPO_ROOT
 from tests.support.controlplane import ControlPlane
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from joblease import EtcdConfig
-from tests.cli.test_cli import LONG_TTL, as_json, jl
+from tests.support.cli import LONG_TTL, as_json, jl
 from tests.support.etcd_keys import gateway_snapshot, writes
 
 

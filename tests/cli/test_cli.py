@@ -8,34 +8,12 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
 
 import pytest
 
 from joblease import EtcdConfig
+from tests.support.cli import LONG_TTL, as_json, jl
 from tests.waiting import wait_until
-
-#: TTL for jobs whose holder must still be there a few CLI runs later. A claim
-#: without ``--hold`` is never renewed, and each ``jl`` call is a fresh Python
-#: process (seconds apiece on a loaded machine), so a short TTL lets the holder
-#: expire between steps and the test observe an expiry it is not about. No test
-#: here waits for this TTL: it is a lifetime longer than any test, not a wait.
-LONG_TTL = "600"
-
-
-def jl(config: EtcdConfig, *args: str, check: int | None = 0, timeout: float = 60
-       ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "JOBLEASE_ETCD_ENDPOINTS": ",".join(config.endpoints),
-           "JOBLEASE_ROOT": config.root}
-    done = subprocess.run([sys.executable, "-m", "joblease.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    if check is not None:
-        assert done.returncode == check, (done.returncode, done.stdout, done.stderr)
-    return done
-
-
-def as_json(done: subprocess.CompletedProcess[str]) -> Any:
-    return json.loads(done.stdout)
 
 
 def test_register_claim_complete_get_list_cycle(etcd_config: EtcdConfig) -> None:

@@ -8,7 +8,7 @@ import json
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef
 from joblease.store import Put
-from tests.cli.test_cli import as_json, jl
+from tests.support.cli import as_json, jl
 
 
 def put_raw(config: EtcdConfig, job: JobRef, field: str, value: bytes) -> None:

@@ -25,7 +25,8 @@ from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from joblease.embedded import EtcdCluster
 from joblease.etcd_store import EtcdStore
 from joblease.tenancy import enable_auth
-from tests.conftest import _attach_on_failure, etcd_binary
+from tests.support.etcd import etcd_binary
+from tests.support.failure_logs import attach_on_failure
 
 PASSWORD = "r00t-" + uuid.uuid4().hex
 
@@ -42,7 +43,7 @@ async def auth_etcd(request: pytest.FixtureRequest) -> AsyncIterator[tuple[EtcdC
         yield cluster, EtcdConfig(endpoints=cluster.endpoints, username="root",
                                   password=PASSWORD, root=f"/auth-restart/{uuid.uuid4().hex}")
     finally:
-        _attach_on_failure(request, "etcd log", cluster.log_tails)
+        attach_on_failure(request, "etcd log", cluster.log_tails)
         cluster.stop()
 
 

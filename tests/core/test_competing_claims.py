@@ -105,7 +105,7 @@ async def test_slow_clock_holder_is_still_fenced_by_the_store(client: JobLeaseCl
     the store rejects its completion anyway, because etcd decided the expiry."""
     import time
 
-    from tests.core.procs import WorkerProc
+    from tests.support.worker_proc import WorkerProc
 
     assert FAKETIME is not None
     job = JobRef("default", "slow-clock")

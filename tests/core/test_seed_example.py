@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from joblease import JobLeaseClient, JobRef, JobSpec, Phase
-from tests.core.procs import WorkerProc
+from tests.support.worker_proc import WorkerProc
 from tests.waiting import claim_when_free, wait_until
 
 TTL = 2

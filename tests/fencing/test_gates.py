@@ -11,7 +11,6 @@ import asyncio
 import json
 import sqlite3
 import threading
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -35,26 +34,9 @@ from joblease.fencing import (
 )
 from joblease.fencing.sql import ensure_schema_async
 from joblease.store import Put
+from tests.support.fenced_history import Outcome, check_fenced_history
 
-Outcome = tuple[int, int, bool, int | None]  # writer, token, accepted, highest when refused
 TOKENS = [(i * 37) % 23 + 1 for i in range(100)]  # mixed, with repeats, max 23
-
-
-def check_fenced_history(outcomes: list[Outcome], committed: list[tuple[int, int]]) -> None:
-    """``committed``: (writer, token) of the destination's effects in commit order."""
-    assert len(outcomes) == len({o[0] for o in outcomes})
-    tokens = [t for _, t in committed]
-    assert tokens == sorted(tokens), f"accepted tokens decreased in commit order: {tokens}"
-    accepted = {(w, t) for w, t, ok, _ in outcomes if ok}
-    assert Counter(committed) == Counter(accepted), "accepted effects lost or extra ones applied"
-    for writer, token, ok, highest in outcomes:
-        if not ok:
-            assert highest is not None and highest > token, (writer, token, highest)
-            assert highest in tokens, "refused by a mark no accepted effect set"
-    assert max(o[1] for o in outcomes) in tokens
-    # Every write below the mark at its commit was refused: each accepted effect was
-    # >= every effect committed before it (checked above), and nothing else committed.
-    assert len(committed) + sum(1 for o in outcomes if not o[2]) == len(outcomes)
 
 
 # -- etcd ---------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 
 from examples.destination import create_app
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec, StaleTokenError
+from joblease.embedded import free_port
 from joblease.fencing.http import (
     HEADER_IDEMPOTENCY_KEY,
     HEADER_JOB,
@@ -23,8 +24,9 @@ from joblease.fencing.http import (
     FencingAuth,
     fencing_headers,
 )
-from tests.fencing.conftest import HoldingProxy, Served, free_port
-from tests.fencing.test_gates import check_fenced_history
+from tests.support.fenced_history import check_fenced_history
+from tests.support.proxy import HoldingProxy
+from tests.support.served import Served
 from tests.waiting import claim_when_free
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import httpx
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from joblease.fencing.destination import create_app
 from joblease.fencing.http import HEADER_IDEMPOTENCY_KEY, HEADER_REPLAYED, fencing_headers
-from tests.fencing.conftest import Served
+from tests.support.served import Served
 
 
 async def test_a_reregistered_jobs_effects_are_not_taken_for_the_old_incarnations(

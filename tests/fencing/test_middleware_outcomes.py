@@ -26,7 +26,7 @@ from joblease.fencing.http import (
     FencingMiddleware,
 )
 from joblease.fencing.sql import SqliteGate
-from tests.fencing.conftest import Served
+from tests.support.served import Served
 
 
 def _h(token: int, key: str | None = None) -> dict[str, str]:

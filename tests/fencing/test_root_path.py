@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
+from joblease.embedded import free_port
 from joblease.fencing.http import HEADER_JOB, HEADER_TOKEN, route_path
-from tests.fencing.conftest import free_port
 from tests.waiting import poll
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

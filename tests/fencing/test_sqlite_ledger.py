@@ -18,7 +18,7 @@ import httpx
 
 from joblease.fencing.destination import create_app
 from joblease.fencing.http import HEADER_IDEMPOTENCY_KEY, HEADER_JOB, HEADER_REPLAYED, HEADER_TOKEN
-from tests.fencing.conftest import Served
+from tests.support.served import Served
 
 POISON = ("CREATE TRIGGER poison BEFORE INSERT ON joblease_effects "
           "WHEN NEW.idempotency_key = 'default/j#g1.t7:append' "

@@ -18,13 +18,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.binaries import REPO_ROOT
+from tests.support.chart import CHART, helm_ok, release_name, set_args
 from tests.support.controlplane import ControlPlane
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.kube
 
-CHART = REPO_ROOT / "charts" / "joblease-operator"
 CRD_NAME = "jobleases.joblease.io"
 
 # A minimal stand-in for prometheus-operator's ServiceMonitor CRD: enough for the
@@ -44,25 +43,6 @@ SERVICE_MONITOR_CRD = {
 
 
 # ----------------------------------------------------------------------------- helpers
-def release_name(namespace: str) -> str:
-    """Unique per test (the namespace ends in a digest of the test id)."""
-    return f"jl-{namespace[-6:]}"
-
-
-def set_args(values: dict[str, Any]) -> list[str]:
-    """``--set-json`` arguments for a flat {dotted.key: value} mapping."""
-    args: list[str] = []
-    for key, value in values.items():
-        args += ["--set-json", f"{key}={json.dumps(value)}"]
-    return args
-
-
-def helm_ok(cp: ControlPlane, *args: str, timeout: float = 120) -> str:
-    result = cp.helm(*args, timeout=timeout)
-    assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
-    return result.stdout
-
-
 def render(cp: ControlPlane, namespace: str, values: dict[str, Any], *extra: str
            ) -> list[dict[str, Any]]:
     out = helm_ok(cp, "template", release_name(namespace), str(CHART), "-n", namespace,

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef
-from tests.kube.test_chart import CHART, helm_ok, release_name, set_args
+from tests.support.chart import CHART, helm_ok, release_name, set_args
 from tests.support.controlplane import ControlPlane
 from tests.support.operator import Kube, OperatorProcess, running_operator, wait_for
 

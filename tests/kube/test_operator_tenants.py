@@ -1,7 +1,7 @@
 """Per-namespace etcd credentials made by the operator (``--tenant-credentials``).
 
 Real kube-apiserver (``control_plane``), real etcd with TLS and auth enabled
-(``auth_etcd`` from tests/security/conftest.py), the operator as a real
+(``auth_etcd`` from tests/support/secure_etcd.py), the operator as a real
 process connected as etcd ``root``. Every wait is a condition with a
 deadline; the operator's log is attached on failure.
 """
@@ -33,9 +33,10 @@ from joblease.operator.tenants import (
 )
 from joblease.records import JobSpec
 from joblease.tenancy import EtcdAuthAdmin, tenant_status
-from tests.security.conftest import ROOT_PASSWORD, Pki, auth_etcd, pki  # noqa: F401
 from tests.support.controlplane import ControlPlane
+from tests.support.failure_logs import attach_on_failure
 from tests.support.operator import Kube, OperatorProcess, running_operator, wait_for
+from tests.support.secure_etcd import ROOT_PASSWORD, Pki
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -62,12 +63,7 @@ class TenantOperator(OperatorProcess):
 
 
 async def get_secret(kube: Kube) -> dict[str, Any] | None:
-    r = await kube.run("get", "secret", SECRET_NAME, "-o", "json")
-    if r.returncode != 0:
-        assert "NotFound" in r.stderr, r.stderr
-        return None
-    obj: dict[str, Any] = json.loads(r.stdout)
-    return obj
+    return await kube.get_object("secret", SECRET_NAME)
 
 
 def secret_data(secret: dict[str, Any]) -> dict[str, str]:
@@ -75,14 +71,12 @@ def secret_data(secret: dict[str, Any]) -> dict[str, str]:
 
 
 @pytest.fixture
-def base_config(auth_etcd: EtcdCluster, pki: Pki,  # noqa: F811
+def base_config(auth_etcd: EtcdCluster, pki: Pki,
                 request: pytest.FixtureRequest) -> Iterator[EtcdConfig]:
     """endpoints + TLS + a key root private to the test, no credentials."""
     yield EtcdConfig(endpoints=auth_etcd.endpoints, ca_file=str(pki.ca),
                      root=f"/joblease-tenants/{uuid.uuid4().hex[:12]}")
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        rep.sections.append(("etcd log", auth_etcd.log_tails()))
+    attach_on_failure(request, "etcd log", auth_etcd.log_tails)
 
 
 @pytest.fixture

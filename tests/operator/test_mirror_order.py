@@ -13,7 +13,7 @@ from joblease import JobLeaseClient, JobRef, JobSpec
 from joblease.operator.metrics import OperatorMetrics
 from joblease.operator.mirror import Mirror
 from joblease.store import Put
-from tests.operator.test_status import FakeClient, FakeKube, settle, state
+from tests.support.mirror_fakes import FakeClient, FakeKube, settle, state
 
 
 async def test_states_in_a_row_give_every_event_and_the_newest_status() -> None:

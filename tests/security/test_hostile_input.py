@@ -24,7 +24,7 @@ from joblease import validation as v
 from joblease.cli import main
 from joblease.embedded import EtcdCluster, free_port
 from joblease.errors import InvalidInputError
-from joblease.sidecar.api import RateLimiter, build_app, rate_limit_from_env
+from joblease.sidecar.api import RateLimiter, build_app
 from joblease.sidecar.config import SidecarConfig
 from joblease.sidecar.runner import SidecarRunner
 from tests.support.etcd_keys import KeyRevisions, gateway_snapshot, writes
@@ -115,12 +115,15 @@ def test_token_bucket() -> None:
 
 
 def test_rate_limit_setting() -> None:
-    assert rate_limit_from_env({}) == 50.0
-    assert rate_limit_from_env({"JOBLEASE_SIDECAR_RATE_LIMIT": "7.5"}) == 7.5
+    def rate_limit(**env: str) -> float | None:
+        return _app_runner(**env).config.rate_limit
+
+    assert rate_limit() == 50.0
+    assert rate_limit(JOBLEASE_SIDECAR_RATE_LIMIT="7.5") == 7.5
     for off in ("0", "off", "OFF", "none"):
-        assert rate_limit_from_env({"JOBLEASE_SIDECAR_RATE_LIMIT": off}) is None
+        assert rate_limit(JOBLEASE_SIDECAR_RATE_LIMIT=off) is None
     for bad in ("fast", "-3", "nan", "inf"):  # a typo must not switch the limit off
-        assert rate_limit_from_env({"JOBLEASE_SIDECAR_RATE_LIMIT": bad}) == 50.0
+        assert rate_limit(JOBLEASE_SIDECAR_RATE_LIMIT=bad) == 50.0
 
 
 def _app_runner(**env: str) -> SidecarRunner:
@@ -134,8 +137,8 @@ def _http(app: Any) -> httpx.AsyncClient:
 
 
 async def test_rate_limited_api_answers_429_json() -> None:
-    runner = _app_runner()
-    async with _http(build_app(runner, rate_limit=3)) as http:
+    runner = _app_runner(JOBLEASE_SIDECAR_RATE_LIMIT="3")
+    async with _http(build_app(runner)) as http:
         codes = [(await http.get("/v1/lease")).status_code for _ in range(3)]
         assert codes == [503, 503, 503]  # claiming (never connected): not limited yet
         r = await http.post("/v1/complete", json={"token": 1})
@@ -150,8 +153,9 @@ async def test_rate_limit_also_guards_the_bearer_check(tmp_path: Path) -> None:
     """Guessing the bearer token is throttled like everything else."""
     secret = tmp_path / "t"
     secret.write_text("right")
-    runner = _app_runner(JOBLEASE_SIDECAR_API_TOKEN_FILE=str(secret))
-    async with _http(build_app(runner, rate_limit=5)) as http:
+    runner = _app_runner(JOBLEASE_SIDECAR_API_TOKEN_FILE=str(secret),
+                         JOBLEASE_SIDECAR_RATE_LIMIT="5")
+    async with _http(build_app(runner)) as http:
         codes = [(await http.get("/v1/lease", headers={"Authorization": f"Bearer guess{i}"})
                   ).status_code for i in range(20)]
     assert codes[:5] == [401] * 5 and set(codes[5:]) == {429}
@@ -345,10 +349,10 @@ def test_malformed_http_is_refused_and_changes_nothing(
 
 
 async def test_deeply_nested_json_is_a_400() -> None:
-    runner = _app_runner()
+    runner = _app_runner(JOBLEASE_SIDECAR_RATE_LIMIT="off")
     depth = 20_000  # 40 KB: under the body limit, far over Python's recursion limit
     body = b'{"token": 1, "result": ' + b"[" * depth + b"]" * depth + b"}"
-    app = build_app(runner, rate_limit=None)
+    app = build_app(runner)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://sidecar") as http:
         r = await http.post("/v1/complete", content=body,

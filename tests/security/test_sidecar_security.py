@@ -15,8 +15,9 @@ import pytest
 from joblease import JobLeaseClient, JobRef, JobSpec
 from joblease.errors import PermissionDeniedError
 from joblease.tenancy import TenantCredentials
-from tests.security.conftest import Tenants
 from tests.support.etcd_keys import snapshot, writes
+from tests.support.failure_logs import attach_on_failure
+from tests.support.secure_etcd import Tenants
 from tests.support.sidecar_process import Sidecar
 from tests.waiting import poll
 
@@ -64,10 +65,8 @@ def sidecars(tmp_path: Path, tenants: Tenants, request: pytest.FixtureRequest
     yield s
     for p in s.started:
         p.stop()
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        rep.sections.append(("sidecar logs", "\n".join(
-            f"===== {p.name}\n{p.output()}" for p in s.started)))
+    attach_on_failure(request, "sidecar logs", lambda: "\n".join(
+        f"===== {p.name}\n{p.output()}" for p in s.started))
 
 
 async def test_sidecar_with_tenant_credentials(sidecars: Sidecars, tenants: Tenants) -> None:

@@ -22,8 +22,8 @@ from joblease.tenancy import (
     tenant_name,
     tenant_status,
 )
-from tests.security.conftest import ROOT_PASSWORD, Tenants
 from tests.support.etcd_keys import from_kvs, writes
+from tests.support.secure_etcd import ROOT_PASSWORD, Tenants
 
 SPEC = JobSpec(lease_duration_seconds=10, max_attempts=3)
 

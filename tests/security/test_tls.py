@@ -11,7 +11,7 @@ import pytest
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from joblease.embedded import EtcdCluster
 from joblease.errors import StoreUnavailableError
-from tests.security.conftest import Pki
+from tests.support.secure_etcd import Pki
 
 #: A refused connection must be reported within this many seconds.
 BOUND = 15.0

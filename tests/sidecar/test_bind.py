@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import socket
 
-from joblease.sidecar.runner import bind
+from joblease.sidecar.serve import bind
 
 
 def test_listening_socket_is_explicitly_tcp_and_accepts_with_nodelay() -> None:

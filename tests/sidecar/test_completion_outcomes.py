@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from joblease import JobLeaseClient, JobSpec
-from joblease.sidecar.runner import Phase
+from joblease.sidecar.state import Phase
 from tests.support.sidecar import FileEvents, sidecar_in_process
 from tests.support.sidecar_process import WORKER_PY, Env, Proc
 from tests.waiting import poll

@@ -26,6 +26,7 @@ import pytest
 
 from joblease import EtcdConfig
 from tests.support.controlplane import ControlPlane, free_port
+from tests.support.failure_logs import attach_on_failure
 
 T = TypeVar("T")
 Op = TypeVar("Op", bound="OperatorProcess")
@@ -69,7 +70,11 @@ class Kube:
         assert r.returncode == 0, r.stderr
 
     async def get(self, name: str) -> dict[str, Any] | None:
-        r = await self.run("get", "jl", name, "-o", "json")
+        return await self.get_object("jl", name)
+
+    async def get_object(self, kind: str, name: str) -> dict[str, Any] | None:
+        """The object as JSON, or ``None`` if the API server says NotFound."""
+        r = await self.run("get", kind, name, "-o", "json")
         if r.returncode != 0:
             assert "NotFound" in r.stderr, r.stderr
             return None
@@ -177,6 +182,5 @@ async def running_operator(op: Op, request: pytest.FixtureRequest, *, start: boo
         yield op
     finally:
         op.stop()
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and (rep.failed or os.environ.get("JOBLEASE_TEST_OPERATOR_LOG")):
-            rep.sections.append(("operator log", op.log_tail(log_lines)))
+        attach_on_failure(request, "operator log", lambda: op.log_tail(log_lines),
+                          always=bool(os.environ.get("JOBLEASE_TEST_OPERATOR_LOG")))

@@ -10,6 +10,10 @@ member); only the network between the client and the server is faked.
 - :class:`DelayingProxy` holds back every byte the server sends for ``delay``
   seconds (requests pass at once), so every answer is slow on its way back
   while the server acts on time.
+- :class:`HoldingProxy` holds the client's bytes until :meth:`HoldingProxy.release`
+  (a request delayed in the network, e.g. a paused worker's late write).
+- :class:`ChaosProxy` partitions (``blackhole``), slows (``delay``) or severs
+  every connection, for the fault runs (tests/chaos/nemesis.py).
 """
 
 from __future__ import annotations
@@ -125,3 +129,122 @@ class DelayingProxy(_LoopbackProxy):
         self._spawn(forward(reader, up_writer))
         self._spawn(hold_back())
         self._spawn(release())
+
+
+class HoldingProxy(_LoopbackProxy):
+    """Holds the client's bytes until :meth:`release` (a delayed request), then
+    forwards them and everything after; the server's answers pass at once."""
+
+    def __init__(self, target_port: int) -> None:
+        super().__init__("127.0.0.1", target_port)
+        self.received = asyncio.Event()  # the client's request reached the proxy
+        self._release = asyncio.Event()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def release(self) -> None:
+        self._release.set()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+
+        async def upstream() -> None:
+            held = b""
+            while not self._release.is_set():
+                get = asyncio.ensure_future(reader.read(65536))
+                rel = asyncio.ensure_future(self._release.wait())
+                done, _ = await asyncio.wait({get, rel}, return_when=asyncio.FIRST_COMPLETED)
+                if get in done:
+                    chunk = get.result()
+                    rel.cancel()
+                    if not chunk:
+                        break
+                    held += chunk
+                    self.received.set()
+                else:
+                    get.cancel()
+            up_writer.write(held)
+            await up_writer.drain()
+            while chunk := await reader.read(65536):
+                up_writer.write(chunk)
+                await up_writer.drain()
+
+        async def downstream() -> None:
+            while chunk := await up_reader.read(65536):
+                writer.write(chunk)
+                await writer.drain()
+            writer.close()
+
+        tasks = [asyncio.ensure_future(upstream()), asyncio.ensure_future(downstream())]
+        self._tasks.update(tasks)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        up_writer.close()
+
+
+PartitionMode = Literal["pass", "blackhole", "delay"]
+
+
+class ChaosProxy(_LoopbackProxy):
+    """A TCP proxy to one etcd member for the fault runs.
+
+    ``pass`` forwards; ``blackhole`` swallows every byte both ways (connections
+    stay open, nothing arrives: a partition); ``delay`` holds each chunk for
+    ``delay`` seconds, keeping order. :meth:`sever` closes every connection
+    (what a client sees when a partition heals: its old connections are dead).
+    """
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        super().__init__(*upstream)
+        self.mode: PartitionMode = "pass"
+        self.delay = 0.0
+        self._conns: set[asyncio.StreamWriter] = set()
+
+    def blackholed(self) -> bool:
+        return self.mode == "blackhole"
+
+    def sever(self) -> None:
+        for w in list(self._conns):
+            with contextlib.suppress(Exception):
+                w.transport.abort()
+        self._conns.clear()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection(*self.upstream), 2.0)
+        except (OSError, TimeoutError):
+            writer.transport.abort()  # member down: the client fails over
+            return
+        self._conns.update((writer, up_writer))
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                       linger: float) -> None:
+            with contextlib.suppress(ConnectionError, asyncio.CancelledError, OSError):
+                while data := await src.read(65536):
+                    if self.mode == "blackhole":
+                        continue
+                    if self.mode == "delay" and self.delay > 0:
+                        await asyncio.sleep(self.delay)
+                        if self.blackholed():  # the mode may have changed meanwhile
+                            continue
+                    dst.write(data)
+                    await dst.drain()
+                # The client gave up (e.g. a timeout): what it sent was delivered
+                # already; give the server a moment with it before closing.
+                await asyncio.sleep(linger)
+            with contextlib.suppress(Exception):
+                dst.transport.abort()
+            self._conns.discard(dst)
+
+        self._spawn(pump(reader, up_writer, 1.0))
+        self._spawn(pump(up_reader, writer, 0.0))
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self.sever()
+        await super().close()

@@ -30,6 +30,7 @@ from joblease import EtcdConfig, JobLeaseClient, JobRef
 from joblease.etcd_store import EtcdStore
 from joblease.sidecar.config import Backoff, SidecarConfig
 from joblease.sidecar.runner import SidecarRunner
+from joblease.sidecar.serve import Sidecar
 from tests.support.faulty_store import FaultyStore
 from tests.waiting import poll
 
@@ -75,10 +76,11 @@ async def sidecar_in_process(etcd_config: EtcdConfig, job: JobRef, workdir: Path
         "port_file": workdir / "port", "probe_port": None, "token_file": workdir / "token",
         "on_loss": "none", "backoff": Backoff(initial=0.05, maximum=0.2),
         **config}
-    runner = SidecarRunner(SidecarConfig(**settings), client=client)
-    task = asyncio.create_task(runner.run())
+    sidecar = Sidecar(SidecarConfig(**settings), client=client)
+    runner = sidecar.runner
+    task = asyncio.create_task(sidecar.run())
     try:
-        port = await poll(lambda: runner.ports.get("api"), 30, "the sidecar's port")
+        port = await poll(lambda: sidecar.ports.get("api"), 30, "the sidecar's port")
         yield InProcessSidecar(runner, store, f"http://127.0.0.1:{port}", workdir / "token",
                                task)
     finally:

@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from joblease.embedded import EtcdCluster, free_port
+from joblease.keys import DEFAULT_ROOT
 
 TTL = 2
 JOB = "demo/nightly-report"
-ROOT = "/joblease/v1"
+ROOT = DEFAULT_ROOT
 
 
 @dataclass

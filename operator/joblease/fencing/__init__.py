@@ -1,4 +1,5 @@
-"""Destination-side fencing for external effects (DESIGN.md invariant 5).
+"""Destination-side fencing for external effects (invariant
+``effects-carry-token``, docs/protocol.md).
 
 A lease stops its holder from *completing* a job once it is stale; it cannot
 stop a request the holder already sent. Destinations therefore check the

@@ -16,7 +16,7 @@ revision they commit at. A failed compare means a concurrent writer got
 there first: it reads again and decides again (with a little jittered
 backoff), until ``timeout``.
 
-Ambiguous outcomes (DESIGN.md invariant 7) are never retried blindly: after
+Ambiguous outcomes (invariant ``read-back``, docs/protocol.md) are never retried blindly: after
 :class:`~joblease.errors.OutcomeUnknownError` the gate reads the record back.
 Each attempt writes a unique nonce into the record, so "my transaction
 committed" is told apart from "a concurrent duplicate committed". If the

@@ -17,8 +17,8 @@ never constrain each other.
 
 Tokens are etcd revisions (the claim's commit revision), so a newer claim of
 a job always carries a larger token than any older claim of that job
-(DESIGN.md invariant 1), and a worker that paused past its lease cannot
-write after its successor has (invariant 5).
+(invariant ``tokens-increase``), and a worker that paused past its lease cannot
+write after its successor has (invariant ``effects-carry-token``).
 
 :class:`MemoryGate` is the reference implementation (one process, in memory);
 :mod:`joblease.fencing.etcd_gate` and :mod:`joblease.fencing.sql` make the

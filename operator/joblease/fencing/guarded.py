@@ -4,9 +4,10 @@ When the destination *is* etcd (the same cluster that holds the lease), no
 separate gate is needed: the write and the ownership check can be one
 transaction. :func:`guarded_put` commits ``puts`` only if the job's holder key
 still has this lease's token (create revision) and exact value (owner +
-claim id) -- the same condition as renew, complete and release (DESIGN.md
-invariants 3 and 4). A paused worker whose lease expired, or whose job was
-claimed again, writes nothing, whatever its local clock believes.
+claim id) -- the same condition as renew, complete and release (invariants
+``renew-checks-holder`` and ``same-condition``, docs/protocol.md). A paused
+worker whose lease expired, or whose job was claimed again, writes nothing,
+whatever its local clock believes.
 
 etcd's answer is authoritative, so the handle's local validity is not
 consulted: a handle from ``JobLeaseClient.lease_for`` (which does not renew)

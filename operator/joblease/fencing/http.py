@@ -102,7 +102,7 @@ class FencingAuth(httpx.Auth):
     does not carry one already. With ``require_valid`` (the default) a
     request is refused locally (:class:`~joblease.errors.LeaseLostError`)
     once the lease is no longer valid: past its safety deadline a worker
-    produces no effects (DESIGN.md invariant 2); the destination's gate is
+    produces no effects (invariant ``conservative-deadline``); the destination's gate is
     the authority either way.
     """
 

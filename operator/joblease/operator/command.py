@@ -14,6 +14,9 @@ from joblease.operator.injection import SidecarSettings
 from joblease.operator.main import LeadershipLostError, OperatorConfig, run_operator
 from joblease.operator.webhook import WebhookConfig
 
+#: The flags' defaults are OperatorConfig's own (defined there once).
+_DEFAULTS = OperatorConfig()
+
 
 @click.command("operator")
 @click.option("--namespace", "-n", "namespaces", multiple=True,
@@ -21,21 +24,23 @@ from joblease.operator.webhook import WebhookConfig
                    "Env: JOBLEASE_NAMESPACES (comma separated).")
 @click.option("--all-namespaces", "-A", is_flag=True,
               help="Serve every namespace (the default when no --namespace is given).")
-@click.option("--metrics-port", type=int, default=8080, show_default=True,
+@click.option("--metrics-port", type=int, default=_DEFAULTS.metrics_port, show_default=True,
               envvar="JOBLEASE_METRICS_PORT",
               help="Port for /metrics, /healthz and /readyz (0 disables).")
-@click.option("--metrics-host", default="0.0.0.0", show_default=True,
+@click.option("--metrics-host", default=_DEFAULTS.metrics_host, show_default=True,
               envvar="JOBLEASE_METRICS_HOST")
-@click.option("--watch-timeout", type=int, default=300, show_default=True,
+@click.option("--watch-timeout", type=int, default=_DEFAULTS.server_timeout, show_default=True,
               help="Seconds the API server keeps a kopf watch open before it re-lists.")
-@click.option("--result-limit", type=int, default=4096, show_default=True,
+@click.option("--result-limit", type=int, default=_DEFAULTS.result_limit, show_default=True,
               help="Bytes of result JSON copied into status.result (the rest is truncated).")
-@click.option("--tenant-credentials/--no-tenant-credentials", default=False, show_default=True,
+@click.option("--tenant-credentials/--no-tenant-credentials",
+              default=_DEFAULTS.tenant_credentials, show_default=True,
               envvar="JOBLEASE_TENANT_CREDENTIALS",
               help="Give each namespace with JobLeases its own etcd user (access to its own "
                    "keys only) in the Secret joblease-etcd-credentials; needs etcd root. "
                    "Env: JOBLEASE_TENANT_CREDENTIALS=1.")
-@click.option("--tenant-resync-interval", type=float, default=60.0, show_default=True,
+@click.option("--tenant-resync-interval", type=float,
+              default=_DEFAULTS.tenant_resync_interval, show_default=True,
               envvar="JOBLEASE_TENANT_RESYNC_INTERVAL",
               help="Seconds between re-checks of the tenant Secrets (repairs them and "
                    "performs rotations requested with joblease.io/rotate=true; 0 disables).")

@@ -7,6 +7,7 @@ docs/sidecar.md.
 """
 
 from joblease.sidecar.config import Backoff, SidecarConfig
-from joblease.sidecar.runner import SidecarRunner, run_sidecar
+from joblease.sidecar.runner import SidecarRunner
+from joblease.sidecar.serve import Sidecar, run_sidecar
 
-__all__ = ["Backoff", "SidecarConfig", "SidecarRunner", "run_sidecar"]
+__all__ = ["Backoff", "Sidecar", "SidecarConfig", "SidecarRunner", "run_sidecar"]

@@ -10,23 +10,20 @@ Two apps: the full API for the loopback listener, and a probe-only app
 (``/healthz``, ``/readyz``, ``/metrics``) for the pod-IP listener that
 kubelet's probes reach.
 
-The lease API is rate limited (a token bucket, ``JOBLEASE_SIDECAR_RATE_LIMIT``
-requests per second, default 50, bursts up to one second's worth; ``0`` or
-``off`` disables it): a runaway or hostile worker gets 429 before the bearer
-check, so it can neither hammer etcd through the sidecar nor guess the bearer
-token quickly. The probe endpoints are not limited (kubelet must always get
-an answer).
+The lease API is rate limited (a token bucket, ``SidecarConfig.rate_limit``
+requests per second, bursts up to one second's worth): a runaway or hostile
+worker gets 429 before the bearer check, so it can neither hammer etcd
+through the sidecar nor guess the bearer token quickly. The probe endpoints
+are not limited (kubelet must always get an answer).
 """
 
 from __future__ import annotations
 
 import hmac
 import json
-import logging
 import math
-import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -34,18 +31,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from joblease.sidecar.runner import Outcome
+from joblease.errors import JobLeaseError
+from joblease.records import CheckpointRecord, ResultRecord
+from joblease.sidecar.state import (
+    Answer,
+    NothingToRelease,
+    Phase,
+    Released,
+    Stale,
+    Unsettled,
+)
 
 if TYPE_CHECKING:
     from joblease.sidecar.runner import SidecarRunner
 
 Handler = Callable[[Request], Awaitable[Response]]
-
-log = logging.getLogger(__name__)
-
-#: Default request rate limit of the lease API (requests per second).
-DEFAULT_RATE_LIMIT = 50.0
-RATE_LIMIT_ENV = "JOBLEASE_SIDECAR_RATE_LIMIT"
 
 #: Routes accept every method so a wrong one gets our JSON 405, not a bare text one.
 _ALL = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -90,27 +90,81 @@ class RateLimiter:
         return (1.0 - self._tokens) / self.rate
 
 
-def rate_limit_from_env(environ: Mapping[str, str] | None = None) -> float | None:
-    """``JOBLEASE_SIDECAR_RATE_LIMIT`` as requests/s; ``None`` when disabled.
+class Outcome:
+    """An HTTP answer: a status and a JSON body."""
 
-    An unusable value is logged and the default is used (a typo must not
-    turn the limit off, nor stop the sidecar after it has claimed).
-    """
-    env = os.environ if environ is None else environ
-    raw = env.get(RATE_LIMIT_ENV, "").strip().lower()
-    if raw == "":
-        return DEFAULT_RATE_LIMIT
-    if raw in ("0", "off", "none", "false"):
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not value > 0 or math.isinf(value):
-        log.error("invalid rate limit; using the default", extra={
-            "variable": RATE_LIMIT_ENV, "value": raw, "default": DEFAULT_RATE_LIMIT})
-        return DEFAULT_RATE_LIMIT
-    return value
+    __slots__ = ("body", "status")
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        self.status, self.body = status, body
+
+
+def render(answer: Answer) -> Outcome:
+    """An operation's answer as HTTP (docs/sidecar.md): records 200; stale 409;
+    unsettled 503 ``unknown``; a domain error with its own status and body
+    (``http_status``, ``to_dict()``: 413 for a result too large, 503 for etcd
+    unavailable, ...)."""
+    if isinstance(answer, ResultRecord | CheckpointRecord):
+        return Outcome(200, answer.to_dict())
+    if isinstance(answer, Released):
+        return Outcome(200, {"state": "released", "token": answer.token})
+    if isinstance(answer, Stale):
+        return Outcome(409, {"error": "stale", "message": answer.message, "token": answer.token,
+                             "currentToken": answer.current_token,
+                             "state": answer.state.value})
+    if isinstance(answer, Unsettled):
+        return Outcome(503, {
+            "error": "unknown", "state": answer.state.value,
+            "message": f"the lease ended while the completion under token {answer.token} "
+                       "was in flight and etcd cannot say yet whether it committed; "
+                       "retry the same request"})
+    if isinstance(answer, NothingToRelease):
+        # Not "stale" (which would name this very token as the current one).
+        return Outcome(409, {"error": "completed", "token": answer.token,
+                             "state": answer.state.value, "result": answer.result.to_dict(),
+                             "message": f"the job was completed under token {answer.token}; "
+                                        "there is nothing to release"})
+    assert isinstance(answer, JobLeaseError), answer
+    return Outcome(answer.http_status, answer.to_dict())
+
+
+def lease_view(runner: SidecarRunner) -> Outcome:
+    """``GET /v1/lease``: 200 only while the lease is held."""
+    phase = runner.current()
+    cfg = runner.config
+    base: dict[str, Any] = {"state": phase.value, "job": str(cfg.job), "owner": cfg.owner}
+    lease = runner.lease
+    if phase is Phase.HELD and lease is not None:
+        return Outcome(200, {**base, "token": lease.token, "generation": lease.generation,
+                             "ttl": lease.ttl,
+                             "remainingSeconds": round(lease.remaining(), 3),
+                             "checkpoint": lease.checkpoint_dict()})
+    if phase is Phase.CLAIMING:
+        return Outcome(503, base)
+    if phase is Phase.COMPLETING:
+        return Outcome(409, {"error": "completing", **base,
+                             "message": "the lease ended while a completion was in flight; "
+                                        "the job's result decides whether it completed"})
+    if phase is Phase.LOST:
+        return Outcome(409, {"error": "lost", **base,
+                             "message": f"the lease was lost: {runner.lost_reason}"})
+    if phase is Phase.COMPLETED and runner.completed_before_claim:
+        r = runner.result
+        by = f" by {r.owner} under token {r.token}" if r is not None else ""
+        return Outcome(409, {"error": "completed", **base,
+                             "message": f"the job was already completed{by}; "
+                                        "nothing to do",
+                             "result": r.to_dict() if r else None, "exitCode": 0})
+    if phase is Phase.COMPLETED:
+        return Outcome(409, {"error": "completed", **base,
+                             "message": "the job is completed",
+                             "result": runner.result.to_dict() if runner.result else None})
+    if phase is Phase.FAILED and runner.failure is not None:
+        return Outcome(409, {**runner.failure, **base})
+    if phase is Phase.RELEASED:
+        return Outcome(409, {"error": "released", **base,
+                             "message": "the lease was released"})
+    return Outcome(503, base)
 
 
 def _reply(outcome: Outcome) -> JSONResponse:
@@ -223,25 +277,23 @@ def _probe_routes(runner: SidecarRunner) -> list[Route]:
     ]
 
 
-def build_app(runner: SidecarRunner, *, rate_limit: float | str | None = "env") -> Starlette:
+def build_app(runner: SidecarRunner) -> Starlette:
     """The loopback API: lease, complete, checkpoint, release, plus the probe endpoints.
 
-    ``rate_limit``: requests/s for ``/v1/*``; ``None`` disables the limit;
-    ``"env"`` (default) reads ``JOBLEASE_SIDECAR_RATE_LIMIT``.
+    ``/v1/*`` is limited to ``config.rate_limit`` requests/s (``None``: unlimited).
     """
     cfg = runner.config
     body_limit = cfg.max_result_bytes + _ENVELOPE_BYTES
-    rate = rate_limit_from_env() if rate_limit == "env" else rate_limit
-    limiter = RateLimiter(float(rate)) if rate is not None else None
+    limiter = RateLimiter(cfg.rate_limit) if cfg.rate_limit is not None else None
 
     async def lease(request: Request) -> Response:
-        return _reply(runner.lease_view())
+        return _reply(lease_view(runner))
 
     async def complete(request: Request) -> Response:
         obj = _parse(await _read_body(request, body_limit))
         token = _token(obj)
         result = _result(obj, cfg.max_result_bytes)
-        return _reply(await runner.complete(token, result))
+        return _reply(render(await runner.complete(token, result)))
 
     async def checkpoint(request: Request) -> Response:
         obj = _parse(await _read_body(request, body_limit))
@@ -249,11 +301,11 @@ def build_app(runner: SidecarRunner, *, rate_limit: float | str | None = "env") 
         if "data" not in obj:
             raise BadRequest(400, "invalid", "missing \"data\": the checkpoint as JSON")
         data = _result(obj, cfg.max_result_bytes, key="data", what="checkpoint")
-        return _reply(await runner.checkpoint(token, data))
+        return _reply(render(await runner.checkpoint(token, data)))
 
     async def release(request: Request) -> Response:
         obj = _parse(await _read_body(request, _ENVELOPE_BYTES))
-        return _reply(await runner.release(_token(obj)))
+        return _reply(render(await runner.release(_token(obj))))
 
     routes = [
         Route("/v1/lease", _guard(runner, ("GET", "HEAD"), lease, auth=True, limiter=limiter),

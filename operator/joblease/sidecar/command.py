@@ -4,7 +4,6 @@ environment, which is what a pod spec sets (see docs/sidecar.md)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,6 @@ from typing import Any
 import click
 
 from joblease.errors import InvalidInputError
-from joblease.keys import JobRef
 from joblease.sidecar.config import (
     ON_FINAL_ACTIONS,
     ON_LOSS_ACTIONS,
@@ -21,7 +19,7 @@ from joblease.sidecar.config import (
     read_secret,
 )
 from joblease.sidecar.logs import configure_logging
-from joblease.sidecar.runner import run_sidecar
+from joblease.sidecar.serve import run_sidecar
 
 _PATH = click.Path(dir_okay=False, path_type=Path)
 
@@ -82,28 +80,18 @@ def sidecar_command(job: str | None, namespace: str | None, owner: str | None,
 
 
 def _config(opts: dict[str, Any]) -> SidecarConfig:
-    """Flags over environment: build the overrides, then let ``from_env`` fill the rest."""
-    overrides: dict[str, Any] = {}
-    if opts["job"] or opts["namespace"]:
-        env = os.environ
-        namespace = (opts["namespace"] or env.get("JOBLEASE_JOB_NAMESPACE")
-                     or env.get("POD_NAMESPACE") or "default")
-        overrides["job"] = JobRef.parse(opts["job"] or env.get("JOBLEASE_JOB_NAME", ""),
-                                        namespace)
-    for key in ("owner", "host", "port", "port_file", "probe_host", "probe_port_file",
-                "token_file", "on_loss", "on_final", "worker_pid_file", "worker_process_name",
-                "release_on_term", "max_result_bytes", "registration_wait"):
-        if opts[key] is not None:
-            overrides[key] = opts[key]
+    """Flags over environment: the flags are overrides of ``SidecarConfig.from_env``."""
+    overrides: dict[str, Any] = {key: opts[key] for key in (
+        "job", "owner", "host", "port", "port_file", "probe_host", "probe_port",
+        "probe_port_file", "token_file", "on_loss", "on_final", "worker_pid_file",
+        "worker_process_name", "release_on_term", "max_result_bytes", "registration_wait")}
     if opts["api_token_file"] is not None:
         overrides["api_token"] = read_secret(opts["api_token_file"])
     if opts["log_level"]:
         overrides["log_level"] = opts["log_level"].upper()
-    config = SidecarConfig.from_env(**overrides)
-    if opts["probe_port"] is not None:
-        config = config.replace(probe_port=None if opts["probe_port"] < 0 else opts["probe_port"])
+    config = SidecarConfig.from_env(namespace=opts["namespace"], **overrides)
     if opts["claim_backoff_initial"] is not None or opts["claim_backoff_max"] is not None:
-        config = config.replace(backoff=Backoff(
+        config = config.with_(backoff=Backoff(
             initial=opts["claim_backoff_initial"] or config.backoff.initial,
             maximum=opts["claim_backoff_max"] or config.backoff.maximum))
     return config

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import logging
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +33,11 @@ ON_FINAL_ACTIONS = ("serve", "exit")
 DEFAULT_PORT = 8470
 DEFAULT_PROBE_PORT = 8471
 DEFAULT_TOKEN_FILE = "/run/joblease/token"
+#: Requests per second the lease API (``/v1/*``) answers before 429.
+DEFAULT_RATE_LIMIT = 50.0
+RATE_LIMIT_ENV = "JOBLEASE_SIDECAR_RATE_LIMIT"
+
+log = logging.getLogger("joblease.sidecar")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -45,7 +52,7 @@ def parse_bool(value: str, name: str) -> bool:
     raise InvalidInputError(f"{name}: expected true/false, got {value!r}")
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
+def _float(env: Mapping[str, str], name: str, default: float | None) -> float | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -55,7 +62,30 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         raise InvalidInputError(f"{name}: expected a number, got {raw!r}") from None
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
+def parse_rate_limit(raw: str) -> float | None:
+    """``JOBLEASE_SIDECAR_RATE_LIMIT`` as requests/s; ``None`` when disabled
+    (``0``, ``off``, ``none``, ``false``).
+
+    An unusable value is logged and the default is used (a typo must not
+    turn the limit off, nor stop the sidecar after it has claimed).
+    """
+    raw = raw.strip().lower()
+    if raw == "":
+        return DEFAULT_RATE_LIMIT
+    if raw in ("0", "off", "none", "false"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        log.error("invalid rate limit; using the default", extra={
+            "variable": RATE_LIMIT_ENV, "value": raw, "default": DEFAULT_RATE_LIMIT})
+        return DEFAULT_RATE_LIMIT
+    return value
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -110,6 +140,8 @@ class SidecarConfig:
     release_on_term: bool = True
     api_token: str | None = field(default=None, repr=False)
     max_result_bytes: int = validation.MAX_RESULT_BYTES
+    #: requests/s the lease API answers (bursts of one second's worth); ``None``: unlimited
+    rate_limit: float | None = DEFAULT_RATE_LIMIT
     backoff: Backoff = field(default_factory=Backoff)
     registration_wait: float = 30.0
     loss_exit_code: int = 8  # LeaseLostError.exit_code
@@ -132,6 +164,10 @@ class SidecarConfig:
             raise InvalidInputError("max result bytes must be positive")
         if self.registration_wait < 0:
             raise InvalidInputError("registration wait must be >= 0")
+        if self.rate_limit is not None and (not self.rate_limit > 0
+                                            or math.isinf(self.rate_limit)):
+            raise InvalidInputError(
+                f"rate limit must be a positive finite number or None, got {self.rate_limit!r}")
 
     @property
     def token_json_file(self) -> Path | None:
@@ -148,7 +184,8 @@ class SidecarConfig:
         except ValueError:
             return self.host == "localhost"
 
-    def replace(self, **changes: Any) -> SidecarConfig:
+    def with_(self, **changes: Any) -> SidecarConfig:
+        """A copy with ``changes`` (the one copy-with-changes name of every config)."""
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> dict[str, Any]:
@@ -167,50 +204,69 @@ class SidecarConfig:
         }
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> SidecarConfig:
-        """Read ``JOBLEASE_*`` variables (``docs/sidecar.md`` lists them).
+    def from_env(cls, environ: Mapping[str, str] | None = None, *,
+                 namespace: str | None = None, **overrides: Any) -> SidecarConfig:
+        """Read ``JOBLEASE_*`` variables (``docs/sidecar.md`` lists them); what no
+        variable sets keeps the dataclass default.
 
-        ``overrides`` (flags) win over the environment when not ``None``.
+        ``overrides`` (flags) win over the environment when not ``None``. A
+        ``job`` given as a string (``name`` or ``namespace/name``) and a
+        ``namespace`` fill in from the environment like the variables do; a
+        negative ``probe_port`` disables the probe listener, as ``-1`` does in
+        ``JOBLEASE_SIDECAR_PROBE_PORT``.
         """
-        env = dict(os.environ if environ is None else environ)
-        name = env.get("JOBLEASE_JOB_NAME", "")
-        namespace = env.get("JOBLEASE_JOB_NAMESPACE") or env.get("POD_NAMESPACE") or "default"
-        owner = env.get("JOBLEASE_OWNER") or default_owner(env)
-        api_token = None
-        token_file = env.get("JOBLEASE_SIDECAR_API_TOKEN_FILE")
-        if token_file:
-            api_token = read_secret(Path(token_file))
-        probe_port_raw = env.get("JOBLEASE_SIDECAR_PROBE_PORT", str(DEFAULT_PROBE_PORT)).strip()
-        probe_port = None if probe_port_raw.lower() in ("", "off", "none", "-1") \
-            else _int({"p": probe_port_raw}, "p", DEFAULT_PROBE_PORT)
-        values: dict[str, Any] = {
-            "job": JobRef(namespace, name),
-            "owner": owner,
-            "etcd": EtcdConfig.from_env(env),
-            "host": env.get("JOBLEASE_SIDECAR_HOST", "127.0.0.1"),
-            "port": _int(env, "JOBLEASE_SIDECAR_PORT", DEFAULT_PORT),
+        env = os.environ if environ is None else environ
+        default_namespace = (namespace or env.get("JOBLEASE_JOB_NAMESPACE")
+                             or env.get("POD_NAMESPACE") or "default")
+        job = overrides.pop("job", None)
+        if isinstance(job, str) or (job is None and namespace):
+            job = JobRef.parse(job or env.get("JOBLEASE_JOB_NAME", ""), default_namespace)
+        elif job is None:
+            job = JobRef(default_namespace, env.get("JOBLEASE_JOB_NAME", ""))
+        # Variables whose empty value means "not set": absent keys keep the default.
+        unset_if_none: dict[str, Any] = {
+            "owner": env.get("JOBLEASE_OWNER") or None,
+            "host": env.get("JOBLEASE_SIDECAR_HOST"),
+            "port": _int(env, "JOBLEASE_SIDECAR_PORT", None),
             "port_file": _path(env, "JOBLEASE_SIDECAR_PORT_FILE"),
-            "probe_host": env.get("JOBLEASE_SIDECAR_PROBE_HOST", "0.0.0.0"),
-            "probe_port": probe_port,
+            "probe_host": env.get("JOBLEASE_SIDECAR_PROBE_HOST"),
             "probe_port_file": _path(env, "JOBLEASE_SIDECAR_PROBE_PORT_FILE"),
-            "token_file": _path(env, "JOBLEASE_TOKEN_FILE", DEFAULT_TOKEN_FILE),
-            "on_loss": env.get("JOBLEASE_SIDECAR_ON_LOSS", "signal"),
-            "on_final": env.get("JOBLEASE_SIDECAR_ON_FINAL", "serve"),
+            "on_loss": env.get("JOBLEASE_SIDECAR_ON_LOSS"),
+            "on_final": env.get("JOBLEASE_SIDECAR_ON_FINAL"),
             "worker_pid_file": _path(env, "JOBLEASE_WORKER_PID_FILE"),
             "worker_process_name": env.get("JOBLEASE_WORKER_PROCESS_NAME") or None,
-            "release_on_term": parse_bool(env.get("JOBLEASE_SIDECAR_RELEASE_ON_TERM", "true"),
-                                          "JOBLEASE_SIDECAR_RELEASE_ON_TERM"),
-            "api_token": api_token,
-            "max_result_bytes": _int(env, "JOBLEASE_SIDECAR_MAX_RESULT_BYTES",
-                                     validation.MAX_RESULT_BYTES),
-            "backoff": Backoff(
-                initial=_float(env, "JOBLEASE_SIDECAR_CLAIM_BACKOFF_INITIAL", Backoff.initial),
-                maximum=_float(env, "JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX", Backoff.maximum),
-            ),
-            "registration_wait": _float(env, "JOBLEASE_SIDECAR_REGISTRATION_WAIT", 30.0),
-            "log_level": env.get("JOBLEASE_LOG_LEVEL", "INFO").upper(),
+            "max_result_bytes": _int(env, "JOBLEASE_SIDECAR_MAX_RESULT_BYTES", None),
+            "registration_wait": _float(env, "JOBLEASE_SIDECAR_REGISTRATION_WAIT", None),
         }
+        values: dict[str, Any] = {k: v for k, v in unset_if_none.items() if v is not None}
+        values["job"] = job
+        values["etcd"] = EtcdConfig.from_env(env)
+        # Variables whose every value means something (an empty token file or
+        # probe port disables it; "off" disables the rate limit).
+        if "JOBLEASE_TOKEN_FILE" in env:
+            values["token_file"] = _path(env, "JOBLEASE_TOKEN_FILE")
+        if "JOBLEASE_SIDECAR_PROBE_PORT" in env:
+            raw = env["JOBLEASE_SIDECAR_PROBE_PORT"].strip()
+            values["probe_port"] = None if raw.lower() in ("", "off", "none", "-1") \
+                else _int({"p": raw}, "p", None)
+        if "JOBLEASE_SIDECAR_RELEASE_ON_TERM" in env:
+            values["release_on_term"] = parse_bool(env["JOBLEASE_SIDECAR_RELEASE_ON_TERM"],
+                                                   "JOBLEASE_SIDECAR_RELEASE_ON_TERM")
+        if env.get("JOBLEASE_SIDECAR_API_TOKEN_FILE"):
+            values["api_token"] = read_secret(Path(env["JOBLEASE_SIDECAR_API_TOKEN_FILE"]))
+        if RATE_LIMIT_ENV in env:
+            values["rate_limit"] = parse_rate_limit(env[RATE_LIMIT_ENV])
+        backoff = {attr: _float(env, variable, None) for attr, variable in (
+            ("initial", "JOBLEASE_SIDECAR_CLAIM_BACKOFF_INITIAL"),
+            ("maximum", "JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX"))}
+        if any(v is not None for v in backoff.values()):
+            values["backoff"] = Backoff(**{k: v for k, v in backoff.items() if v is not None})
+        if "JOBLEASE_LOG_LEVEL" in env:
+            values["log_level"] = env["JOBLEASE_LOG_LEVEL"].upper()
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if values.get("probe_port") is not None and values["probe_port"] < 0:
+            values["probe_port"] = None
+        values.setdefault("owner", default_owner(env))
         if not values["job"].name:
             raise InvalidInputError("no job name: set JOBLEASE_JOB_NAME (or --job)")
         return cls(**values)

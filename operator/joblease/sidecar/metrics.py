@@ -11,8 +11,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-STATES = ("claiming", "held", "completing", "lost", "completed", "failed", "released",
-          "stopping")
+from joblease.sidecar.state import Phase
+
+#: The ``state`` label's values: every phase, from the enum itself so they cannot drift.
+STATES = tuple(phase.value for phase in Phase)
 
 
 class SidecarMetrics:
@@ -40,11 +42,11 @@ class SidecarMetrics:
                                registry=self.registry)
         self.state = Gauge("joblease_sidecar_state", "1 for the sidecar's current state.",
                            ["state"], registry=self.registry)
-        self.set_state("claiming")
+        self.set_state(Phase.CLAIMING)
 
-    def set_state(self, state: str) -> None:
+    def set_state(self, phase: Phase) -> None:
         for s in STATES:
-            self.state.labels(state=s).set(1 if s == state else 0)
+            self.state.labels(state=s).set(1 if s == phase.value else 0)
 
     def render(self, remaining: float) -> bytes:
         self.remaining.set(remaining)

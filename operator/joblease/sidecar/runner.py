@@ -1,7 +1,8 @@
 """The sidecar's life: claim (with backoff), hold, notice loss, act, shut down.
 
 One asyncio loop runs the lease (its keep-alive lives in the client's
-session), the HTTP servers and the signal handlers, so the API can never
+session), the HTTP servers and the signal handlers (wired together by
+:mod:`joblease.sidecar.serve`), so the API can never
 disagree with the lease: every API call asks :meth:`SidecarRunner.current`,
 which re-checks the lease's validity on the monotonic clock *synchronously*
 before answering. A sidecar that was paused past its deadline therefore
@@ -32,19 +33,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import json
 import logging
 import os
 import random
 import signal
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-
-import uvicorn
 
 from joblease.client import JobLeaseClient
 from joblease.errors import (
@@ -62,30 +59,9 @@ from joblease.lease import Lease, LeaseState
 from joblease.records import JobState, ResultRecord
 from joblease.sidecar.config import SidecarConfig
 from joblease.sidecar.metrics import SidecarMetrics
+from joblease.sidecar.state import Answer, NothingToRelease, Phase, Released, Stale, Unsettled
 
 log = logging.getLogger("joblease.sidecar")
-
-
-class Phase(enum.StrEnum):
-    CLAIMING = "claiming"
-    HELD = "held"
-    #: the lease ended while a completion of ours may have committed; its result decides
-    COMPLETING = "completing"
-    LOST = "lost"
-    COMPLETED = "completed"
-    #: the claim was refused for good (attempts exhausted, not registered in time, ...)
-    FAILED = "failed"
-    RELEASED = "released"
-    STOPPING = "stopping"
-
-
-class Outcome:
-    """What an API operation yields: an HTTP status and a JSON body."""
-
-    __slots__ = ("body", "status")
-
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        self.status, self.body = status, body
 
 
 # -- token files ---------------------------------------------------------------------------------
@@ -169,39 +145,12 @@ def signal_worker(config: SidecarConfig, sig: int = signal.SIGTERM) -> list[int]
     return signalled
 
 
-# -- HTTP servers --------------------------------------------------------------------------------
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the runner owns SIGTERM (it must
-    release the lease before the server stops)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[no-untyped-def]
-        yield
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """Bind before serving, so port 0 resolves to a known port up front."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto must say TCP explicitly: asyncio sets TCP_NODELAY on accepted
-    # connections only when the socket's proto is IPPROTO_TCP, and without it
-    # Nagle plus delayed ACKs add ~40 ms to every response.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(False)
-    return sock
-
-
 # -- the runner ----------------------------------------------------------------------------------
 
 class SidecarRunner:
-    """Owns the lease and the sidecar's phase; the HTTP app calls into it."""
+    """Owns the lease and the sidecar's phase: a state machine the HTTP app calls
+    into. It neither serves nor listens; :mod:`joblease.sidecar.serve` runs the
+    servers around it."""
 
     def __init__(self, config: SidecarConfig, client: JobLeaseClient | None = None) -> None:
         self.config = config
@@ -219,12 +168,10 @@ class SidecarRunner:
         self._gate_opened = False
         #: the lease was lost and the on-loss action found no worker to signal
         self._loss_found_no_worker = False
-        self.ports: dict[str, int] = {}
         self._stop = asyncio.Event()
         self._stop_signal: str | None = None
         self._exit_code: int | None = None
         self._op_lock = asyncio.Lock()
-        self._servers: list[tuple[_Server, asyncio.Task[None]]] = []
         #: A completion was sent under ``self.lease`` and is not known to have
         #: failed: if the lease ends now, the job's result says whether it ended
         #: by that completion or was lost.
@@ -239,7 +186,7 @@ class SidecarRunner:
 
     def _set_phase(self, phase: Phase) -> None:
         self.phase = phase
-        self.metrics.set_state(phase.value)
+        self.metrics.set_state(phase)
 
     def current(self) -> Phase:
         """The phase, after re-checking a held lease against the monotonic clock."""
@@ -364,7 +311,7 @@ class SidecarRunner:
             self._exit_code = self.config.loss_exit_code
             self._stop.set()
 
-    def _completed(self, lease: Lease, record: ResultRecord) -> Outcome:
+    def _completed(self, lease: Lease, record: ResultRecord) -> ResultRecord:
         """The job is completed under our token (``record`` carries our claim id)."""
         first = self.phase is not Phase.COMPLETED
         self.result = record
@@ -375,7 +322,7 @@ class SidecarRunner:
             self.metrics.completions.inc()
             log.info("job completed", extra={"job": str(lease.job), "token": lease.token,
                                              "generation": lease.generation})
-        return Outcome(200, record.to_dict())
+        return record
 
     def request_stop(self, signame: str = "SIGTERM") -> None:
         if not self._stop.is_set():
@@ -424,10 +371,10 @@ class SidecarRunner:
         self._on_loss(f"{self._end_reason or 'lease ended'}; the job has no result of ours")
         return state
 
-    async def _settled_answer(self, token: int, state: JobState) -> Outcome:
+    async def _settled_answer(self, token: int, state: JobState) -> Answer:
         """The API's answer once :meth:`_settle` decided."""
         if self.phase is Phase.COMPLETED and self.result is not None:
-            return Outcome(200, self.result.to_dict())
+            return self.result
         return await self._stale(token, f"token {token} is not current; the lease is lost: "
                                         f"{self.lost_reason}", state.token, known=True)
 
@@ -444,8 +391,8 @@ class SidecarRunner:
     # -- operations the API calls ------------------------------------------------------------
 
     async def _stale(self, token: int, message: str, current: int | None = None,
-                     *, known: bool = False) -> Outcome:
-        """409 stale. ``current`` is the current token when ``known``; otherwise
+                     *, known: bool = False) -> Stale:
+        """Stale. ``current`` is the current token when ``known``; otherwise
         it is read from etcd (the sidecar no longer holds a token of its own)."""
         self.metrics.stale_rejections.inc()
         if not known:
@@ -453,10 +400,9 @@ class SidecarRunner:
             current = state.token if state is not None else None
         log.warning("refused a stale token",
                     extra={"token": token, "currentToken": current, "why": message})
-        return Outcome(409, {"error": "stale", "message": message, "token": token,
-                             "currentToken": current, "state": self.phase.value})
+        return Stale(token, message, current, self.phase)
 
-    async def _not_current(self, token: int, why: str) -> Outcome:
+    async def _not_current(self, token: int, why: str) -> Answer:
         """The answer for ``token`` when the lease is not held. If ``token`` is
         our own and the job's result carries our claim id, the job was completed
         by us (e.g. the retry of a completion that was answered 503): say so."""
@@ -469,23 +415,19 @@ class SidecarRunner:
         return await self._stale(token, f"token {token} is not current; {why}",
                                  state.token if state is not None else None, known=True)
 
-    async def complete(self, token: int, result: Any) -> Outcome:
+    async def complete(self, token: int, result: Any) -> Answer:
         """Complete under ``token`` if and only if it is this sidecar's live token."""
         async with self._op_lock:
             phase = self.current()
             lease = self.lease
             if (phase is Phase.COMPLETED and lease is not None and lease.token == token
                     and self.result is not None):
-                return Outcome(200, self.result.to_dict())  # a retried completion
+                return self.result  # a retried completion
             if phase is Phase.COMPLETING and lease is not None and lease.token == token:
                 settled = await self._settle()
                 if settled is not None:
                     return await self._settled_answer(token, settled)
-                return Outcome(503, {
-                    "error": "unknown", "state": phase.value,
-                    "message": f"the lease ended while the completion under token {token} "
-                               "was in flight and etcd cannot say yet whether it committed; "
-                               "retry the same request"})
+                return Unsettled(token, phase)
             if phase is not Phase.HELD or lease is None:
                 why = (f"the lease is {phase.value}"
                        + (f": {self.lost_reason}" if self.lost_reason else ""))
@@ -509,7 +451,7 @@ class SidecarRunner:
                 return await self._stale(token, str(exc))
             except InvalidInputError as exc:  # refused before anything was sent
                 self._completion_sent = False
-                return Outcome(413 if "too large" in str(exc) else 400, exc.to_dict())
+                return exc
             except JobLeaseError as exc:
                 # Unavailable, outcome unknown, permission denied...: the completion
                 # may have committed. While the lease is held the same request may be
@@ -519,10 +461,10 @@ class SidecarRunner:
                     settled = await self._settle()
                     if settled is not None:
                         return await self._settled_answer(token, settled)
-                return Outcome(exc.http_status, exc.to_dict())
+                return exc
             return self._completed(lease, record)
 
-    async def checkpoint(self, token: int, data: Any) -> Outcome:
+    async def checkpoint(self, token: int, data: Any) -> Answer:
         """Store ``data`` as the job's checkpoint under ``token`` if and only if
         it is this sidecar's live token (``Lease.checkpoint``: fenced in etcd)."""
         async with self._op_lock:
@@ -542,25 +484,22 @@ class SidecarRunner:
                 self._on_loss(f"etcd refused the checkpoint: {exc}")
                 return await self._stale(token, str(exc), exc.current_token, known=True)
             except InvalidInputError as exc:  # refused before anything was sent
-                return Outcome(413 if "too large" in str(exc) else 400, exc.to_dict())
+                return exc
             except JobLeaseError as exc:
-                return Outcome(exc.http_status, exc.to_dict())
-            return Outcome(200, record.to_dict())
+                return exc
+            return record
 
-    async def release(self, token: int) -> Outcome:
+    async def release(self, token: int) -> Answer:
         """Give the job back under ``token`` (same condition as completion)."""
         async with self._op_lock:
             phase = self.current()
             lease = self.lease
             if phase is Phase.RELEASED and lease is not None and lease.token == token:
-                return Outcome(200, {"state": "released", "token": token})
+                return Released(token)
             if (phase is Phase.COMPLETED and lease is not None and lease.token == token
                     and self.result is not None):
                 # Not "stale" (which would name this very token as the current one).
-                return Outcome(409, {"error": "completed", "token": token,
-                                     "state": phase.value, "result": self.result.to_dict(),
-                                     "message": f"the job was completed under token {token}; "
-                                                "there is nothing to release"})
+                return NothingToRelease(token, phase, self.result)
             if phase is not Phase.HELD or lease is None:
                 return await self._stale(token, f"token {token} is not current; "
                                                 f"the lease is {phase.value}")
@@ -582,52 +521,14 @@ class SidecarRunner:
                 # Unavailable or outcome unknown: while the lease is held the same
                 # request may be retried; once it has ended, the job is given back.
                 if self.current() is Phase.RELEASED:
-                    return Outcome(200, {"state": "released", "token": token})
-                return Outcome(exc.http_status, exc.to_dict())
+                    return Released(token)
+                return exc
             finally:
                 self._release_sent = False
             self._set_phase(Phase.RELEASED)
             self._drop_token_files()
             log.info("lease released by the worker", extra={"token": token})
-            return Outcome(200, {"state": "released", "token": token})
-
-    def lease_view(self) -> Outcome:
-        """``GET /v1/lease``: 200 only while the lease is held."""
-        phase = self.current()
-        cfg = self.config
-        base: dict[str, Any] = {"state": phase.value, "job": str(cfg.job), "owner": cfg.owner}
-        lease = self.lease
-        if phase is Phase.HELD and lease is not None:
-            return Outcome(200, {**base, "token": lease.token, "generation": lease.generation,
-                                 "ttl": lease.ttl,
-                                 "remainingSeconds": round(lease.remaining(), 3),
-                                 "checkpoint": lease.checkpoint_dict()})
-        if phase is Phase.CLAIMING:
-            return Outcome(503, base)
-        if phase is Phase.COMPLETING:
-            return Outcome(409, {"error": "completing", **base,
-                                 "message": "the lease ended while a completion was in flight; "
-                                            "the job's result decides whether it completed"})
-        if phase is Phase.LOST:
-            return Outcome(409, {"error": "lost", **base,
-                                 "message": f"the lease was lost: {self.lost_reason}"})
-        if phase is Phase.COMPLETED and self.completed_before_claim:
-            r = self.result
-            by = f" by {r.owner} under token {r.token}" if r is not None else ""
-            return Outcome(409, {"error": "completed", **base,
-                                 "message": f"the job was already completed{by}; "
-                                            "nothing to do",
-                                 "result": r.to_dict() if r else None, "exitCode": 0})
-        if phase is Phase.COMPLETED:
-            return Outcome(409, {"error": "completed", **base,
-                                 "message": "the job is completed",
-                                 "result": self.result.to_dict() if self.result else None})
-        if phase is Phase.FAILED and self.failure is not None:
-            return Outcome(409, {**self.failure, **base})
-        if phase is Phase.RELEASED:
-            return Outcome(409, {"error": "released", **base,
-                                 "message": "the lease was released"})
-        return Outcome(503, base)
+            return Released(token)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -731,43 +632,10 @@ class SidecarRunner:
             self._lease_ended(outcome.lost_reason or "lease lost")
         return self._exit_code
 
-    async def start_servers(self) -> None:
-        from joblease.sidecar.api import build_app, build_probe_app
-
-        cfg = self.config
-        if not cfg.loopback:
-            log.warning("the lease API listens beyond loopback; set a bearer token",
-                        extra={"host": cfg.host})
-        listeners: list[tuple[str, Any, str, int, Path | None]] = [
-            ("api", build_app(self), cfg.host, cfg.port, cfg.port_file)]
-        if cfg.probe_port is not None:
-            listeners.append(("probe", build_probe_app(self), cfg.probe_host, cfg.probe_port,
-                              cfg.probe_port_file))
-        for name, app, host, port, port_file in listeners:
-            sock = bind(host, port)
-            bound = sock.getsockname()[1]
-            server = _Server(uvicorn.Config(app, log_config=None, access_log=False,
-                                            lifespan="off", timeout_graceful_shutdown=2))
-            task = asyncio.create_task(server.serve(sockets=[sock]), name=f"sidecar-{name}")
-            self._servers.append((server, task))
-            while not server.started:
-                if task.done():
-                    task.result()
-                    raise RuntimeError(f"{name} server stopped during startup")
-                await asyncio.sleep(0.01)
-            self.ports[name] = bound
-            if port_file is not None:
-                write_atomic(port_file, f"{bound}\n".encode())
-            log.info("listening", extra={"listener": name, "host": host, "port": bound})
-
-    async def _stop_servers(self) -> None:
-        for server, _ in self._servers:
-            server.should_exit = True
-        for _, task in self._servers:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await task
-
-    async def _shutdown(self) -> None:
+    async def shutdown(self) -> None:
+        """Before the servers stop: end settling, release the lease if configured
+        (the API still answers meanwhile, under the same lock), remove the token
+        files."""
         cfg = self.config
         if self._settle_task is not None:
             self._settle_task.cancel()
@@ -793,26 +661,22 @@ class SidecarRunner:
             self._drop_token_files()
             if self.phase in (Phase.HELD, Phase.COMPLETING):
                 self._set_phase(Phase.STOPPING)
-        await self._stop_servers()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.client.close(revoke=cfg.release_on_term), timeout=10)
 
-    async def run(self) -> int:
-        """Serve, claim, hold; return the process exit code."""
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop, sig.name)
-        log.info("sidecar starting", extra={"config": self.config.describe()})
+    async def close(self) -> None:
+        """After the servers stopped: close the client (revoking the etcd lease
+        when the lease is to be released on stop)."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.client.close(revoke=self.config.release_on_term),
+                                   timeout=10)
+
+    async def run_until_stopped(self) -> int | None:
+        """Claim and hold until stopped or told to exit; the exit code, if one
+        was decided (``None``: stopped, exit 0 unless :meth:`exit_code` says
+        otherwise). The servers must be up: the worker is waiting on them."""
+        lifecycle = asyncio.create_task(self._lifecycle(), name="sidecar-lifecycle")
+        stop = asyncio.create_task(self._stop.wait())
         code: int | None = None
         try:
-            try:
-                await self.start_servers()
-            except OSError as exc:  # e.g. the port is taken: say so, exit non-zero
-                log.error("cannot listen", extra={"reason": str(exc)})
-                self._exit_code = 1
-                return 1
-            lifecycle = asyncio.create_task(self._lifecycle(), name="sidecar-lifecycle")
-            stop = asyncio.create_task(self._stop.wait())
             await asyncio.wait({lifecycle, stop}, return_when=asyncio.FIRST_COMPLETED)
             if lifecycle.done():
                 try:
@@ -822,24 +686,20 @@ class SidecarRunner:
                     code = 1
                 if code is None:  # completed, released, or lost with "signal": keep serving
                     await stop
+        finally:
             lifecycle.cancel()
             stop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await lifecycle
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            await self._shutdown()
-        if self._exit_code is not None:
-            code = self._exit_code
-        code = 0 if code is None else code
-        log.info("sidecar exiting", extra={"exitCode": code, "state": self.phase.value})
         return code
 
+    def exit_code(self, code: int | None) -> int:
+        """The process exit code: a loss with on-loss ``exit`` wins over ``code``."""
+        if self._exit_code is not None:
+            return self._exit_code
+        return 0 if code is None else code
 
-async def run_sidecar(config: SidecarConfig) -> int:
-    """Run the sidecar until SIGTERM (exit 0) or, with ``on_loss="exit"``, loss
-    of the lease (exit 8). A final answer to the claim (already completed,
-    refused for good) is served until SIGTERM; with ``on_final="exit"`` the
-    sidecar exits with its code instead (0 if the job is already completed)."""
-    return await SidecarRunner(config).run()
+    def fail_to_start(self) -> int:
+        """The servers could not listen: exit 1, nothing claimed."""
+        self._exit_code = 1
+        return 1

@@ -1,0 +1,45 @@
+"""What every chaos run must show, and where its run directory goes.
+
+Shared by the library-worker runs (test_chaos.py) and the operator runs
+(test_chaos_operator.py), so both are judged by the same rules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from tests.chaos.runner import Report
+
+
+def run_dir(tmp_path: Path, name: str) -> Path:
+    base = os.environ.get("JOBLEASE_CHAOS_DIR")
+    if base:
+        return Path(base) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return tmp_path / name
+
+
+def judge(report: Report) -> None:
+    print("\n" + report.summary())
+    print(f"report: {Path(report.run_dir) / 'report.json'}")
+    assert report.violations == [], json.dumps(report.violations[:10], indent=2)
+    scheduled = tuple(report.config["fault_types"])
+    missing = [t for t in (*scheduled, "clock-skew") if not report.faults_by_type.get(t)]
+    assert not missing, f"fault types never injected: {missing}"
+    assert report.unexpected_exits == [], report.unexpected_exits
+    assert report.jobs_completed == report.jobs_registered
+    ops = report.operations
+    assert ops["claim"]["accepted"] >= report.jobs_registered
+    assert ops["write"]["accepted"] > 0
+    # every destination took effects, the gates called directly included
+    dests = {"http", "sqlite", "direct-memory", "direct-sqlite", "etcd"}
+    if report.config["pg_dsn"]:
+        dests.add("pg")
+    assert {d for d, n in report.destination_entries.items() if n} >= dests, \
+        report.destination_entries
+    # writes were re-sent with their idempotency key (the duplicate rule was exercised)
+    assert ops["write"].get("resent", 0) > 0
+    # the sidecar pairs really worked (claims through the sidecar's HTTP API)
+    assert report.sidecar_claims > 0
