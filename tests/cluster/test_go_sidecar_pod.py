@@ -89,6 +89,7 @@ def _job_condition(cluster: Cluster, ns: str) -> str | None:
     return None
 
 
+@pytest.mark.node  # reads the sidecar container's memory cgroup on the node
 def test_the_example_job_with_the_go_sidecar_image_completes_its_joblease(
         cluster: Cluster, joblease_release: Release, worker_namespace: str) -> None:
     ns = worker_namespace
