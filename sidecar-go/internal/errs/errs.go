@@ -19,6 +19,10 @@ type Error struct {
 	Details  pyjson.Obj
 	// Kind tells apart errors that share a reason (unknown vs unavailable).
 	Kind Kind
+	// Revision: for Held, the etcd revision at which the holder was seen (0:
+	// unknown); a waiter watches the holder key from the next one
+	// (protocol.Client.WaitForHolderChange). Not part of the body, as in Python.
+	Revision int64
 }
 
 // Kind is the error's class (the Python exception class it stands for).
@@ -75,11 +79,13 @@ func NotRegistered(job string) *Error {
 		pyjson.Obj{{Key: "job", Value: job}})
 }
 
-func Held(job, owner string, token, generation int64) *Error {
-	return newErr(KindHeld, "held", 4, 409,
+func Held(job, owner string, token, generation, revision int64) *Error {
+	e := newErr(KindHeld, "held", 4, 409,
 		fmt.Sprintf("job %s is held by %s (generation %d, token %d)", job, PyRepr(owner), generation, token),
 		pyjson.Obj{{Key: "job", Value: job}, {Key: "owner", Value: owner}, {Key: "token", Value: token},
 			{Key: "generation", Value: generation}})
+	e.Revision = revision
+	return e
 }
 
 func AlreadyCompleted(job, owner string, token, generation int64) *Error {

@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -544,4 +545,106 @@ func (k *KeepAlive) Close() {
 		k.cancel()
 	}
 	k.stream, k.cancel = nil, nil
+}
+
+// watchFinal is a watch refusal that retrying cannot cure (revision
+// compacted, permission denied): the wait ends with it.
+type watchFinal struct{ err error }
+
+func (w watchFinal) Error() string { return w.err.Error() }
+
+// WatchChange waits for the first change of key (a put or a delete) at or
+// after startRevision: true when one came, false (nil error) when ctx ended
+// first. Like joblease.etcd_store's watch, a dropped stream is reopened (on
+// the next endpoint, after 50 ms doubling to 2 s, reset by a stream etcd
+// accepted) from the same revision, so no change in between is missed; a
+// stream refused for a stale auth token is reopened at once with a fresh
+// token; a compacted revision or a permission refusal ends the wait with an
+// error. The stream is closed before WatchChange returns.
+func (s *Store) WatchChange(ctx context.Context, key string, startRevision int64) (bool, error) {
+	failures, reauthenticated := 0, false
+	for {
+		changed, accepted, used, err := s.watchOnce(ctx, key, startRevision)
+		if ctx.Err() != nil {
+			return false, nil
+		}
+		if err == nil {
+			return changed, nil
+		}
+		if accepted {
+			failures, reauthenticated = 0, false
+		}
+		var final watchFinal
+		if errors.As(err, &final) {
+			return false, final.err
+		}
+		if pe, ok := err.(*errs.Error); ok && pe.Kind == errs.KindForbidden {
+			return false, pe
+		}
+		st, _ := status.FromError(err)
+		if used != "" && hasAny(st.Message(), staleTokenHints) {
+			s.tokenRejected(used)
+			if !reauthenticated {
+				reauthenticated = true
+				continue // at once: the next attempt carries a fresh token
+			}
+		} else if st.Code() == codes.PermissionDenied || st.Code() == codes.Unauthenticated {
+			return false, MapError(err)
+		}
+		failures++
+		s.failOver()
+		t := time.NewTimer(time.Duration(min(2.0, 0.05*float64(int(1)<<min(failures, 6))) * float64(time.Second)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, nil
+		case <-t.C:
+		}
+	}
+}
+
+// watchOnce runs one Watch stream until its first event or error; accepted:
+// etcd created the watch; used: the auth token it carried.
+func (s *Store) watchOnce(ctx context.Context, key string, startRevision int64) (changed, accepted bool, used string, err error) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the stream on the server too
+	actx, used, err := s.authContext(wctx)
+	if err != nil {
+		return false, false, used, err
+	}
+	// hasleader: a member cut off from its cluster refuses the watch instead of
+	// holding it open silently, so the next endpoint is tried.
+	actx = metadata.AppendToOutgoingContext(actx, "hasleader", "true")
+	c, err := s.conn(s.currentIndex())
+	if err != nil {
+		return false, false, used, watchFinal{err}
+	}
+	stream, err := pb.NewWatchClient(c).Watch(actx)
+	if err != nil {
+		return false, false, used, err
+	}
+	if err := stream.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{
+		CreateRequest: &pb.WatchCreateRequest{Key: []byte(key), StartRevision: startRevision}}}); err != nil {
+		return false, false, used, err
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return false, accepted, used, err
+		}
+		if resp.CompactRevision != 0 {
+			return false, accepted, used, watchFinal{errs.Generic(fmt.Sprintf(
+				"etcd compacted revision %d of %s (compacted up to %d)", startRevision, key, resp.CompactRevision))}
+		}
+		if resp.Canceled {
+			if strings.Contains(resp.CancelReason, "permission denied") {
+				return false, accepted, used, watchFinal{errs.Forbidden("etcd refused the watch: " + resp.CancelReason)}
+			}
+			return false, accepted, used, status.Error(codes.Unavailable, "watch cancelled: "+resp.CancelReason)
+		}
+		accepted = true
+		if len(resp.Events) > 0 {
+			return true, true, used, nil
+		}
+	}
 }

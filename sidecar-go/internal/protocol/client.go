@@ -188,7 +188,7 @@ func (c *Client) refused(job JobRef, r etcd.TxnResult, specRev int64) (bool, err
 		if err != nil {
 			return false, err
 		}
-		return false, errs.Held(job.String(), h.Owner, holderKV.CreateRevision, gen)
+		return false, errs.Held(job.String(), h.Owner, holderKV.CreateRevision, gen, r.Revision)
 	}
 	if specKV.ModRevision != specRev {
 		return true, nil
@@ -201,6 +201,21 @@ func (c *Client) refused(job JobRef, r etcd.TxnResult, specRev int64) (bool, err
 		return false, errs.AttemptsExhausted(job.String(), gen, spec.MaxAttempts)
 	}
 	return true, nil // raced with a change that is gone again; just retry
+}
+
+// WaitForHolderChange waits until job's holder key changes after revision
+// (the holder released, its lease expired, or someone else claimed), at most
+// timeout (and no longer than ctx); true if it changed (JobLeaseClient.
+// wait_for_holder_change). A waiter that only retried with backoff would
+// claim up to a backoff late after the holder is gone; a watch wakes it when
+// etcd deletes the key. While etcd is unreachable the watch keeps
+// reconnecting until timeout; an error it cannot retry (revision compacted,
+// permission denied) ends the wait early with false and that error: the
+// caller claims again, and the claim reports what is wrong.
+func (c *Client) WaitForHolderChange(ctx context.Context, job JobRef, revision int64, timeout time.Duration) (bool, error) {
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return c.Store.WatchChange(wctx, Keys(c.Root, job).Holder(), revision+1)
 }
 
 // retryRead runs fn while etcd is unavailable, for up to timeout.

@@ -1,13 +1,9 @@
 package protocol
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,94 +11,15 @@ import (
 
 	"github.com/joblease/joblease/sidecar-go/internal/errs"
 	"github.com/joblease/joblease/sidecar-go/internal/etcd"
+	"github.com/joblease/joblease/sidecar-go/internal/etcdtest"
 )
 
-// These tests run the protocol against a real etcd: the pinned build that
-// hack/build-test-binaries caches (${JOBLEASE_CACHE}/bin/etcd-<ETCD_VERSION>/etcd,
-// or JOBLEASE_ETCD_BIN), on free loopback ports. Nothing is mocked.
+// These tests run the protocol against a real etcd (etcdtest: the pinned
+// build, on free loopback ports). Nothing is mocked.
 
-func etcdBinary(t *testing.T) string {
-	if b := os.Getenv("JOBLEASE_ETCD_BIN"); b != "" {
-		return b
-	}
-	f, err := os.Open(filepath.Join("..", "..", "..", "hack", "versions.env"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	version := ""
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "ETCD_VERSION="); ok {
-			version = v
-		}
-	}
-	cache := os.Getenv("JOBLEASE_CACHE")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache", "joblease")
-	}
-	bin := filepath.Join(cache, "bin", "etcd-"+version, "etcd")
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("no etcd binary at %s (run hack/build-test-binaries etcd, or set JOBLEASE_ETCD_BIN)", bin)
-	}
-	return bin
-}
+func startEtcd(t *testing.T) (string, *os.Process) { return etcdtest.Start(t) }
 
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// startEtcd runs one etcd member; returns its endpoint and process.
-func startEtcd(t *testing.T) (string, *os.Process) {
-	dir := t.TempDir()
-	client, peer := freePort(t), freePort(t)
-	cu, pu := fmt.Sprintf("http://127.0.0.1:%d", client), fmt.Sprintf("http://127.0.0.1:%d", peer)
-	log, _ := os.Create(filepath.Join(dir, "etcd.log"))
-	cmd := exec.Command(etcdBinary(t), "--data-dir", filepath.Join(dir, "data"), "--listen-client-urls", cu,
-		"--advertise-client-urls", cu, "--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu,
-		"--initial-cluster", "default="+pu)
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_, _ = cmd.Process.Wait()
-		log.Close()
-	})
-	ep := fmt.Sprintf("127.0.0.1:%d", client)
-	store := newStore(t, ep)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, _, err := store.Get(ctx, "/probe")
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("etcd did not come up: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return ep, cmd.Process
-}
-
-func newStore(t *testing.T, ep string) *etcd.Store {
-	s, err := etcd.New(etcd.Config{Endpoints: []string{ep}, RequestTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	return s
-}
+func newStore(t *testing.T, ep string) *etcd.Store { return etcdtest.NewStore(t, ep) }
 
 func register(t *testing.T, s *etcd.Store, job JobRef, ttl, max int64) {
 	value, err := EncodeSpec(Spec{LeaseDurationSeconds: ttl, MaxAttempts: max})

@@ -75,6 +75,13 @@ func (r *Runner) claim() (*protocol.Lease, int) {
 				}
 			}
 			r.log.Info("job held by another owner; backing off", "holder", holder, "token", token, "generation", gen)
+			// Wake when the holder key changes (released, expired), not a backoff
+			// later; the backoff stays the longest wait, and a little jitter keeps
+			// the waiters of one job from claiming in lock step.
+			if r.waitForHolderChange(e.Revision, time.Duration(cfg.Backoff.Delay(attempt, rand.Float64())*float64(time.Second))) {
+				r.sleepOrStop(time.Duration(cfg.Backoff.Initial / 2 * rand.Float64() * float64(time.Second)))
+			}
+			continue
 		case errs.KindUnavailable, errs.KindOutcomeUnknown, errs.KindClaimOutcomeUnknown:
 			r.log.Warn("etcd unavailable; retrying", "reason", e.Message)
 		case errs.KindLost:
@@ -86,6 +93,26 @@ func (r *Runner) claim() (*protocol.Lease, int) {
 		r.sleepOrStop(time.Duration(cfg.Backoff.Delay(attempt, rand.Float64()) * float64(time.Second)))
 	}
 	return nil, 0
+}
+
+// waitForHolderChange: did the holder key change after revision within
+// timeout? A stop request ends the wait at once (false); so does a watch
+// error (false, logged at debug: the next claim reports what is wrong).
+func (r *Runner) waitForHolderChange(revision int64, timeout time.Duration) bool {
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel() // also ends the watch stream
+	go func() {
+		select {
+		case <-r.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	changed, err := r.client.WaitForHolderChange(ctx, r.cfg.Job, revision, timeout)
+	if err != nil {
+		r.log.Debug("watch of the holder ended", "job", r.cfg.Job.String(), "reason", err.Error())
+	}
+	return changed && !r.stopping()
 }
 
 func pyG(f float64) string { return fmt.Sprintf("%g", f) }

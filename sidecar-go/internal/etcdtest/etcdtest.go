@@ -1,0 +1,110 @@
+// Package etcdtest runs a real etcd for the Go tests: the pinned build that
+// hack/build-test-binaries caches (${JOBLEASE_CACHE}/bin/etcd-<ETCD_VERSION>/etcd,
+// or JOBLEASE_ETCD_BIN), on free loopback ports. Nothing is mocked. Only
+// tests import it.
+package etcdtest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/joblease/joblease/sidecar-go/internal/etcd"
+)
+
+// Binary is the etcd to run.
+func Binary(t testing.TB) string {
+	if b := os.Getenv("JOBLEASE_ETCD_BIN"); b != "" {
+		return b
+	}
+	_, here, _, _ := runtime.Caller(0) // .../sidecar-go/internal/etcdtest/etcdtest.go
+	f, err := os.Open(filepath.Join(filepath.Dir(here), "..", "..", "..", "hack", "versions.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	version := ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "ETCD_VERSION="); ok {
+			version = v
+		}
+	}
+	cache := os.Getenv("JOBLEASE_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache", "joblease")
+	}
+	bin := filepath.Join(cache, "bin", "etcd-"+version, "etcd")
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("no etcd binary at %s (run hack/build-test-binaries etcd, or set JOBLEASE_ETCD_BIN)", bin)
+	}
+	return bin
+}
+
+// FreePort is a loopback port free right now.
+func FreePort(t testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Start runs one etcd member until the test ends; returns its endpoint and
+// process (ready: a read has succeeded).
+func Start(t testing.TB) (string, *os.Process) {
+	dir := t.TempDir()
+	client, peer := FreePort(t), FreePort(t)
+	cu, pu := fmt.Sprintf("http://127.0.0.1:%d", client), fmt.Sprintf("http://127.0.0.1:%d", peer)
+	log, _ := os.Create(filepath.Join(dir, "etcd.log"))
+	cmd := exec.Command(Binary(t), "--data-dir", filepath.Join(dir, "data"), "--listen-client-urls", cu,
+		"--advertise-client-urls", cu, "--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu,
+		"--initial-cluster", "default="+pu)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_, _ = cmd.Process.Wait()
+		log.Close()
+	})
+	ep := fmt.Sprintf("127.0.0.1:%d", client)
+	store := NewStore(t, ep)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, _, err := store.Get(ctx, "/probe")
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd did not come up: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return ep, cmd.Process
+}
+
+// NewStore is a client of ep, closed when the test ends.
+func NewStore(t testing.TB, ep string) *etcd.Store {
+	s, err := etcd.New(etcd.Config{Endpoints: []string{ep}, RequestTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
