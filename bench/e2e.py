@@ -198,7 +198,7 @@ def main() -> int:
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--delete-ttl", type=int, default=60)
     parser.add_argument("--kill-ttl", type=int, default=3)
-    parser.add_argument("--kill-backoff-max", default="0.5",
+    parser.add_argument("--kill-backoff-max", default="default",
                         help="JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX of the kill chain's pods "
                              "('default': the sidecar's own, 5 s)")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "e2e.json")

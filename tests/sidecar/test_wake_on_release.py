@@ -14,21 +14,16 @@ doubling to 5 s). A holds; B is refused until its backoff has grown to
   keep-alive; B must hold within TTL + 1 s of the kill. A backoff-only waiter
   fails this one only when its retries straddle the expiry (often, not always).
 
-Self-contained on purpose (its own launcher, parametrized over ``impl``): the
-conformance branch's ``sidecar_impl``/``sidecar_argv`` fixtures can replace
-``impl`` and ``_sidecar_argv`` one for one. The Go binary is
-``$JOBLEASE_SIDECAR_GO`` or what ``hack/build-sidecar`` builds (and prints last);
-if neither works, the [go] cases fail, never skip.
+Both implementations (``sidecar_impl``/``sidecar_argv``, tests/support/sidecar_impls.py);
+a Go binary that cannot be built fails the [go] cases, never skips them.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -47,23 +42,6 @@ HELD_MSG = "job held by another owner; backing off"
 # The fifth refusal (attempt 4) is followed by a 1.6-3.2 s backoff (0.2 * 2**4, halved
 # up to full): long enough that only a wake on the holder's change meets 1.5 s.
 REFUSALS = 5
-
-
-@functools.cache
-def _go_binary() -> str:
-    found = os.environ.get("JOBLEASE_SIDECAR_GO")
-    if found:
-        return found
-    r = subprocess.run([str(ROOT / "hack" / "build-sidecar")], capture_output=True, text=True,
-                       cwd=ROOT, check=False)
-    lines = r.stdout.strip().splitlines()
-    if r.returncode != 0 or not lines:
-        pytest.fail(f"hack/build-sidecar failed (rc {r.returncode}):\n{r.stderr}", pytrace=False)
-    return lines[-1]
-
-
-def _sidecar_argv(impl: str) -> list[str]:
-    return [sys.executable, "-m", "joblease.sidecar"] if impl == "python" else [_go_binary()]
 
 
 class _Sidecar:
@@ -119,13 +97,13 @@ class _Sidecar:
 
 
 @pytest.fixture
-def start(tmp_path: Path, etcd_config: EtcdConfig, request: pytest.FixtureRequest
-          ) -> Iterator[Any]:
-    """``start(impl, name, job)`` runs a sidecar with the default claim backoff; all are
+def start(tmp_path: Path, etcd_config: EtcdConfig, request: pytest.FixtureRequest,
+          sidecar_argv: list[str]) -> Iterator[Any]:
+    """``start(name, job)`` runs a sidecar with the default claim backoff; all are
     killed afterwards, and their logs attached to a failure."""
     started: list[_Sidecar] = []
 
-    def run(impl: str, name: str, job: JobRef) -> _Sidecar:
+    def run(name: str, job: JobRef) -> _Sidecar:
         env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEASE_")}
         env.update({"PYTHONUNBUFFERED": "1",
                     "JOBLEASE_ETCD_ENDPOINTS": ",".join(etcd_config.endpoints),
@@ -133,7 +111,7 @@ def start(tmp_path: Path, etcd_config: EtcdConfig, request: pytest.FixtureReques
                     "JOBLEASE_JOB_NAME": job.name, "JOBLEASE_JOB_NAMESPACE": job.namespace,
                     "JOBLEASE_SIDECAR_PORT": "0", "JOBLEASE_SIDECAR_PROBE_PORT": "off",
                     "JOBLEASE_SIDECAR_ON_LOSS": "none"})
-        s = _Sidecar(name, _sidecar_argv(impl), env, tmp_path / name)
+        s = _Sidecar(name, sidecar_argv, env, tmp_path / name)
         started.append(s)
         return s
 
@@ -147,14 +125,13 @@ def start(tmp_path: Path, etcd_config: EtcdConfig, request: pytest.FixtureReques
 
 
 @pytest.mark.parametrize("how", ["sigterm-releases", "sigkill-expires"])
-@pytest.mark.parametrize("impl", ["python", "go"])
 async def test_a_refused_sidecar_claims_when_the_holder_goes(
-        start: Any, client: JobLeaseClient, impl: str, how: str) -> None:
+        start: Any, client: JobLeaseClient, sidecar_impl: str, how: str) -> None:
     job = JobRef("default", "wake-" + uuid.uuid4().hex[:8])
     await client.register(job, JobSpec(lease_duration_seconds=TTL))
-    a = start(impl, "a", job)
+    a = start("a", job)
     await poll(a.holds, 30, "sidecar a to hold the job")
-    b = start(impl, "b", job)
+    b = start("b", job)
     # Act at once on B's fifth refusal, while its backoff after it is 1.6-3.2 s.
     await poll(lambda: b.refusals() >= REFUSALS, 30, f"sidecar b to be refused {REFUSALS} times",
                interval=0.01)
