@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,13 +20,33 @@ import (
 	"github.com/joblease/joblease/sidecar-go/internal/etcd"
 )
 
+// repoFile finds rel in the repository, walking up from the working directory (go
+// test runs each package's tests in its own directory). Not from runtime.Caller:
+// under -trimpath that names the module path, not a file on disk.
+func repoFile(t testing.TB, rel string) string {
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		p := filepath.Join(dir, rel)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatalf("no %s in any directory above the working directory", rel)
+		}
+		dir = parent
+	}
+}
+
 // Binary is the etcd to run.
 func Binary(t testing.TB) string {
 	if b := os.Getenv("JOBLEASE_ETCD_BIN"); b != "" {
 		return b
 	}
-	_, here, _, _ := runtime.Caller(0) // .../sidecar-go/internal/etcdtest/etcdtest.go
-	f, err := os.Open(filepath.Join(filepath.Dir(here), "..", "..", "..", "hack", "versions.env"))
+	f, err := os.Open(repoFile(t, filepath.Join("hack", "versions.env")))
 	if err != nil {
 		t.Fatal(err)
 	}
