@@ -24,7 +24,9 @@ from tests.support.release import Release
 from tests.waiting import wait_until
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    _own_releases_first(items)
     if not os.environ.get("JOBLEASE_TEST_KUBECONFIG"):
         return
     skip = pytest.mark.skip(reason="needs this machine to be the cluster's node (marker "
@@ -79,10 +81,33 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     cluster.kubectl("delete", "namespace", name, "--wait=false")
 
 
+def _own_releases_first(items: list[pytest.Item]) -> None:
+    """Tests with a ``release`` of their own run before those of the shared
+    ``joblease_release``, which lives from its first user to the end of the session.
+
+    Why: both operators would be cluster-scoped, and two operators watching the same
+    JobLeases register them in two etcds and write two truths into one status. The
+    ``release`` fixture refuses to start while the shared one is installed, so a
+    test needing both would fail loudly, not race. Only tests/cluster items move,
+    within the places they already take (stable: the order inside each group stays).
+    """
+    slots = [i for i, item in enumerate(items) if "release" in getattr(item, "fixturenames", ())
+             or "joblease_release" in getattr(item, "fixturenames", ())]
+    group = [items[i] for i in slots]
+    group.sort(key=lambda item: "release" not in item.fixturenames)  # own releases first
+    for i, item in zip(slots, group, strict=True):
+        items[i] = item
+
+
 @pytest.fixture
 def release(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[Release]:
     """A release of the chart of this test's own, in its namespace (not installed yet:
     the test installs it with the values it is about); uninstalled afterwards."""
+    shared = cluster.kubectl("get", "deployment", "-n", "joblease-system", "-o", "name")
+    if shared.returncode == 0 and shared.stdout.strip():
+        pytest.fail("the shared joblease_release is installed: a second cluster-scoped "
+                    "operator would fight it over every JobLease (see "
+                    "pytest_collection_modifyitems in tests/cluster/conftest.py)")
     rel = Release(cluster, namespace, tmp_path / "helm")
     yield rel
     rel.uninstall()
