@@ -1,4 +1,4 @@
-"""The sidecar as a real process (``python -m joblease.sidecar``) with a tenant's
+"""The sidecar as a real process (each implementation: [python], [go]) with a tenant's
 etcd credentials over TLS: it works on its namespace's job, exits with a clear
 permission error on another namespace's job, and never logs a secret."""
 
@@ -23,8 +23,8 @@ from tests.waiting import poll
 
 
 class Sidecars:
-    def __init__(self, tmp: Path, t: Tenants) -> None:
-        self.tmp, self.t = tmp, t
+    def __init__(self, tmp: Path, t: Tenants, argv: list[str]) -> None:
+        self.tmp, self.t, self.argv = tmp, t, argv
         self.started: list[Sidecar] = []
 
     def start(self, name: str, job: JobRef, creds: TenantCredentials | None,
@@ -53,15 +53,16 @@ class Sidecars:
             env.update({"JOBLEASE_ETCD_USERNAME": creds.username,
                         "JOBLEASE_ETCD_PASSWORD_FILE": str(pw)})
         env.update(extra)
-        s = Sidecar(name, workdir, env)
+        s = Sidecar(name, workdir, env, self.argv)
         self.started.append(s)
         return s
 
 
 @pytest.fixture
-def sidecars(tmp_path: Path, tenants: Tenants, request: pytest.FixtureRequest
-             ) -> Iterator[Sidecars]:
-    s = Sidecars(tmp_path, tenants)
+def sidecars(tmp_path: Path, tenants: Tenants, request: pytest.FixtureRequest,
+             sidecar_argv: list[str]) -> Iterator[Sidecars]:
+    """Sidecar processes of each implementation (``sidecar_impl``: [python], [go])."""
+    s = Sidecars(tmp_path, tenants, sidecar_argv)
     yield s
     for p in s.started:
         p.stop()
