@@ -17,23 +17,20 @@ import time
 import pytest
 
 from tests.support.cluster import Cluster
-from tests.support.pods import EXAMPLE, etcd_state, example_docs, pod_logs, wait_phase
+from tests.support.pods import (
+    EXAMPLE,
+    etcd_state,
+    example_docs,
+    job_condition,
+    pod_logs,
+    wait_phase,
+)
 from tests.support.release import Release
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 NS = "default"
-
-
-def _job_condition(cluster: Cluster, name: str) -> str | None:
-    r = cluster.kubectl("get", "job", name, "-n", NS, "-o", "json", timeout=30)
-    if r.returncode != 0:
-        return None
-    for c in json.loads(r.stdout).get("status", {}).get("conditions", []):
-        if c["type"] in ("Complete", "Failed") and c["status"] == "True":
-            return str(c["type"])
-    return None
 
 
 def test_example_worker_job_completes_and_the_joblease_shows_the_pods_claim(
@@ -47,7 +44,7 @@ def test_example_worker_job_completes_and_the_joblease_shows_the_pods_claim(
         assert applied.returncode == 0, applied.stderr
         status = wait_phase(cluster, NS, name, "Completed", timeout=300)
         print(f"\nkubectl apply -> JobLease Completed: {time.monotonic() - began:.1f}s")
-        outcome = wait_until(lambda: _job_condition(cluster, name), timeout=240,
+        outcome = wait_until(lambda: job_condition(cluster, NS, name), timeout=240,
                              interval=0.5, what="the Job Complete or Failed")
         assert outcome == "Complete"
 

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import Cluster, container_cgroup
-from tests.support.pods import etcd_state, pod_logs
+from tests.support.pods import etcd_state, job_condition, pod_logs
 from tests.support.release import Release
 from tests.support.worker_pods import (
     SIDECAR,
@@ -79,16 +79,6 @@ def _memory(cluster: Cluster, pod: dict[str, Any]) -> dict[str, float]:
             "rss": int(stat.get("total_rss", 0)) / MIB}
 
 
-def _job_condition(cluster: Cluster, ns: str) -> str | None:
-    r = cluster.kubectl("get", "job", NAME, "-n", ns, "-o", "json", timeout=30)
-    if r.returncode != 0:
-        return None
-    for c in json.loads(r.stdout).get("status", {}).get("conditions", []):
-        if c["type"] in ("Complete", "Failed") and c["status"] == "True":
-            return str(c["type"])
-    return None
-
-
 @pytest.mark.node  # reads the sidecar container's memory cgroup on the node
 def test_the_example_job_with_the_go_sidecar_image_completes_its_joblease(
         cluster: Cluster, joblease_release: Release, worker_namespace: str) -> None:
@@ -124,7 +114,7 @@ def test_the_example_job_with_the_go_sidecar_image_completes_its_joblease(
     done = wait_status(cluster, ns, NAME, "completion", lambda s: s.get("phase") == "Completed")
     token = done["fencingToken"]
     assert token == held["fencingToken"] and done["result"] == {"items": 3}, done
-    assert wait_until(lambda: _job_condition(cluster, ns), timeout=240, interval=0.5,
+    assert wait_until(lambda: job_condition(cluster, ns, NAME), timeout=240, interval=0.5,
                       what="the Job Complete or Failed") == "Complete"
     state = etcd_state(joblease_release, ns, NAME)
     assert state is not None and state["phase"] == "Completed", state

@@ -29,6 +29,7 @@ import yaml
 
 from tests.support.binaries import REPO_ROOT, helm_binary
 from tests.support.cluster import Cluster, image_ref
+from tests.support.pods import job_condition
 from tests.support.release import CHART
 from tests.waiting import wait_until
 
@@ -98,16 +99,6 @@ def inject_namespace(cluster: Cluster, worker_namespace: str) -> str:
     return worker_namespace
 
 
-def _job_state(cluster: Cluster, namespace: str, name: str) -> str | None:
-    r = cluster.kubectl("get", "job", name, "-n", namespace, "-o", "json", timeout=30)
-    if r.returncode != 0:
-        return None
-    for c in json.loads(r.stdout).get("status", {}).get("conditions", []):
-        if c["type"] in ("Complete", "Failed") and c["status"] == "True":
-            return str(c["type"])
-    return None
-
-
 def _describe(cluster: Cluster, namespace: str) -> str:
     pods = cluster.kubectl("describe", "pods", "-n", namespace).stdout
     logs = cluster.kubectl("logs", "-n", namespace, "-l", "job-name=report",
@@ -141,7 +132,7 @@ def test_annotated_job_pod_gets_the_sidecar_and_completes_its_joblease(
                                  "spec": spec}}}
     cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": [config_map, job]}))
 
-    state = wait_until(lambda: _job_state(cluster, ns, "report"), timeout=JOB_DEADLINE,
+    state = wait_until(lambda: job_condition(cluster, ns, "report"), timeout=JOB_DEADLINE,
                        what="Job report Complete or Failed", interval=1)
     assert state == "Complete", _describe(cluster, ns)
     (stored,) = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-l", "job-name=report",

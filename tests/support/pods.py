@@ -130,3 +130,14 @@ def example_worker_pod(namespace: str, name: str, job: str, *,
             if volume["name"] == "worker-script":
                 volume["configMap"]["name"] = script
     return pod
+
+
+def job_condition(cluster: Cluster, namespace: str, name: str) -> str | None:
+    """``Complete`` or ``Failed`` once the Job has that condition, else None."""
+    r = cluster.kubectl("get", "job", name, "-n", namespace, "-o", "json", timeout=30)
+    if r.returncode != 0:
+        return None
+    for c in json.loads(r.stdout).get("status", {}).get("conditions", []):
+        if c["type"] in ("Complete", "Failed") and c["status"] == "True":
+            return str(c["type"])
+    return None
