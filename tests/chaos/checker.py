@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.chaos.history import Op, Operation, pair
+from tests.support.status_history import steps_back
 
 
 @dataclass(frozen=True)
@@ -352,31 +353,13 @@ def check_liveness(jobs: Iterable[str], liveness: Liveness) -> list[Violation]:
     return found
 
 
-MONOTONIC_STATUS_FIELDS = ("etcdRevision", "generation", "fencingToken")
-
-
 def check_statuses(served: Mapping[str, Sequence[Mapping[str, Any]]],
                    final: Mapping[str, FinalJob]) -> list[Violation]:
-    """The operator's statuses, as served in order per JobLease (empty ones are the
-    API server's before the operator wrote any)."""
-    found = []
-    for job, statuses in sorted(served.items()):
-        prev: Mapping[str, Any] | None = None
-        for i, s in enumerate(statuses):
-            if not s:
-                continue
-            if prev is not None:
-                for f in MONOTONIC_STATUS_FIELDS:
-                    a, b = prev.get(f), s.get(f)
-                    if a is not None and b is not None and int(b) < int(a):
-                        found.append(Violation(
-                            "status-backwards", f"served status #{i} has {f} {b} after {a} "
-                            f"(phase {prev.get('phase')} -> {s.get('phase')})", job=job))
-                if prev.get("phase") == "Completed" and s.get("phase") != "Completed":
-                    found.append(Violation(
-                        "status-backwards", f"served status #{i} has phase {s.get('phase')} "
-                        "after Completed", job=job))
-            prev = s
+    """The operator's statuses, as served in order per JobLease: never a step back
+    (the rule of tests/support/status_history.py), and the last one is etcd's
+    completion."""
+    found = [Violation("status-backwards", f"served status #{step.index}: {step.why}",
+                       job=step.name) for step in steps_back(served)]
     for job, state in sorted(final.items()):
         last = next((s for s in reversed(served.get(job, ())) if s), None)
         want = {"phase": "Completed" if state.result_token is not None else None,

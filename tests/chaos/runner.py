@@ -22,7 +22,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections import defaultdict
@@ -39,6 +38,7 @@ from joblease.etcd_store import EtcdStore
 from joblease.fencing.destination import create_app
 from joblease.fencing.sql import ensure_schema
 from joblease.keys import KeySpace
+from joblease.operator.main import EXIT_LEADERSHIP_LOST
 from joblease.records import Holder
 from joblease.tenancy import enable_auth
 from tests.chaos import checker, history
@@ -53,6 +53,7 @@ from tests.chaos.nemesis import (
 )
 from tests.chaos.workload import SQL_TABLE, effects_prefix, ledger_name
 from tests.support.served import Served  # the example ledger and the /direct gates
+from tests.support.status_history import StatusWatch
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "chaos"
@@ -127,6 +128,7 @@ class Report:
     worker_restarts: int = 0
     sidecar_claims: int = 0
     statuses_served: int = 0          # with the operator: statuses the watch recorded
+    operator_stepdowns: int = 0       # the operator lost leadership and exited (code 3)
     unexpected_exits: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -152,7 +154,8 @@ class Report:
                          f"max {s['max']:.2f}s")
         lines.append(f"  claims through sidecars: {self.sidecar_claims}")
         if self.statuses_served:
-            lines.append(f"  operator statuses served (watched): {self.statuses_served}")
+            lines.append(f"  operator statuses served (watched): {self.statuses_served}; "
+                         f"step-downs (leadership lost, exit 3): {self.operator_stepdowns}")
         lines.append(f"  worker restarts: {self.worker_restarts}; unexpected exits: "
                      f"{len(self.unexpected_exits)}")
         lines.append(f"  VIOLATIONS: {len(self.violations)}")
@@ -336,78 +339,13 @@ class OperatorProc:
                 self.proc.wait()
 
 
-class StatusRecorder:
-    """Every JobLease status the API server serves in the chaos namespace, in order:
-    ``kubectl get --watch`` (a real watch; restarted, with a fresh list, whenever it
-    ends). Appends ``{"job", "type", "resourceVersion", "status"}`` to ``statuses.jsonl``.
-    """
-
-    def __init__(self, control_plane: Any, path: Path) -> None:
-        self.cp, self.path = control_plane, path
-        self.served: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        self._stop = threading.Event()
-        self._proc: subprocess.Popen[str] | None = None
-        self._lock = threading.Lock()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> StatusRecorder:
-        self.thread.start()
-        return self
-
-    def _run(self) -> None:
-        from tests.support.binaries import kubectl_binary
-
-        with open(self.path, "a") as out:
-            while not self._stop.is_set():
-                self._proc = subprocess.Popen(
-                    [kubectl_binary(), "--kubeconfig", str(self.cp.kubeconfig), "-n", NAMESPACE,
-                     "get", "jobleases", "--watch", "--output-watch-events", "-o", "json"],
-                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-                assert self._proc.stdout is not None
-                buf = ""
-                for line in self._proc.stdout:
-                    # one event per line (kubectl >= 1.3x), or pretty-printed over
-                    # several lines (older kubectl): parse once the buffer is whole
-                    buf += line
-                    try:
-                        event = json.loads(buf)
-                    except ValueError:
-                        continue
-                    buf = ""
-                    obj = event.get("object") or {}
-                    meta = obj.get("metadata") or {}
-                    rec = {"job": f"{NAMESPACE}/{meta.get('name')}", "type": event.get("type"),
-                           "resourceVersion": meta.get("resourceVersion"),
-                           "status": obj.get("status") or {}}
-                    with self._lock:
-                        self.served[rec["job"]].append(rec["status"])
-                    out.write(json.dumps(rec) + "\n")
-                    out.flush()
-                self._proc.wait()
-                self._stop.wait(0.2)
-
-    def last(self, job: str) -> dict[str, Any] | None:
-        with self._lock:
-            return next((s for s in reversed(self.served.get(job, [])) if s), None)
-
-    def snapshot(self) -> dict[str, list[dict[str, Any]]]:
-        with self._lock:
-            return {k: list(v) for k, v in self.served.items()}
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-        self.thread.join(timeout=10)
-
-
 class ChaosRunner:
     def __init__(self, cfg: ChaosConfig, run_dir: Path | None = None,
                  control_plane: Any = None) -> None:
         self.cfg = cfg
         self.cp = control_plane
         self.operator: OperatorProc | None = None
-        self.recorder: StatusRecorder | None = None
+        self.recorder: StatusWatch | None = None
         self.dir = run_dir or Path(tempfile.mkdtemp(prefix="joblease-chaos-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rng = random.Random(cfg.seed or None)
@@ -423,6 +361,7 @@ class ChaosRunner:
         self.ledger: Served
         self.procs: list[Proc] = []
         self.unexpected: list[str] = []
+        self.operator_stepdowns = 0
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -516,7 +455,9 @@ class ChaosRunner:
                                                 NAMESPACE)
                     if r.returncode != 0 and "AlreadyExists" not in r.stderr:
                         raise RuntimeError(r.stderr)
-                    self.recorder = StatusRecorder(self.cp, self.dir / "statuses.jsonl").start()
+                    self.recorder = await asyncio.to_thread(
+                        StatusWatch, self.cp.kubeconfig, NAMESPACE,
+                        log=self.dir / "statuses.jsonl")
                     g = await ProxyGroup(self.cluster).start()
                     groups.append(g)
                     # its API-server traffic too, so "delay-destination" can hold it
@@ -614,6 +555,7 @@ class ChaosRunner:
             report.sidecar_claims = sum(1 for o in history.pair(ops) if o.kind == "claim"
                                         and o.phase == "ok" and o.invoke.process[0] == "s")
             report.unexpected_exits = self.unexpected
+            report.operator_stepdowns = self.operator_stepdowns
             report.statuses_served = sum(len(v) for v in (statuses or {}).values())
             report.wall_seconds = time.monotonic() - began
             (self.dir / "report.json").write_text(json.dumps(asdict(report), indent=2))
@@ -646,9 +588,8 @@ class ChaosRunner:
         deadline = time.monotonic() + timeout
 
         def equal(job: str, state: checker.FinalJob) -> bool:
-            last = self.recorder.last(job) if self.recorder else None
-            return last is not None and (last.get("phase"), last.get("fencingToken"),
-                                         last.get("generation")) == (
+            last = self.recorder.last(job.removeprefix(f"{NAMESPACE}/")) if self.recorder else {}
+            return (last.get("phase"), last.get("fencingToken"), last.get("generation")) == (
                 "Completed", state.result_token, state.generation)
 
         while time.monotonic() < deadline:
@@ -656,7 +597,9 @@ class ChaosRunner:
             if all(equal(j, s) for j, s in final.items() if s.result_token is not None):
                 break
             await asyncio.sleep(0.5)
-        return self.recorder.snapshot()
+        # keyed like the checker's jobs, "<namespace>/<name>"
+        return {f"{NAMESPACE}/{name}": statuses
+                for name, statuses in self.recorder.snapshot().items()}
 
     def _check_alive(self) -> None:
         """A worker that exits by itself (not killed by the nemesis) is a finding."""
@@ -668,12 +611,19 @@ class ChaosRunner:
                 p.restart()
 
     def _check_operator(self) -> None:
+        """The operator exits by itself only when it lost leadership (exit code 3,
+        docs/operator.md: its etcd traffic was cut or delayed past the election's safety
+        deadline); it is restarted, as Kubernetes would, and stands by or leads again.
+        Any other exit is a finding."""
         op = self.operator
-        if op is not None and op.proc is not None \
-                and op.proc.poll() not in (None, -signal.SIGKILL):
+        if op is None or op.proc is None or op.proc.poll() in (None, -signal.SIGKILL):
+            return
+        if op.proc.returncode == EXIT_LEADERSHIP_LOST:
+            self.operator_stepdowns += 1
+        else:
             tail = (self.dir / "operator.log").read_text(errors="replace")[-2000:]
             self.unexpected.append(f"operator exited {op.proc.returncode}: {tail}")
-            op.restart()
+        op.restart()
 
     async def _stop_workers(self) -> None:
         (self.dir / "stop").touch()

@@ -317,7 +317,7 @@ def test_status_moving_backwards() -> None:
     v = check_statuses(statuses, final)
     assert kinds(v) == {"status-backwards"}
     assert {"etcdRevision", "generation", "fencingToken"} <= {
-        w.message.split(" has ")[1].split()[0] for w in v}
+        w.message.split(": ")[1].split()[0] for w in v}
     statuses, final = served()
     statuses[J].append({"phase": "Pending", "generation": 2, "etcdRevision": 19})
     v = check_statuses(statuses, final)

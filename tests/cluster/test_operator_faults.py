@@ -70,7 +70,7 @@ def test_operator_pod_deleted_under_load_resumes_and_no_status_moves_backwards(
     apply_jobleases(rel, names)
     tools = start_tools_pod(rel)  # meanwhile the operator registers them
     wait_registered(rel, names)
-    watch = StatusWatch(cluster, rel.namespace)
+    watch = StatusWatch(cluster.kubeconfig, rel.namespace)
     load = ClaimLoad(rel, tools, names, pause=0.3, releases=1)
     try:
         outages = []

@@ -28,10 +28,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.binaries import kubectl_binary
 from tests.support.cluster import Cluster, image_ref
 from tests.support.release import Release
-from tests.support.statuses import StatusWatch, backwards
+from tests.support.status_history import StatusWatch, regressions
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
@@ -136,7 +135,7 @@ def test_deleting_the_active_operator_pod_hands_over_to_the_standby(
     (standby,) = [n for n in names if n != old]
 
     load_pod(release)
-    watch = StatusWatch(kubectl_binary(), cluster.kubeconfig, release.namespace).start()
+    watch = StatusWatch(cluster.kubeconfig, release.namespace)
     created: list[str] = []
     deleted_at: list[float] = []
     stop = threading.Event()
@@ -175,7 +174,8 @@ def test_deleting_the_active_operator_pod_hands_over_to_the_standby(
             return all(watch.last(n).get("phase") == "Completed"
                        and watch.last(n).get("fencingToken") == t for n, t in done.items())
         wait_until(settled, timeout=180, interval=1, what="every status Completed")
-        assert not backwards(watch.snapshot()), backwards(watch.snapshot())
+        assert not watch.gaps, watch.gaps
+        assert regressions(watch.snapshot()) == [], regressions(watch.snapshot())
 
         # The Deployment replaced the deleted pod; the replacement stands by.
         def replaced() -> list[dict[str, Any]] | None:

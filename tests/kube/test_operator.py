@@ -10,9 +10,7 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,6 +29,7 @@ from tests.support.operator import (
     running_operator,
     wait_for,
 )
+from tests.support.status_history import StatusWatch, regressions
 from tests.waiting import claim_when_free
 
 pytestmark = pytest.mark.kube
@@ -197,61 +196,6 @@ async def test_seed_example_paused_holder_is_replaced_and_its_late_completion_re
     assert s["fencingToken"] == b.token and s["result"] == {"by": "b"}
 
 
-class StatusHistory:
-    """Every JobLease object the API server shows, via ``kubectl get -w -o json``."""
-
-    def __init__(self, kube: Kube) -> None:
-        from tests.support.binaries import kubectl_binary
-        self.seen: list[dict[str, Any]] = []
-        self.proc = subprocess.Popen(
-            [kubectl_binary(), "--kubeconfig", str(kube.cp.kubeconfig), "-n", kube.ns,
-             "get", "jl", "-w", "-o", "json"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        decoder, buffer = json.JSONDecoder(), ""
-        for line in self.proc.stdout:
-            buffer += line
-            while buffer.strip():
-                try:
-                    obj, end = decoder.raw_decode(buffer.lstrip())
-                except ValueError:
-                    break
-                self.seen.append(obj)
-                buffer = buffer.lstrip()[end:]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-
-    def regressions(self) -> list[str]:
-        """Any status whose etcdRevision or generation is below an earlier one."""
-        best: dict[str, tuple[int, int]] = {}
-        problems = []
-        for obj in self.seen:
-            name, s = obj["metadata"]["name"], obj.get("status") or {}
-            if "etcdRevision" not in s:
-                continue
-            now = (int(s["etcdRevision"]), int(s.get("generation", 0)))
-            before = best.get(name, (0, 0))
-            if now[0] < before[0] or now[1] < before[1]:
-                problems.append(f"{name}: {before} -> {now}")
-            best[name] = max(before, now)
-        return problems
-
-
-def test_history_checker_flags_a_regression() -> None:
-    h = StatusHistory.__new__(StatusHistory)
-    h.seen = [{"metadata": {"name": "j"}, "status": {"etcdRevision": r, "generation": g}}
-              for r, g in ((5, 1), (9, 2), (7, 2))]
-    assert h.regressions() == ["j: (9, 2) -> (7, 2)"]
-    h.seen = h.seen[:2]
-    assert h.regressions() == []
-
-
 async def test_status_converges_after_operator_is_killed_mid_run_and_never_regresses(
         kube: Kube, operator: OperatorProcess, client: JobLeaseClient) -> None:
     names = [f"busy-{i}" for i in range(3)]  # claimed and released over and over
@@ -260,11 +204,12 @@ async def test_status_converges_after_operator_is_killed_mid_run_and_never_regre
         await kube.apply(name, {"leaseDurationSeconds": 5, "maxAttempts": 0})
     for name in names + finished:
         await kube.status_where(name, "Pending", lambda s: s["phase"] == "Pending")
-    history = StatusHistory(kube)
+    watch = StatusWatch(kube.cp.kubeconfig, kube.ns)
     stop = asyncio.Event()
+    rounds = 0
 
-    async def workload() -> int:
-        rounds = 0
+    async def workload() -> None:
+        nonlocal rounds
         while not stop.is_set():
             for name in names:
                 lease = await client.claim(JobRef(kube.ns, name), f"w{rounds}")
@@ -275,41 +220,51 @@ async def test_status_converges_after_operator_is_killed_mid_run_and_never_regre
                 await lease.complete({"name": name})
             rounds += 1
             await asyncio.sleep(0.05)
-        return rounds
+
+    async def mirrored_more(since: int) -> bool:
+        """The running operator wrote statuses of the workload's claims after ``since``
+        (a count of the watch's events): a few per busy JobLease."""
+        return watch.events >= since + 2 * len(names)
+
+    async def claims_more(since: int) -> bool:
+        return rounds >= since + 3
 
     work = asyncio.create_task(workload())
     try:
         for _ in range(2):
-            await wait_for("the workload to move the status", lambda: _moved(kube, names[0]))
+            await wait_for("the operator to mirror the workload",
+                           lambda n=watch.events: mirrored_more(n), 60)
             operator.kill()  # SIGKILL mid-run
-            await asyncio.sleep(0.5)  # claims continue while no operator runs
+            await wait_for("claims while no operator runs", lambda n=rounds: claims_more(n))
             operator.start()
             await operator.wait_ready()
-        await asyncio.sleep(1.0)
+        await wait_for("the restarted operator to mirror the workload",
+                       lambda n=watch.events: mirrored_more(n), 60)
     finally:
         stop.set()
-        rounds = await work
-    assert rounds > 2
+        await work
     for name in names:  # completions continue too
         lease = await client.claim(JobRef(kube.ns, name), "finisher")
         await lease.complete({"name": name})
     for name in finished[(rounds + 4) // 5:]:  # the workload was too quick for these
         lease = await client.claim(JobRef(kube.ns, name), "late")
         await lease.complete({"name": name})
-    for name in names + finished:
-        truth = await client.get(JobRef(kube.ns, name))
-        s = await kube.status_where(name, "converged to etcd", lambda s, t=truth: (
-            s["phase"] == "Completed" and s["generation"] == t.generation
-            and s["fencingToken"] == t.token and s["etcdRevision"] >= t.mod_revision))
-        assert s["result"] == {"name": name}
-    await asyncio.sleep(0.5)  # let the watcher print the last objects
-    history.stop()
-    assert len(history.seen) > len(names + finished) * 3, "too little history to judge"
-    assert history.regressions() == []
+    try:
+        for name in names + finished:
+            truth = await client.get(JobRef(kube.ns, name))
+            s = await kube.status_where(name, "converged to etcd", lambda s, t=truth: (
+                s["phase"] == "Completed" and s["generation"] == t.generation
+                and s["fencingToken"] == t.token and s["etcdRevision"] >= t.mod_revision))
+            assert s["result"] == {"name": name}
 
-
-async def _moved(kube: Kube, name: str) -> bool:
-    return int((await kube.status(name)).get("generation", 0)) > 0
+            async def watched(t: Any = truth, n: str = name) -> bool:
+                last = watch.last(n)
+                return last.get("phase") == "Completed" and last.get("fencingToken") == t.token
+            await wait_for(f"the watch to see {name} Completed", watched)
+    finally:
+        watch.stop()
+    assert not watch.gaps, watch.gaps
+    assert regressions(watch.snapshot()) == [], regressions(watch.snapshot())
 
 
 async def test_delete_while_held_removes_etcd_keys_and_holder_learns_it_lost(

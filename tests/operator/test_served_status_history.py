@@ -25,7 +25,8 @@ FORWARD = [{}, s("Pending", 0, 5), s("Claimed", 1, 7, 7), s("Pending", 1, 9, 7),
 
 
 def test_a_history_that_only_moves_forward_passes() -> None:
-    assert regressions({"a": FORWARD, "b": [s("Pending", 0, 3), s("Failed", 3, 20)]}) == []
+    assert regressions({"a": FORWARD, "b": [s("Pending", 0, 3), s("Failed", 3, 20)],
+                        "c": [s("NotRegistered", 0, 2), *FORWARD[1:]]}) == []
 
 
 @pytest.mark.parametrize(("index", "status", "complaint"), [
@@ -38,6 +39,8 @@ def test_a_history_that_only_moves_forward_passes() -> None:
     (4, s("Claimed", 1, 10, 7), "phase Claimed at generation 1 after Pending at generation 1"),
     (7, s("Failed", 2, 13, 11), "phase Failed after Completed"),
     (7, s("Running", 2, 13, 11), "unknown phase 'Running'"),
+    # registration is never undone in these histories
+    (2, s("NotRegistered", 0, 6), "phase NotRegistered at generation 0 after Pending"),
 ])
 def test_each_step_backwards_is_reported(index: int, status: dict[str, Any],
                                          complaint: str) -> None:

@@ -1,5 +1,9 @@
 """Every JobLease status the API server served, and the rule that it never goes back.
 
+The one watcher and the one rule of the test suite: the operator tests (host
+processes in tests/kube, pods in tests/cluster) and the chaos runner all judge the
+operator's statuses with them.
+
 :class:`StatusWatch` records them with the real API watch (``kubectl get --raw``
 on ``...?watch=1&resourceVersion=R``): a list first, then every change in order.
 When a watch ends (the server's timeout), it resumes from the last resourceVersion
@@ -15,7 +19,8 @@ the spec and the registration do not change:
   ``Claimed`` 0 < ``Pending`` 1 < ``Failed`` = ``Completed`` 2. A claim raises the
   generation, so within one generation a JobLease goes ``Claimed`` → ``Pending``
   (released or expired) or → ``Completed``/``Failed``, never back to ``Claimed``;
-  ``Pending`` at generation 0 is before every claim;
+  ``NotRegistered`` and ``Pending`` at generation 0 are before every claim, in that
+  order;
 * ``Completed`` and ``Failed`` are never left (nor swapped for each other).
 """
 
@@ -26,19 +31,32 @@ import subprocess
 import threading
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
 
 from tests.support.binaries import kubectl_binary
-from tests.support.cluster import Cluster
 
-PHASE_RANK = {"Claimed": 0, "Pending": 1, "Failed": 2, "Completed": 2}
+PHASE_RANK = {"NotRegistered": -1, "Claimed": 0, "Pending": 1, "Failed": 2, "Completed": 2}
 TERMINAL = ("Completed", "Failed")
 MONOTONIC_FIELDS = ("etcdRevision", "generation", "attempts", "fencingToken")
 
 
-def regressions(served: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+@dataclass(frozen=True)
+class StepBack:
+    """Status number ``index`` served for ``name`` moved backwards, ``why``."""
+
+    name: str
+    index: int
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.index}: {self.why}"
+
+
+def steps_back(served: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[StepBack]:
     """Every step backwards in ``served`` (JobLease name → its statuses in served
-    order), as readable lines; empty when none."""
+    order); empty when none."""
     found = []
     for name, statuses in sorted(served.items()):
         prev: Mapping[str, Any] | None = None
@@ -46,9 +64,14 @@ def regressions(served: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
             if not status:
                 continue
             if prev is not None:
-                found += [f"{name} #{i}: {why}" for why in _step_back(prev, status)]
+                found += [StepBack(name, i, why) for why in _step_back(prev, status)]
             prev = status
     return found
+
+
+def regressions(served: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """:func:`steps_back` as readable lines."""
+    return [str(step) for step in steps_back(served)]
 
 
 def _step_back(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
@@ -73,10 +96,16 @@ def _step_back(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 
 class StatusWatch:
-    """The statuses of the JobLeases in ``namespace`` as the API server serves them."""
+    """The statuses of the JobLeases in ``namespace`` as the API server behind
+    ``kubeconfig`` serves them, from construction until :meth:`stop`.
 
-    def __init__(self, cluster: Cluster, namespace: str) -> None:
-        self.cluster, self.namespace = cluster, namespace
+    ``log``: also append each as a JSON line ``{"name", "resourceVersion",
+    "status"}`` (the chaos runner keeps it with a run's other records)."""
+
+    def __init__(self, kubeconfig: Path | str, namespace: str, *,
+                 log: Path | None = None) -> None:
+        self.kubeconfig, self.namespace = str(kubeconfig), namespace
+        self._log: IO[str] | None = open(log, "a") if log is not None else None
         self.served: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.events = 0
         self.restarts = 0
@@ -93,23 +122,31 @@ class StatusWatch:
         self._thread.start()
 
     def _kubectl_raw(self, path: str) -> dict[str, Any]:
-        result = self.cluster.kubectl("get", "--raw", path, timeout=60)
+        result = subprocess.run(
+            [kubectl_binary(), "--kubeconfig", self.kubeconfig, "get", "--raw", path],
+            capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         listed: dict[str, Any] = json.loads(result.stdout)
         return listed
 
     def _record(self, obj: Mapping[str, Any]) -> None:
+        meta, status = obj["metadata"], dict(obj.get("status") or {})
         with self._lock:
-            self.served[obj["metadata"]["name"]].append(dict(obj.get("status") or {}))
+            self.served[meta["name"]].append(status)
             self.events += 1
+            if self._log is not None:
+                self._log.write(json.dumps({"name": meta["name"], "status": status,
+                                            "resourceVersion": meta.get("resourceVersion")})
+                                + "\n")
+                self._log.flush()
 
     def _run(self) -> None:
         while not self._stop.is_set():
             url = (f"{self._path}?watch=1&allowWatchBookmarks=true&timeoutSeconds=300"
                    f"&resourceVersion={self._rv}")
             self._proc = subprocess.Popen(
-                [kubectl_binary(), "--kubeconfig", str(self.cluster.kubeconfig), "get",
-                 "--raw", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                [kubectl_binary(), "--kubeconfig", self.kubeconfig, "get", "--raw", url],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             assert self._proc.stdout is not None
             for line in self._proc.stdout:  # one watch event per line
                 if not line.strip():
@@ -142,3 +179,7 @@ class StatusWatch:
             self._proc.terminate()
             self._proc.wait()
         self._thread.join(timeout=10)
+        with self._lock:
+            if self._log is not None:
+                self._log.close()
+                self._log = None

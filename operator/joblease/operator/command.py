@@ -11,7 +11,12 @@ import click
 from joblease.operator.election import DEFAULT_TTL as ELECTION_TTL
 from joblease.operator.election import check_name
 from joblease.operator.injection import SidecarSettings
-from joblease.operator.main import LeadershipLostError, OperatorConfig, run_operator
+from joblease.operator.main import (
+    EXIT_LEADERSHIP_LOST,
+    LeadershipLostError,
+    OperatorConfig,
+    run_operator,
+)
 from joblease.operator.webhook import WebhookConfig
 
 #: The flags' defaults are OperatorConfig's own (defined there once).
@@ -116,4 +121,4 @@ def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, metrics_
         # Exit non-zero so that Kubernetes restarts the container: the new process
         # stands by (another replica leads by now) instead of acting on stale leadership.
         logging.getLogger(__name__).error("%s; exiting (a restart stands by)", exc)
-        raise SystemExit(3) from exc
+        raise SystemExit(EXIT_LEADERSHIP_LOST) from exc

@@ -135,8 +135,12 @@ STOP_GRACE = 1.0
 
 
 class LeadershipLostError(Exception):
-    """This replica stopped being the active one; the process exits (its restart
-    stands by)."""
+    """This replica stopped being the active one; the process exits with
+    :data:`EXIT_LEADERSHIP_LOST` (its restart stands by)."""
+
+
+#: The operator's exit code once it lost leadership (docs/operator.md).
+EXIT_LEADERSHIP_LOST = 3
 
 
 @dataclass
