@@ -402,6 +402,40 @@ def test_answers_before_the_body_is_read_are_delivered(
     fuzz_target.assert_unharmed()
 
 
+#: Starlette's routing (the Python sidecar's, and so the spec): a path matches a route
+#: exactly, never after cleaning; a miss that is a route but for trailing slashes
+#: is redirected (307, ``redirect_slashes``); the rest is a plain-text 404.
+ROUTING: list[tuple[bytes, int, bytes | None]] = [
+    (b"/v1//lease", 404, None),
+    (b"/v1/./lease", 404, None),
+    (b"/v1/x/../lease", 404, None),
+    (b"//healthz", 404, None),
+    (b"/v1/", 404, None),
+    (b"/v1/lease/", 307, b"http://sidecar/v1/lease"),
+    (b"/healthz//?a=b&c=%20&d=<", 307, b"http://sidecar/healthz?a=b&c=%20&d=%3C"),
+    (b"/metrics/", 307, b"http://sidecar/metrics"),
+    (b"/readyz%2F", 307, b"http://sidecar/readyz"),
+    (b"/v1/%6cease", 401, None),  # the decoded path is /v1/lease (no bearer: 401)
+]
+
+
+def test_routing_matches_starlette(fuzz_target: FuzzTarget) -> None:
+    url = fuzz_target.sidecar.url
+    for target, status, location in ROUTING:
+        answer = raw_http(url, b"GET " + target + b" HTTP/1.1\r\nHost: sidecar\r\n"
+                                                  b"Connection: close\r\n\r\n")
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert _status(answer) == status, (target, answer[:300])
+        headers = {name.lower(): value for name, value in
+                   (line.split(b": ", 1) for line in head.split(b"\r\n")[1:])}
+        if location is not None:
+            assert headers[b"location"] == location, (target, answer[:300])
+            assert headers[b"content-length"] == b"0" and body == b"", (target, answer[:300])
+        if status == 404:
+            assert body == b"Not Found", (target, answer[:300])
+    fuzz_target.assert_unharmed()
+
+
 async def test_deeply_nested_json_is_a_400() -> None:
     runner = _app_runner(JOBLEASE_SIDECAR_RATE_LIMIT="off")
     depth = 20_000  # 40 KB: under the body limit, far over Python's recursion limit
