@@ -239,9 +239,6 @@ async def fuzz_target(tmp_path: Path, etcd_config: EtcdConfig, client: JobLeaseC
             p.stop()
 
 
-@pytest.mark.python_sidecar_only(
-    reason="fuzzing the Go sidecar failed once in the last full run, not analysed yet "
-           "(the malformed-HTTP cases below run for both)")
 async def test_fuzz_sidecar_http_api(fuzz_target: FuzzTarget, etcd_config: EtcdConfig,
                                      etcd: EtcdCluster) -> None:
     sidecar, bearer, token = fuzz_target.sidecar, fuzz_target.bearer, fuzz_target.token
@@ -353,6 +350,91 @@ def test_malformed_http_is_refused_and_changes_nothing(
         # and the next connection is served normally
         ok = raw_http(url, _get(f"Bearer {bearer}".encode()))
         assert _status(ok) == 200, (what, ok[:300])
+
+
+def _post(path: bytes, body: int, auth: bytes = b"") -> bytes:
+    return (b"POST " + path + b" HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n" + auth
+            + b"Content-Length: " + str(body).encode() + b"\r\n\r\n" + b"x" * body)
+
+
+#: Requests answered before (or without) their body being read, each with a 16 KiB
+#: body on a connection that closes after the answer. The body is more than Go's
+#: net/http reads with the head (4 KiB), so the rest is still unread in the socket
+#: when the server closes it; without a lingering close the kernel sends RST and the
+#: client reading to the end gets "connection reset by peer" (net/http's own 400 has
+#: no Content-Length: it ends only with the close). One write of ~16 KiB is one
+#: loopback segment, so uvicorn, which reads what arrives, has it all when it closes.
+#: Every case but the two bearer ones sends the right bearer token.
+ANSWERED_BEFORE_THE_BODY: list[tuple[str, bytes, int, set[int], bytes]] = [
+    # net/http refuses a target it cannot parse itself (400); uvicorn leaves the
+    # escape as it is and Starlette finds no route (404). docs/sidecar-go.md
+    ("invalid %-escape in the target", b"/%zz", 16384, {400, 404}, b""),
+    ("no bearer token", b"/v1/complete", 16384, {401}, b'"error":"unauthorized"'),
+    ("wrong bearer token", b"/v1/complete", 16384, {401}, b'"error":"unauthorized"'),
+    ("unknown path", b"/v1/nope", 16384, {404}, b"Not Found"),
+    ("wrong method", b"/v1/lease", 16384, {405}, b'"error":"method_not_allowed"'),
+    ("wrong method on a probe", b"/healthz", 16384, {405}, b'"error":"method_not_allowed"'),
+    ("declared body over the release limit (4 KiB)", b"/v1/release", 8192, {413},
+     b'"error":"too_large"'),
+]
+
+
+@pytest.mark.parametrize("what", [c[0] for c in ANSWERED_BEFORE_THE_BODY])
+def test_answers_before_the_body_is_read_are_delivered(
+        fuzz_target: FuzzTarget, etcd_config: EtcdConfig, etcd: EtcdCluster, what: str) -> None:
+    """Every answer reaches the client whole and the connection ends with FIN, not
+    RST, however much of the request body the server never read. The Go sidecar's
+    one failure in the HTTP fuzzer was most likely the first case (its example was
+    not kept): net/http's 400 for a fuzzed path with a ``%``, the body httpx wrote
+    after the head still unread."""
+    _, path, size, expect, words = next(c for c in ANSWERED_BEFORE_THE_BODY if c[0] == what)
+    bearer = fuzz_target.bearer.encode()
+    auth = {"no bearer token": b"", "wrong bearer token": b"Authorization: Bearer guess\r\n"
+            }.get(what, b"Authorization: Bearer " + bearer + b"\r\n")
+    before = root_keys(etcd, etcd_config)
+    answer = raw_http(fuzz_target.sidecar.url, _post(path, size, auth))  # a reset raises here
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert _status(answer) in expect, answer[:300]
+    assert words in body, answer[:300]
+    length = next((line.split(b":", 1)[1] for line in head.lower().split(b"\r\n")
+                   if line.startswith(b"content-length:")), None)
+    assert length is None or int(length) == len(body), answer[:300]  # all of it, no more
+    assert not writes(before, root_keys(etcd, etcd_config)), what
+    fuzz_target.assert_unharmed()
+
+
+#: Starlette's routing (the Python sidecar's, and so the spec): a path matches a route
+#: exactly, never after cleaning; a miss that is a route but for trailing slashes
+#: is redirected (307, ``redirect_slashes``); the rest is a plain-text 404.
+ROUTING: list[tuple[bytes, int, bytes | None]] = [
+    (b"/v1//lease", 404, None),
+    (b"/v1/./lease", 404, None),
+    (b"/v1/x/../lease", 404, None),
+    (b"//healthz", 404, None),
+    (b"/v1/", 404, None),
+    (b"/v1/lease/", 307, b"http://sidecar/v1/lease"),
+    (b"/healthz//?a=b&c=%20&d=<", 307, b"http://sidecar/healthz?a=b&c=%20&d=%3C"),
+    (b"/metrics/", 307, b"http://sidecar/metrics"),
+    (b"/readyz%2F", 307, b"http://sidecar/readyz"),
+    (b"/v1/%6cease", 401, None),  # the decoded path is /v1/lease (no bearer: 401)
+]
+
+
+def test_routing_matches_starlette(fuzz_target: FuzzTarget) -> None:
+    url = fuzz_target.sidecar.url
+    for target, status, location in ROUTING:
+        answer = raw_http(url, b"GET " + target + b" HTTP/1.1\r\nHost: sidecar\r\n"
+                                                  b"Connection: close\r\n\r\n")
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert _status(answer) == status, (target, answer[:300])
+        headers = {name.lower(): value for name, value in
+                   (line.split(b": ", 1) for line in head.split(b"\r\n")[1:])}
+        if location is not None:
+            assert headers[b"location"] == location, (target, answer[:300])
+            assert headers[b"content-length"] == b"0" and body == b"", (target, answer[:300])
+        if status == 404:
+            assert body == b"Not Found", (target, answer[:300])
+    fuzz_target.assert_unharmed()
 
 
 async def test_deeply_nested_json_is_a_400() -> None:

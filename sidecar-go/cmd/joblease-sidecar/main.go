@@ -77,7 +77,9 @@ func run() int {
 		bound := ln.Addr().(*net.TCPAddr).Port
 		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, srv)
-		go func() { _ = srv.Serve(ln) }()
+		// Lingering close: an answer sent before the request body was read still
+		// reaches the client, instead of a connection reset (internal/api/linger.go).
+		go func() { _ = srv.Serve(api.LingeringListener(ln)) }()
 		if portFile != "" {
 			if _, err := runner.WriteAtomic(portFile, []byte(fmt.Sprintf("%d\n", bound)), nil); err != nil {
 				return err

@@ -16,6 +16,7 @@ import (
 	"io"
 	"math"
 	"math/big"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -177,20 +178,20 @@ func payload(obj map[string]any, limit int, key, what string) (any, *badRequest)
 	return v, nil
 }
 
-func probeRoutes(mux *http.ServeMux, rn *runner.Runner) {
+func probeRoutes(mux routes, rn *runner.Runner) {
 	get := []string{"GET", "HEAD"}
-	mux.Handle("/healthz", guard(rn, get, func(*http.Request) (runner.Outcome, *badRequest) {
+	mux["/healthz"] = guard(rn, get, func(*http.Request) (runner.Outcome, *badRequest) {
 		return runner.Outcome{Status: 200, Body: pyjson.Obj{{Key: "status", Value: "ok"}, {Key: "state", Value: string(rn.Current())}}}, nil
-	}, false, nil))
-	mux.Handle("/readyz", guard(rn, get, func(*http.Request) (runner.Outcome, *badRequest) {
+	}, false, nil)
+	mux["/readyz"] = guard(rn, get, func(*http.Request) (runner.Outcome, *badRequest) {
 		ready := rn.Ready()
 		status := 503
 		if ready {
 			status = 200
 		}
 		return runner.Outcome{Status: status, Body: pyjson.Obj{{Key: "ready", Value: ready}, {Key: "state", Value: string(rn.PhaseNow())}}}, nil
-	}, false, nil))
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, req *http.Request) {
+	}, false, nil)
+	mux["/metrics"] = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.Method != "GET" && req.Method != "HEAD" {
 			guard(rn, get, nil, false, nil)(w, req)
 			return
@@ -203,13 +204,67 @@ func probeRoutes(mux *http.ServeMux, rn *runner.Runner) {
 	})
 }
 
-func notFound(mux *http.ServeMux) {
-	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
-		// Starlette's answer for an unknown route.
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.WriteHeader(404)
-		_, _ = io.WriteString(w, "Not Found")
-	})
+// routes is Starlette's router as the Python sidecar uses it (not
+// http.ServeMux, which cleans paths and redirects "/v1//lease" or
+// "/v1/./lease" to "/v1/lease"): a decoded path matches a route exactly or not
+// at all, and a miss is redirected (307) when the path with its trailing
+// slashes removed, or with one added, is a route (redirect_slashes); anything
+// else is Starlette's plain-text 404.
+type routes map[string]http.Handler
+
+func (rt routes) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	path := req.URL.Path
+	if h, ok := rt[path]; ok {
+		h.ServeHTTP(w, req)
+		return
+	}
+	if path != "/" {
+		other := path + "/"
+		if strings.HasSuffix(path, "/") {
+			other = strings.TrimRight(path, "/")
+		}
+		if _, ok := rt[other]; ok {
+			w.Header().Set("Location", redirectURL(req, other))
+			w.Header().Set("Content-Length", "0")
+			w.WriteHeader(307)
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Content-Length", "9")
+	w.WriteHeader(404)
+	_, _ = io.WriteString(w, "Not Found")
+}
+
+// redirectURL is Starlette's str(URL(scope=...)) for path, quoted as
+// RedirectResponse quotes it: http://, the Host header (else the address the
+// request came in on), the path, the query as sent.
+func redirectURL(req *http.Request, path string) string {
+	host := req.Host
+	if host == "" {
+		if addr, ok := req.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+			host = addr.String()
+		}
+	}
+	url := "http://" + host + path
+	if req.URL.RawQuery != "" {
+		url += "?" + req.URL.RawQuery
+	}
+	return quote(url)
+}
+
+// quote is urllib.parse.quote(s, safe=":/%#?=@[]!$&'()*+,;") for ASCII s.
+func quote(s string) string {
+	const safe = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~:/%#?=@[]!$&'()*+,;"
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if strings.IndexByte(safe, s[i]) >= 0 {
+			b.WriteByte(s[i])
+		} else {
+			fmt.Fprintf(&b, "%%%02X", s[i])
+		}
+	}
+	return b.String()
 }
 
 // Handler is the loopback API: lease, complete, checkpoint, release, and the probe endpoints.
@@ -220,11 +275,11 @@ func Handler(rn *runner.Runner) http.Handler {
 	if cfg.RateLimit > 0 {
 		limiter = NewRateLimiter(cfg.RateLimit)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/v1/lease", guard(rn, []string{"GET", "HEAD"}, func(*http.Request) (runner.Outcome, *badRequest) {
+	mux := routes{}
+	mux["/v1/lease"] = guard(rn, []string{"GET", "HEAD"}, func(*http.Request) (runner.Outcome, *badRequest) {
 		return rn.LeaseView(), nil
-	}, true, limiter))
-	mux.Handle("/v1/complete", guard(rn, []string{"POST"}, func(req *http.Request) (runner.Outcome, *badRequest) {
+	}, true, limiter)
+	mux["/v1/complete"] = guard(rn, []string{"POST"}, func(req *http.Request) (runner.Outcome, *badRequest) {
 		body, bad := readBody(req, bodyLimit)
 		if bad != nil {
 			return runner.Outcome{}, bad
@@ -242,8 +297,8 @@ func Handler(rn *runner.Runner) http.Handler {
 			return runner.Outcome{}, bad
 		}
 		return rn.Complete(tok, result), nil
-	}, true, limiter))
-	mux.Handle("/v1/checkpoint", guard(rn, []string{"POST"}, func(req *http.Request) (runner.Outcome, *badRequest) {
+	}, true, limiter)
+	mux["/v1/checkpoint"] = guard(rn, []string{"POST"}, func(req *http.Request) (runner.Outcome, *badRequest) {
 		body, bad := readBody(req, bodyLimit)
 		if bad != nil {
 			return runner.Outcome{}, bad
@@ -264,8 +319,8 @@ func Handler(rn *runner.Runner) http.Handler {
 			return runner.Outcome{}, bad
 		}
 		return rn.Checkpoint(tok, data), nil
-	}, true, limiter))
-	mux.Handle("/v1/release", guard(rn, []string{"POST"}, func(req *http.Request) (runner.Outcome, *badRequest) {
+	}, true, limiter)
+	mux["/v1/release"] = guard(rn, []string{"POST"}, func(req *http.Request) (runner.Outcome, *badRequest) {
 		body, bad := readBody(req, envelopeBytes)
 		if bad != nil {
 			return runner.Outcome{}, bad
@@ -279,16 +334,14 @@ func Handler(rn *runner.Runner) http.Handler {
 			return runner.Outcome{}, bad
 		}
 		return rn.Release(tok), nil
-	}, true, limiter))
+	}, true, limiter)
 	probeRoutes(mux, rn)
-	notFound(mux)
 	return mux
 }
 
 // ProbeHandler serves only what kubelet and Prometheus need; never the token.
 func ProbeHandler(rn *runner.Runner) http.Handler {
-	mux := http.NewServeMux()
+	mux := routes{}
 	probeRoutes(mux, rn)
-	notFound(mux)
 	return mux
 }
