@@ -9,6 +9,7 @@ On failure, the tails of the etcd logs are attached to the report.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -29,6 +30,15 @@ sys.path.insert(0, str(ROOT))  # tests.support.* and examples.* importable
 #: Fixtures shared by several test directories, from the harness in tests/support/.
 pytest_plugins = ["tests.support.postgres", "tests.support.secure_etcd",
                   "tests.support.sidecar_impls"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM (a CI timeout, hack/test stopping its other half) ends the run as ^C
+    # does, so that session fixtures still tear down: the cluster's processes,
+    # mounts, network namespace and iptables rules, the etcd and API-server processes.
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
