@@ -59,9 +59,12 @@ def test_example_worker_job_completes_and_the_joblease_shows_the_pods_claim(
         # the JobLease as `kubectl get jl` prints it, and its status
         table = cluster.kubectl("get", "jl", name, "-n", NS, check=True).stdout
         header, row = table.splitlines()
-        assert header.split()[:4] == ["NAME", "PHASE", "HOLDER", "GENERATION"], table
+        assert header.split()[:7] == ["NAME", "PHASE", "HOLDER", "COMPLETED", "BY",
+                                      "GENERATION", "TOKEN"], table
         token = status["fencingToken"]
-        assert row.split()[:4] == [name, "Completed", "1", str(token)], table
+        # no holder any more (an empty column), completed by the pod
+        assert row.split()[:5] == [name, "Completed", owner, "1", str(token)], table
+        assert status["completedBy"] == owner and status["holderIdentity"] == "", status
         assert status["generation"] == 1 and status["attempts"] == 1, status
         assert status["result"] == {"items": 3}, status
         (completed,) = [c for c in status["conditions"] if c["type"] == "Completed"]

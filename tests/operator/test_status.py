@@ -57,6 +57,7 @@ def test_completed_status_carries_result_and_completer_token() -> None:
     assert s["result"] == {"rows": 3} and s["resultTruncated"] is False
     assert s["fencingToken"] == 40
     assert s["completionTime"] == "2025-01-01T12:00:05Z"
+    assert s["completedBy"] == "a" and s["holderIdentity"] == ""
     c = conditions(s)
     assert c["Completed"]["status"] == "True" and c["Claimed"]["status"] == "False"
 

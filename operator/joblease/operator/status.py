@@ -191,6 +191,7 @@ def status_from_state(
     result = state.result
     if result is not None:
         status["result"], status["resultTruncated"] = bounded_result(result.result, result_limit)
+        status["completedBy"] = result.owner  # holderIdentity is empty from now on
         if result.completed_at > 0:
             status["completionTime"] = rfc3339(result.completed_at)
     checkpoint = state.checkpoint
