@@ -5,7 +5,8 @@ stand-in hack/build-images uses) lists no such user. kopf's default identity
 calls ``getpass.getuser()``, which then raised ``KeyError: 'getpwuid(): uid
 not found: 65532'`` and the operator crash-looped in its pod. Here the real
 ``joblease operator`` runs on the host under ``setpriv`` as 65532 with no
-``LOGNAME``/``USER`` in its environment, against the real kube-apiserver and
+``LOGNAME``/``USER`` in its environment (and only CAP_DAC_READ_SEARCH, so that
+it can read a checkout in a root-only directory), against the real kube-apiserver and
 etcd, until its ``/readyz`` answers 200 (kopf has started its watches, which is
 past the point where it crashed).
 """
@@ -63,7 +64,11 @@ class NoPasswdOperator(OperatorProcess):
         self.starts += 1
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [setpriv, f"--reuid={UID}", f"--regid={GID}", "--clear-groups", "--",
+                # CAP_DAC_READ_SEARCH only: read (never write) the checkout and its venv
+                # wherever they are (a `mktemp -d` clone is root-only), as the image's
+                # files are readable to its user; the UID still has no passwd entry.
+                [setpriv, f"--reuid={UID}", f"--regid={GID}", "--clear-groups",
+                 "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", "--",
                  sys.executable, "-m", "joblease.operator", "--namespace", self.namespace,
                  "--metrics-host", "127.0.0.1", "--metrics-port", str(self.port),
                  "--watch-timeout", "60"],
