@@ -10,6 +10,7 @@ docs say. Nothing is faked; no etcd is needed (nothing connects).
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,10 @@ import pytest
 
 from joblease.cli import main as cli_main
 from joblease.etcd_store import EtcdConfig
+from joblease.operator.command import _config as operator_flags_to_config
 from joblease.operator.command import operator_command
-from joblease.operator.main import OperatorConfig
+from joblease.operator.main import ENV, OperatorConfig
+from joblease.operator.webhook import WebhookConfig
 from joblease.sidecar.command import _config as sidecar_flags_to_config
 from joblease.sidecar.command import sidecar_command
 from joblease.sidecar.config import SidecarConfig
@@ -95,15 +98,56 @@ def test_cli_etcd_defaults_are_etcd_configs() -> None:
     assert EtcdConfig.from_env({}) == etcd
 
 
-def test_operator_flag_defaults_are_operator_configs() -> None:
-    flags, config = _defaults(operator_command), OperatorConfig()
-    assert (flags["metrics_port"], flags["metrics_host"], flags["watch_timeout"],
-            flags["result_limit"], flags["tenant_credentials"],
-            flags["tenant_resync_interval"]) == (
-        config.metrics_port, config.metrics_host, config.server_timeout, config.result_limit,
-        config.tenant_credentials, config.tenant_resync_interval)
+def _operator_table() -> dict[str, str]:
+    """docs/operator.md's configuration table: flag or variable -> documented default."""
+    rows = {}
+    for line in (DOCS / "operator.md").read_text().splitlines():
+        m = re.match(r"\| (`--[a-z-]+|—)[^|]*\| (`JOBLEASE_[A-Z_]+|—)[^|]*\| ([^|]*) \|", line)
+        if m:
+            for key in (m.group(1), m.group(2)):
+                if key != "—":
+                    rows[key.strip("`")] = m.group(3).strip()
+    return rows
+
+
+def test_operator_defaults_are_the_documented_ones() -> None:
+    documented, config = _operator_table(), OperatorConfig()
+    assert OperatorConfig.from_env({}) == config  # from_env adds no defaults
+    expected = {
+        "JOBLEASE_METRICS_PORT": f"`{config.metrics_port}`",
+        "JOBLEASE_METRICS_HOST": f"`{config.metrics_host}`",
+        "--watch-timeout": f"`{config.server_timeout}`",
+        "--result-limit": f"`{config.result_limit}`",
+        "JOBLEASE_TENANT_CREDENTIALS": f"`{str(config.tenant_credentials).lower()}`",
+        "JOBLEASE_TENANT_RESYNC_INTERVAL": f"`{config.tenant_resync_interval:g}`",
+        "JOBLEASE_LEADER_ELECTION": f"`{str(config.leader_election).lower()}`",
+        "JOBLEASE_LEADER_ELECTION_TTL": f"`{config.leader_election_ttl}`",
+        "JOBLEASE_LOG_LEVEL": f"`{config.log_level}`",
+        "JOBLEASE_WEBHOOK_CERT_DIR": f"`{os.path.dirname(WebhookConfig().cert_file)}`",
+        "JOBLEASE_ETCD_ENDPOINTS": f"`{','.join(config.etcd.endpoints)}`",
+        "JOBLEASE_ROOT": f"`{config.etcd.root}`",
+    }
+    assert {k: documented.get(k) for k in expected} == expected
+    assert config.namespaces == () and documented["JOBLEASE_NAMESPACES"] == "every namespace"
+    assert config.webhook is None and documented["JOBLEASE_WEBHOOK_PORT"].startswith("`0`")
+    assert config.leader_election_name is None
+    # every operator variable and flag has its row
+    assert set(ENV.values()) <= documented.keys()
+    flags = {o for p in operator_command.params if isinstance(p, click.Option)
+             for o in p.opts if o.startswith("--") and o != "--help"}
+    assert flags - documented.keys() == {"--all-namespaces"}  # a row without a default
     text = (DOCS / "operator.md").read_text()
+    assert "| `--all-namespaces`" in text
     assert f"`--metrics-port` (default {config.metrics_port};" in text
     assert f"`--watch-timeout`, {config.server_timeout} s" in text
     assert f"`--result-limit` bytes of JSON (default {config.result_limit})" in text
     assert f"`--tenant-resync-interval` seconds (default {config.tenant_resync_interval:g}," in text
+
+
+def test_operator_flags_add_no_defaults_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No flag given: the command's config is exactly what ``from_env`` reads."""
+    monkeypatch.setenv("JOBLEASE_METRICS_PORT", "9999")
+    given = operator_command.make_context("operator", []).params  # parsed, not run
+    assert {k: v for k, v in given.items() if v not in (None, (), False)} == {}
+    assert operator_flags_to_config(given) == OperatorConfig.from_env()
+    assert operator_flags_to_config(given).metrics_port == 9999

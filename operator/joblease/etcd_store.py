@@ -23,6 +23,7 @@ import grpc
 import grpc.aio
 
 from joblease._etcdpb import kv_pb2, rpc_pb2, rpc_pb2_grpc
+from joblease.envvars import split_list
 from joblease.errors import (
     CompactedError,
     InvalidInputError,
@@ -89,7 +90,7 @@ _ENV_STRINGS = {
 
 def parse_endpoints(text: str) -> tuple[str, ...]:
     """``a:2379, https://b:2379`` -> ``("a:2379", "https://b:2379")``."""
-    return tuple(e.strip() for e in text.split(",") if e.strip())
+    return split_list(text)
 
 
 def read_password_file(path: str) -> str:

@@ -4,117 +4,98 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
+from typing import Any
 
 import click
 
-from joblease.operator.election import DEFAULT_TTL as ELECTION_TTL
-from joblease.operator.election import check_name
-from joblease.operator.injection import SidecarSettings
+from joblease.errors import InvalidInputError
+from joblease.operator.election import MAX_TTL, MIN_TTL
 from joblease.operator.main import (
+    ENV,
     EXIT_LEADERSHIP_LOST,
     LeadershipLostError,
     OperatorConfig,
     run_operator,
 )
-from joblease.operator.webhook import WebhookConfig
+from joblease.operator.webhook import DEFAULT_CERT_DIR
 
-#: The flags' defaults are OperatorConfig's own (defined there once).
+#: Defaults shown in --help are OperatorConfig's own (defined there once); every
+#: flag defaults to None, "not given", so the variable or the dataclass default applies.
 _DEFAULTS = OperatorConfig()
+
+
+def _help(text: str, attr: str, default: object) -> str:
+    """``text [VARIABLE; default]``, as ``joblease sidecar --help`` has it."""
+    variable = f"{ENV[attr]}; " if attr in ENV else ""
+    return f"{text} [{variable}default: {default}]"
 
 
 @click.command("operator")
 @click.option("--namespace", "-n", "namespaces", multiple=True,
-              help="Serve only this namespace (repeatable; globs allowed). "
-                   "Env: JOBLEASE_NAMESPACES (comma separated).")
+              help=_help("Serve only this namespace (repeatable; globs allowed; the "
+                         "variable is comma separated).", "namespaces", "every namespace"))
 @click.option("--all-namespaces", "-A", is_flag=True,
               help="Serve every namespace (the default when no --namespace is given).")
-@click.option("--metrics-port", type=int, default=_DEFAULTS.metrics_port, show_default=True,
-              envvar="JOBLEASE_METRICS_PORT",
-              help="Port for /metrics, /healthz and /readyz (0 disables).")
-@click.option("--metrics-host", default=_DEFAULTS.metrics_host, show_default=True,
-              envvar="JOBLEASE_METRICS_HOST")
-@click.option("--watch-timeout", type=int, default=_DEFAULTS.server_timeout, show_default=True,
-              help="Seconds the API server keeps a kopf watch open before it re-lists.")
-@click.option("--result-limit", type=int, default=_DEFAULTS.result_limit, show_default=True,
-              help="Bytes of result JSON copied into status.result (the rest is truncated).")
-@click.option("--tenant-credentials/--no-tenant-credentials",
-              default=_DEFAULTS.tenant_credentials, show_default=True,
-              envvar="JOBLEASE_TENANT_CREDENTIALS",
-              help="Give each namespace with JobLeases its own etcd user (access to its own "
-                   "keys only) in the Secret joblease-etcd-credentials; needs etcd root. "
-                   "Env: JOBLEASE_TENANT_CREDENTIALS=1.")
+@click.option("--metrics-port", type=int,
+              help=_help("Port for /metrics, /healthz and /readyz (0 disables).",
+                         "metrics_port", _DEFAULTS.metrics_port))
+@click.option("--metrics-host", help=_help("Address of the metrics port.", "metrics_host",
+                                           _DEFAULTS.metrics_host))
+@click.option("--watch-timeout", type=int,
+              help=_help("Seconds the API server keeps a kopf watch open before it re-lists.",
+                         "server_timeout", _DEFAULTS.server_timeout))
+@click.option("--result-limit", type=int,
+              help=_help("Bytes of result JSON copied into status.result (the rest is "
+                         "truncated).", "result_limit", _DEFAULTS.result_limit))
+@click.option("--tenant-credentials/--no-tenant-credentials", default=None,
+              help=_help("Give each namespace with JobLeases its own etcd user (access to its "
+                         "own keys only) in the Secret joblease-etcd-credentials; needs etcd "
+                         "root.", "tenant_credentials",
+                         str(_DEFAULTS.tenant_credentials).lower()))
 @click.option("--tenant-resync-interval", type=float,
-              default=_DEFAULTS.tenant_resync_interval, show_default=True,
-              envvar="JOBLEASE_TENANT_RESYNC_INTERVAL",
-              help="Seconds between re-checks of the tenant Secrets (repairs them and "
-                   "performs rotations requested with joblease.io/rotate=true; 0 disables).")
-@click.option("--leader-election/--no-leader-election", default=True, show_default=True,
-              envvar="JOBLEASE_LEADER_ELECTION",
-              help="Elect one active replica through etcd; the others stand by (probes, "
-                   "metrics, webhook) and take over when it goes. --no-leader-election makes "
-                   "this process active whatever other replicas do: only for tests that "
-                   "force overlapping operators, never with several replicas.")
-@click.option("--leader-election-ttl", type=click.IntRange(1, 3600), default=ELECTION_TTL,
-              show_default=True, envvar="JOBLEASE_LEADER_ELECTION_TTL",
-              help="Seconds of the leader's etcd lease: a dead or partitioned leader is "
-                   "replaced within about this long.")
-@click.option("--leader-election-name", default=None, envvar="JOBLEASE_LEADER_ELECTION_NAME",
-              help="Replicas with the same name elect one leader (default: derived from the "
-                   "namespaces served).")
-@click.option("--webhook-port", type=int, default=0, show_default=True,
-              envvar="JOBLEASE_WEBHOOK_PORT",
-              help="Serve the sidecar-injection webhook (HTTPS) on this port (0: not served).")
-@click.option("--webhook-cert-dir", default="/etc/joblease/webhook", show_default=True,
-              envvar="JOBLEASE_WEBHOOK_CERT_DIR",
-              help="Directory with the webhook's serving certificate tls.crt and key tls.key.")
-@click.option("--webhook-settings", default=None, envvar="JOBLEASE_WEBHOOK_SETTINGS",
-              help="JSON file with the injected sidecar's settings (image, etcd, ...; "
-                   "docs/sidecar.md#injection); default: the built-in defaults.")
-@click.option("--log-level", default=lambda: os.environ.get("JOBLEASE_LOG_LEVEL", "INFO"),
-              show_default="INFO")
-def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, metrics_port: int,
-                     metrics_host: str, watch_timeout: int, result_limit: int,
-                     tenant_credentials: bool, tenant_resync_interval: float,
-                     leader_election: bool, leader_election_ttl: int,
-                     leader_election_name: str | None, webhook_port: int,
-                     webhook_cert_dir: str, webhook_settings: str | None,
-                     log_level: str) -> None:
+              help=_help("Seconds between re-checks of the tenant Secrets (repairs them and "
+                         "performs rotations requested with joblease.io/rotate=true; "
+                         "0 disables).", "tenant_resync_interval",
+                         f"{_DEFAULTS.tenant_resync_interval:g}"))
+@click.option("--leader-election/--no-leader-election", default=None,
+              help=_help("Elect one active replica through etcd; the others stand by (probes, "
+                         "metrics, webhook) and take over when it goes. --no-leader-election "
+                         "makes this process active whatever other replicas do: only for "
+                         "tests that force overlapping operators, never with several "
+                         "replicas.", "leader_election",
+                         str(_DEFAULTS.leader_election).lower()))
+@click.option("--leader-election-ttl", type=int,
+              help=_help(f"Seconds of the leader's etcd lease ({MIN_TTL}-{MAX_TTL}): a dead or "
+                         "partitioned leader is replaced within about this long.",
+                         "leader_election_ttl", _DEFAULTS.leader_election_ttl))
+@click.option("--leader-election-name",
+              help=_help("Replicas with the same name elect one leader.",
+                         "leader_election_name", "derived from the namespaces served"))
+@click.option("--webhook-port", type=int,
+              help=_help("Serve the sidecar-injection webhook (HTTPS) on this port.",
+                         "webhook_port", "0, not served"))
+@click.option("--webhook-cert-dir",
+              help=_help("Directory with the webhook's serving certificate tls.crt and key "
+                         "tls.key.", "webhook_cert_dir", DEFAULT_CERT_DIR))
+@click.option("--webhook-settings",
+              help=_help("JSON file with the injected sidecar's settings (image, etcd, ...; "
+                         "docs/sidecar.md#injection).", "webhook_settings",
+                         "the built-in defaults"))
+@click.option("--log-level", help=_help("Log level.", "log_level", _DEFAULTS.log_level))
+def operator_command(**opts: Any) -> None:
     """Register JobLeases in etcd and mirror etcd's decisions into their status.
 
-    etcd connection: JOBLEASE_ETCD_ENDPOINTS, JOBLEASE_ETCD_CA_FILE/_CERT_FILE/_KEY_FILE,
+    Each flag overrides its variable. etcd connection: JOBLEASE_ETCD_ENDPOINTS,
+    JOBLEASE_ETCD_CA_FILE/_CERT_FILE/_KEY_FILE, JOBLEASE_ETCD_SERVER_NAME,
     JOBLEASE_ETCD_USERNAME/_PASSWORD(_FILE), JOBLEASE_ROOT. Kubernetes: KUBECONFIG if
     set, else the pod's service account.
     """
-    if not namespaces and os.environ.get("JOBLEASE_NAMESPACES"):
-        namespaces = tuple(n.strip() for n in os.environ["JOBLEASE_NAMESPACES"].split(",")
-                           if n.strip())
-    if all_namespaces and namespaces:
-        raise click.UsageError("--all-namespaces and --namespace exclude each other")
-    if leader_election_name is not None:
-        try:
-            check_name(leader_election_name)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--leader-election-name") from exc
-    logging.basicConfig(level=log_level.upper(),
+    try:
+        config = _config(opts)
+    except InvalidInputError as exc:
+        raise click.UsageError(str(exc)) from None
+    logging.basicConfig(level=config.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    webhook = None
-    if webhook_port:
-        try:
-            sidecar = (WebhookConfig.settings_from_file(webhook_settings) if webhook_settings
-                       else SidecarSettings())
-        except (ValueError, TypeError) as exc:
-            raise click.BadParameter(str(exc), param_hint="--webhook-settings") from exc
-        webhook = WebhookConfig(port=webhook_port, settings=sidecar,
-                                cert_file=os.path.join(webhook_cert_dir, "tls.crt"),
-                                key_file=os.path.join(webhook_cert_dir, "tls.key"))
-    config = OperatorConfig(namespaces=namespaces, metrics_port=metrics_port,
-                            metrics_host=metrics_host, server_timeout=watch_timeout,
-                            result_limit=result_limit, tenant_credentials=tenant_credentials,
-                            tenant_resync_interval=tenant_resync_interval,
-                            leader_election=leader_election,
-                            leader_election_ttl=leader_election_ttl,
-                            leader_election_name=leader_election_name, webhook=webhook)
     try:
         asyncio.run(run_operator(config))
     except LeadershipLostError as exc:
@@ -122,3 +103,17 @@ def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, metrics_
         # stands by (another replica leads by now) instead of acting on stale leadership.
         logging.getLogger(__name__).error("%s; exiting (a restart stands by)", exc)
         raise SystemExit(EXIT_LEADERSHIP_LOST) from exc
+
+
+def _config(opts: dict[str, Any]) -> OperatorConfig:
+    """Flags over environment: the flags are overrides of ``OperatorConfig.from_env``."""
+    return OperatorConfig.from_env(
+        all_namespaces=opts["all_namespaces"], webhook_port=opts["webhook_port"],
+        webhook_cert_dir=opts["webhook_cert_dir"], webhook_settings=opts["webhook_settings"],
+        namespaces=opts["namespaces"] or None, metrics_port=opts["metrics_port"],
+        metrics_host=opts["metrics_host"], server_timeout=opts["watch_timeout"],
+        result_limit=opts["result_limit"], tenant_credentials=opts["tenant_credentials"],
+        tenant_resync_interval=opts["tenant_resync_interval"],
+        leader_election=opts["leader_election"],
+        leader_election_ttl=opts["leader_election_ttl"],
+        leader_election_name=opts["leader_election_name"], log_level=opts["log_level"])

@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 #: Default seconds of the leader's etcd lease: a dead leader is replaced within it.
 DEFAULT_TTL = 10
+#: Bounds of that TTL: etcd's minimum lease, and an hour (a dead leader replaced
+#: only after longer than that is an outage, not a setting).
+MIN_TTL, MAX_TTL = validation.MIN_TTL_SECONDS, 3600
 #: Seconds between attempts while etcd cannot be reached.
 RETRY_DELAY = 1.0
 

@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import math
 import os
 import signal
 import socket
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -43,10 +45,11 @@ from aiohttp import web
 from kopf._core.engines.peering import Identity
 
 from joblease.client import JobLeaseClient
-from joblease.errors import JobLeaseError
+from joblease.envvars import read_bool, read_float, read_int, read_list, read_str
+from joblease.errors import InvalidInputError, JobLeaseError
 from joblease.etcd_store import EtcdConfig, EtcdStore
 from joblease.operator.election import DEFAULT_TTL as ELECTION_TTL
-from joblease.operator.election import Election, Leadership
+from joblease.operator.election import MAX_TTL, MIN_TTL, Election, Leadership, check_name
 from joblease.operator.handlers import build_registry
 from joblease.operator.kube import KubeApi, login
 from joblease.operator.metrics import OperatorMetrics, serve
@@ -64,12 +67,39 @@ from joblease.operator.webhook import WebhookConfig, kube_lookup, serve_webhook
 log = logging.getLogger(__name__)
 
 
+#: The operator's own variables (``docs/operator.md#configuration``), by setting;
+#: the etcd connection's are :meth:`EtcdConfig.from_env`'s.
+ENV = {
+    "namespaces": "JOBLEASE_NAMESPACES",
+    "metrics_host": "JOBLEASE_METRICS_HOST",
+    "metrics_port": "JOBLEASE_METRICS_PORT",
+    "tenant_credentials": "JOBLEASE_TENANT_CREDENTIALS",
+    "tenant_resync_interval": "JOBLEASE_TENANT_RESYNC_INTERVAL",
+    "leader_election": "JOBLEASE_LEADER_ELECTION",
+    "leader_election_ttl": "JOBLEASE_LEADER_ELECTION_TTL",
+    "leader_election_name": "JOBLEASE_LEADER_ELECTION_NAME",
+    "webhook_port": "JOBLEASE_WEBHOOK_PORT",
+    "webhook_cert_dir": "JOBLEASE_WEBHOOK_CERT_DIR",
+    "webhook_settings": "JOBLEASE_WEBHOOK_SETTINGS",
+    "log_level": "JOBLEASE_LOG_LEVEL",
+}
+
+
+def _setting(attr: str) -> str:
+    """How a user sets ``attr``: its variable and its flag, for error messages."""
+    flag = "--" + attr.replace("_", "-")
+    return f"{ENV[attr]}, {flag}" if attr in ENV else flag
+
+
 @dataclass(frozen=True)
 class OperatorConfig:
-    """``namespaces`` empty means every namespace (cluster-wide)."""
+    """What one operator process does; each default here is the only one (the
+    ``joblease operator`` flags and :meth:`from_env` fall back to it).
+
+    ``namespaces`` empty means every namespace (cluster-wide)."""
 
     namespaces: tuple[str, ...] = ()
-    etcd: EtcdConfig | None = None  # None: EtcdConfig.from_env()
+    etcd: EtcdConfig = field(default_factory=EtcdConfig)
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 8080  # 0: no metrics/probe server
     server_timeout: int = 300  # whole seconds: the API server refuses "60.0"
@@ -87,10 +117,88 @@ class OperatorConfig:
     leader_election_name: str | None = None
     #: The sidecar-injection webhook (operator.webhook); None: not served.
     webhook: WebhookConfig | None = None
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.metrics_port < 65536:
+            raise InvalidInputError(
+                f"invalid metrics port {self.metrics_port} ({_setting('metrics_port')}): "
+                "0-65535")
+        ttl = self.leader_election_ttl
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or not MIN_TTL <= ttl <= MAX_TTL:
+            raise InvalidInputError(
+                f"invalid leader election TTL {ttl!r} ({_setting('leader_election_ttl')}): "
+                f"whole seconds, {MIN_TTL}-{MAX_TTL}")
+        if self.leader_election_name is not None:
+            try:
+                check_name(self.leader_election_name)
+            except ValueError as exc:
+                raise InvalidInputError(
+                    f"{exc} ({_setting('leader_election_name')})") from None
+        if not math.isfinite(self.tenant_resync_interval):
+            raise InvalidInputError(
+                f"invalid tenant resync interval {self.tenant_resync_interval!r} "
+                f"({_setting('tenant_resync_interval')}): seconds, 0 disables")
+        if not isinstance(logging.getLevelNamesMapping().get(self.log_level), int):
+            raise InvalidInputError(
+                f"invalid log level {self.log_level!r} ({_setting('log_level')}): one of "
+                "DEBUG, INFO, WARNING, ERROR, CRITICAL")
 
     @property
     def clusterwide(self) -> bool:
         return not self.namespaces
+
+    def with_(self, **changes: Any) -> OperatorConfig:
+        """A copy with ``changes`` (the one copy-with-changes name of every config)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, *,
+                 all_namespaces: bool = False, webhook_port: int | None = None,
+                 webhook_cert_dir: str | None = None, webhook_settings: str | None = None,
+                 **overrides: Any) -> OperatorConfig:
+        """Read the operator's ``JOBLEASE_*`` variables (:data:`ENV`; the etcd
+        connection through :meth:`EtcdConfig.from_env`); what no variable sets
+        keeps the dataclass default. An empty variable counts as unset.
+
+        ``overrides`` (flags, by attribute) win over the environment when not
+        ``None``. ``all_namespaces`` (``--all-namespaces``) is refused together with
+        namespaces from ``--namespace`` or ``JOBLEASE_NAMESPACES``: the two ask for
+        opposite scopes. The webhook is served when ``webhook_port``
+        (``JOBLEASE_WEBHOOK_PORT``) is set and not 0; ``webhook_cert_dir`` and
+        ``webhook_settings`` then fill in :meth:`WebhookConfig.from_env`.
+        """
+        env = os.environ if environ is None else environ
+        read: dict[str, Any] = {
+            "namespaces": read_list(env, ENV["namespaces"]),
+            "metrics_host": read_str(env, ENV["metrics_host"]),
+            "metrics_port": read_int(env, ENV["metrics_port"]),
+            "tenant_credentials": read_bool(env, ENV["tenant_credentials"]),
+            "tenant_resync_interval": read_float(env, ENV["tenant_resync_interval"]),
+            "leader_election": read_bool(env, ENV["leader_election"]),
+            "leader_election_ttl": read_int(env, ENV["leader_election_ttl"]),
+            "leader_election_name": read_str(env, ENV["leader_election_name"]),
+            "log_level": read_str(env, ENV["log_level"]),
+        }
+        values: dict[str, Any] = {k: v for k, v in read.items() if v is not None}
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if all_namespaces and (given.get("namespaces") or values.get("namespaces")):
+            source = "--namespace" if given.get("namespaces") else ENV["namespaces"]
+            raise InvalidInputError(f"--all-namespaces and {source} exclude each other")
+        if all_namespaces:
+            given["namespaces"] = ()
+        if "etcd" not in given:
+            values["etcd"] = EtcdConfig.from_env(env)
+        port = webhook_port if webhook_port is not None else read_int(env, ENV["webhook_port"])
+        if "webhook" not in given and port:  # unset or 0: not served
+            values["webhook"] = WebhookConfig.from_env(
+                env, port=port, cert_dir=webhook_cert_dir, settings_file=webhook_settings)
+        values.update(given)
+        if "namespaces" in values:
+            values["namespaces"] = tuple(values["namespaces"])
+        if "log_level" in values:
+            values["log_level"] = str(values["log_level"]).upper()
+        return cls(**values)
 
 
 def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
@@ -182,7 +290,7 @@ async def run_operator(config: OperatorConfig) -> None:
     at once.
     A restart resyncs from an etcd snapshot.
     """
-    etcd = config.etcd or EtcdConfig.from_env()
+    etcd = config.etcd
     settings = build_settings(config)
     metrics = OperatorMetrics()
     identity = operator_identity()

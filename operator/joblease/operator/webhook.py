@@ -23,17 +23,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from joblease.envvars import read_int, read_str
+from joblease.errors import InvalidInputError
 from joblease.keys import JobRef
 from joblease.operator.injection import (
     JOB_ANNOTATION,
@@ -57,14 +60,63 @@ LOOKUP_TIMEOUT = 2.0
 JobLeaseLookup = Callable[[JobRef], Awaitable[bool | None]]
 
 
+#: Where the serving certificate (``tls.crt``) and key (``tls.key``) are mounted.
+DEFAULT_CERT_DIR = "/etc/joblease/webhook"
+
+
 @dataclass(frozen=True)
 class WebhookConfig:
+    """The webhook server's settings (``port`` 0: any free port, for tests).
+
+    Whether the operator serves it at all is :class:`~joblease.operator.main.OperatorConfig`'s
+    ``webhook`` (``None``: not served; ``JOBLEASE_WEBHOOK_PORT`` 0 or unset)."""
+
     port: int = 8443
     host: str = "0.0.0.0"
-    cert_file: str = "/etc/joblease/webhook/tls.crt"
-    key_file: str = "/etc/joblease/webhook/tls.key"
+    cert_file: str = os.path.join(DEFAULT_CERT_DIR, "tls.crt")
+    key_file: str = os.path.join(DEFAULT_CERT_DIR, "tls.key")
     settings: SidecarSettings = field(default_factory=SidecarSettings)
     reload_interval: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise InvalidInputError(
+                f"invalid webhook port {self.port} (JOBLEASE_WEBHOOK_PORT, --webhook-port): "
+                "0-65535")
+
+    def with_(self, **changes: Any) -> WebhookConfig:
+        """A copy with ``changes`` (the one copy-with-changes name of every config)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, *,
+                 cert_dir: str | None = None, settings_file: str | None = None,
+                 **overrides: Any) -> WebhookConfig:
+        """``JOBLEASE_WEBHOOK_PORT``, ``JOBLEASE_WEBHOOK_CERT_DIR`` (``tls.crt`` and
+        ``tls.key`` in it), ``JOBLEASE_WEBHOOK_SETTINGS`` (a JSON file of the injected
+        sidecar's settings, read now: a bad file fails here, before anything starts).
+
+        ``cert_dir``, ``settings_file`` and ``overrides`` (flags) win over the
+        environment when not ``None``; what neither sets keeps the dataclass default."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        port = read_int(env, "JOBLEASE_WEBHOOK_PORT")
+        if port is not None:
+            values["port"] = port
+        cert_dir = cert_dir if cert_dir is not None else read_str(env, "JOBLEASE_WEBHOOK_CERT_DIR")
+        if cert_dir is not None:
+            values["cert_file"] = os.path.join(cert_dir, "tls.crt")
+            values["key_file"] = os.path.join(cert_dir, "tls.key")
+        settings_file = (settings_file if settings_file is not None
+                         else read_str(env, "JOBLEASE_WEBHOOK_SETTINGS"))
+        if settings_file is not None:
+            try:
+                values["settings"] = cls.settings_from_file(settings_file)
+            except (ValueError, TypeError) as exc:
+                raise InvalidInputError(
+                    f"JOBLEASE_WEBHOOK_SETTINGS (--webhook-settings): {exc}") from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
 
     @staticmethod
     def settings_from_file(path: str) -> SidecarSettings:

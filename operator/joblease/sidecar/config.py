@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from joblease import validation
+from joblease.envvars import parse_bool, read_float, read_int, read_path
 from joblease.errors import InvalidInputError
 from joblease.etcd_store import EtcdConfig
 from joblease.keys import JobRef
@@ -38,29 +39,6 @@ DEFAULT_RATE_LIMIT = 50.0
 RATE_LIMIT_ENV = "JOBLEASE_SIDECAR_RATE_LIMIT"
 
 log = logging.getLogger("joblease.sidecar")
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
-
-def parse_bool(value: str, name: str) -> bool:
-    v = value.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise InvalidInputError(f"{name}: expected true/false, got {value!r}")
-
-
-def _float(env: Mapping[str, str], name: str, default: float | None) -> float | None:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise InvalidInputError(f"{name}: expected a number, got {raw!r}") from None
-
 
 def parse_rate_limit(raw: str) -> float | None:
     """``JOBLEASE_SIDECAR_RATE_LIMIT`` as requests/s; ``None`` when disabled
@@ -83,21 +61,6 @@ def parse_rate_limit(raw: str) -> float | None:
             "variable": RATE_LIMIT_ENV, "value": raw, "default": DEFAULT_RATE_LIMIT})
         return DEFAULT_RATE_LIMIT
     return value
-
-
-def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidInputError(f"{name}: expected an integer, got {raw!r}") from None
-
-
-def _path(env: Mapping[str, str], name: str, default: str | None = None) -> Path | None:
-    raw = env.get(name, default)
-    return Path(raw) if raw else None
 
 
 @dataclass(frozen=True)
@@ -227,16 +190,16 @@ class SidecarConfig:
         unset_if_none: dict[str, Any] = {
             "owner": env.get("JOBLEASE_OWNER") or None,
             "host": env.get("JOBLEASE_SIDECAR_HOST"),
-            "port": _int(env, "JOBLEASE_SIDECAR_PORT", None),
-            "port_file": _path(env, "JOBLEASE_SIDECAR_PORT_FILE"),
+            "port": read_int(env, "JOBLEASE_SIDECAR_PORT", None),
+            "port_file": read_path(env, "JOBLEASE_SIDECAR_PORT_FILE"),
             "probe_host": env.get("JOBLEASE_SIDECAR_PROBE_HOST"),
-            "probe_port_file": _path(env, "JOBLEASE_SIDECAR_PROBE_PORT_FILE"),
+            "probe_port_file": read_path(env, "JOBLEASE_SIDECAR_PROBE_PORT_FILE"),
             "on_loss": env.get("JOBLEASE_SIDECAR_ON_LOSS"),
             "on_final": env.get("JOBLEASE_SIDECAR_ON_FINAL"),
-            "worker_pid_file": _path(env, "JOBLEASE_WORKER_PID_FILE"),
+            "worker_pid_file": read_path(env, "JOBLEASE_WORKER_PID_FILE"),
             "worker_process_name": env.get("JOBLEASE_WORKER_PROCESS_NAME") or None,
-            "max_result_bytes": _int(env, "JOBLEASE_SIDECAR_MAX_RESULT_BYTES", None),
-            "registration_wait": _float(env, "JOBLEASE_SIDECAR_REGISTRATION_WAIT", None),
+            "max_result_bytes": read_int(env, "JOBLEASE_SIDECAR_MAX_RESULT_BYTES", None),
+            "registration_wait": read_float(env, "JOBLEASE_SIDECAR_REGISTRATION_WAIT", None),
         }
         values: dict[str, Any] = {k: v for k, v in unset_if_none.items() if v is not None}
         values["job"] = job
@@ -244,11 +207,11 @@ class SidecarConfig:
         # Variables whose every value means something (an empty token file or
         # probe port disables it; "off" disables the rate limit).
         if "JOBLEASE_TOKEN_FILE" in env:
-            values["token_file"] = _path(env, "JOBLEASE_TOKEN_FILE")
+            values["token_file"] = read_path(env, "JOBLEASE_TOKEN_FILE")
         if "JOBLEASE_SIDECAR_PROBE_PORT" in env:
             raw = env["JOBLEASE_SIDECAR_PROBE_PORT"].strip()
             values["probe_port"] = None if raw.lower() in ("", "off", "none", "-1") \
-                else _int({"p": raw}, "p", None)
+                else read_int({"p": raw}, "p", None)
         if "JOBLEASE_SIDECAR_RELEASE_ON_TERM" in env:
             values["release_on_term"] = parse_bool(env["JOBLEASE_SIDECAR_RELEASE_ON_TERM"],
                                                    "JOBLEASE_SIDECAR_RELEASE_ON_TERM")
@@ -256,7 +219,7 @@ class SidecarConfig:
             values["api_token"] = read_secret(Path(env["JOBLEASE_SIDECAR_API_TOKEN_FILE"]))
         if RATE_LIMIT_ENV in env:
             values["rate_limit"] = parse_rate_limit(env[RATE_LIMIT_ENV])
-        backoff = {attr: _float(env, variable, None) for attr, variable in (
+        backoff = {attr: read_float(env, variable, None) for attr, variable in (
             ("initial", "JOBLEASE_SIDECAR_CLAIM_BACKOFF_INITIAL"),
             ("maximum", "JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX"))}
         if any(v is not None for v in backoff.values()):
