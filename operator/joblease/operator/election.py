@@ -93,6 +93,16 @@ class Leadership:
         """True while this replica may act as leader (checks the safety deadline now)."""
         return self.session.alive and self.lost_reason is None
 
+    def guard(self) -> tuple[Compare, ...]:
+        """What every etcd write of this leader requires: the leader key still
+        exists with this term as its create revision (deleted, expired or
+        replaced by another candidate's: the write is refused, ``FencedError``)."""
+        return (Compare(self.election.key, "create", "==", self.term),)
+
+    def fenced(self, why: str) -> None:
+        """etcd refused a write fenced by :meth:`guard`: leadership is lost (for good)."""
+        self._lose(f"a write fenced by the term was refused: {why}")
+
     def _lose(self, reason: str, *, expected: bool = False) -> None:
         if self.lost_reason is None:
             self.lost_reason = reason

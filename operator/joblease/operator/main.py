@@ -398,7 +398,7 @@ async def _run_active(config: OperatorConfig, settings: kopf.OperatorSettings,
                                 resync_interval=config.tenant_resync_interval)
         await warn_if_auth_disabled(client.store)
         tasks.append(asyncio.create_task(supervise(tenants), name="joblease-tenants"))
-    registry = build_registry(client, mirror, credentials, tenants)
+    registry = build_registry(client, mirror, credentials, tenants, leadership)
     ready_flag, stop_flag = asyncio.Event(), asyncio.Event()
     mirror_task = asyncio.create_task(mirror.run(), name="joblease-mirror")
     kopf_task = asyncio.create_task(kopf.operator(
