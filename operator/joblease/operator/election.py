@@ -9,6 +9,11 @@ safety deadline a worker's claim uses, so a leader's view of its own
 leadership ends *before* etcd can expire the key and elect another
 (``deadline = send time of the last keep-alive + TTL - margin``).
 
+The term fences the leader's etcd writes: :meth:`Leadership.guard` is the
+condition "the key still has my term", which the operator's registration and
+unregistration carry (``guard=``), so etcd refuses them once another replica
+may lead, however late they arrive.
+
 Why etcd and not a ``coordination.k8s.io`` Lease (see docs/operator.md): the
 operator cannot do anything useful without etcd (registration and the mirror
 are etcd reads and writes), so a replica cut off from etcd must step down, and
