@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from collections import Counter, OrderedDict, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from joblease import validation
@@ -37,6 +37,7 @@ from joblease.errors import (
     ClaimRevokedError,
     CompactedError,
     CorruptRecordError,
+    FencedError,
     HeldError,
     JobLeaseError,
     LeaseNotFoundError,
@@ -50,7 +51,18 @@ from joblease.keys import JobKeys, JobRef, KeySpace
 from joblease.lease import Lease
 from joblease.records import CheckpointRecord, Holder, JobSpec, JobState, ResultRecord, decoding
 from joblease.session import Session
-from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, TxnResult, WatchEvent
+from joblease.store import (
+    Compare,
+    Delete,
+    Get,
+    KeyValue,
+    Put,
+    Store,
+    Txn,
+    TxnResult,
+    WatchEvent,
+    describe,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -170,19 +182,64 @@ class JobLeaseClient:
 
     # -- registration ------------------------------------------------------------------------
 
-    async def register(self, job: JobRef, spec: JobSpec) -> int:
-        """Create or update the registration; idempotent. Returns the etcd revision."""
+    async def register(self, job: JobRef, spec: JobSpec, *,
+                       guard: Sequence[Compare] = ()) -> int:
+        """Create or update the registration; idempotent. Returns the etcd revision.
+
+        ``guard``: extra conditions this call's write requires (the operator
+        passes "the leader key still has my term"). The write commits only
+        while every one holds, in the same transaction; otherwise nothing is
+        written and :class:`FencedError` is raised.
+        """
         validation.job_ref(job)
         validation.ttl(spec.lease_duration_seconds)
         validation.max_attempts(spec.max_attempts)
         validation.json_payload(spec.parameters, "parameters", validation.MAX_PARAMETERS_BYTES)
         keys = self.keys.job(job)
         value = spec.encode()
-        r = await self._write_idempotent(
-            [Compare(keys.spec, "value", "==", value)], [Get(keys.spec)], [Put(keys.spec, value)])
-        return r.revision
+        if not guard:
+            r = await self._write_idempotent(
+                [Compare(keys.spec, "value", "==", value)], [Get(keys.spec)],
+                [Put(keys.spec, value)])
+            return r.revision
+        # The unguarded transaction already uses both branches (``if spec == value then
+        # get else put``), so the guard cannot simply be added to its compares: a failed
+        # guard would run the put. It goes one level up instead, as the compares of an
+        # outer transaction whose success branch is the unguarded one, nested (etcd >=
+        # 3.3, RequestOp.request_txn): one atomic transaction, and "guard failed" is
+        # exactly "outer failed", never confused with "spec differs". The failure branch
+        # reads the spec so the error can say what is there. An unknown outcome is
+        # settled as the unguarded register settles it, by sending the same transaction
+        # again (harmless: a repeat after a commit is a read); that copy is also the
+        # read-back, and if it finds the guard failed, the error says the first copy may
+        # have committed before (written=None), not that nothing was written.
+        inner = Txn((Compare(keys.spec, "value", "==", value),), (Get(keys.spec),),
+                    (Put(keys.spec, value),))
+        unknown = False
+        for attempt in range(5):
+            try:
+                r = await self.store.txn(guard, [inner], [Get(keys.spec)])
+            except OutcomeUnknownError:
+                if attempt == 4:
+                    raise
+                unknown = True
+                log.info("guarded register of %s has an unknown outcome; sending it again",
+                         job)
+                await asyncio.sleep(0.1 * 2**attempt)
+                continue
+            if r.succeeded:
+                return r.revision
+            if not unknown:
+                raise FencedError(f"register of {job}", describe(guard))
+            now = r.kv(0)
+            detail = ("the spec holds this call's value now" if now and now.value == value
+                      else "the spec holds another value now" if now
+                      else "the job is not registered now")
+            raise FencedError(f"register of {job}", describe(guard), written=None,
+                              detail=detail)
+        raise AssertionError("unreachable")
 
-    async def unregister(self, job: JobRef) -> int:
+    async def unregister(self, job: JobRef, *, guard: Sequence[Compare] = ()) -> int:
         """Delete every key of the job's registration as it is now; a live holder
         learns it lost at its next check. Returns the etcd revision.
 
@@ -196,6 +253,16 @@ class JobLeaseClient:
         same conditional delete is sent again (it can commit at most once).
         If the registration changed between the read and the delete, the one
         that is there now is not ours to delete and is left alone.
+
+        ``guard``: extra conditions the delete requires, as for :meth:`register`
+        (outer transaction, the conditional delete nested in it); if one fails,
+        nothing is deleted and :class:`FencedError` is raised. After an unknown
+        outcome the read-back evaluates the guard too (a read-only transaction
+        with the guard as compares, reading the spec in both branches): guard
+        failed and the registration we saw still there means the delete never
+        committed and no copy can while the guard fails (``written=False``);
+        guard failed and the registration gone means it may have been ours
+        (``written=None``).
         """
         validation.job_ref(job)
         keys = self.keys.job(job)
@@ -203,19 +270,40 @@ class JobLeaseClient:
         _, kvs = await self.store.get(keys.spec)
         created = kvs[0].create_revision if kvs else 0
         condition = [Compare(keys.spec, "create", "==", created)]
+        delete = Delete(keys.prefix, prefix=True)
+        unknown = False
         for _ in range(5):
             try:
-                r = await self.store.txn(condition, [Delete(keys.prefix, prefix=True)], [])
-                return r.revision
+                if not guard:
+                    r = await self.store.txn(condition, [delete], [])
+                    return r.revision
+                r = await self.store.txn(guard, [Txn(tuple(condition), (delete,))],
+                                         [Get(keys.spec)])
+                if r.succeeded:
+                    return r.revision
+                raise FencedError(f"unregister of {job}", describe(guard),
+                                  written=None if unknown else False)
             except OutcomeUnknownError as exc:
+                unknown = True
                 log.info("unregister of %s has an unknown outcome; reading back", job)
                 try:
-                    revision, now = await self._retry_read(lambda: self.store.get(keys.spec))
+                    if guard:
+                        back = await self._retry_read(
+                            lambda: self.store.txn(guard, [Get(keys.spec)], [Get(keys.spec)]))
+                        revision, now = back.revision, back.kvs(0)
+                    else:
+                        revision, now = await self._retry_read(lambda: self.store.get(keys.spec))
                 except JobLeaseError as read_failed:
                     raise OutcomeUnknownError(
                         f"unregister of {job} has an unknown outcome and reading it back "
                         f"failed: {read_failed}") from exc
-                if (now[0].create_revision if now else 0) != created:
+                gone = (now[0].create_revision if now else 0) != created
+                if guard and not back.succeeded:
+                    raise FencedError(
+                        f"unregister of {job}", describe(guard), written=None if gone else False,
+                        detail="the registration it saw is gone now" if gone else
+                        "the registration it saw is still there") from exc
+                if gone:
                     return revision  # what we were asked to delete is gone; a newer one stays
         raise OutcomeUnknownError(f"unregister of {job} could not be confirmed")
 

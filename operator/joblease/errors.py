@@ -163,6 +163,37 @@ class LeaseLostError(JobLeaseError):
         return {"job": self.job, "token": self.token, "why": self.why}
 
 
+class FencedError(JobLeaseError):
+    """A write made conditional on a *guard* (extra compares the caller passed,
+    e.g. the operator's "the leader key still has my term") was refused
+    because the guard no longer holds.
+
+    ``written`` says what is known of this call's own write: ``False``,
+    nothing of it was written (etcd evaluated the guard and the write in one
+    transaction); ``None``, an earlier copy's answer was lost and the state
+    read back cannot tell whether that copy committed while the guard still
+    held (``detail`` says what was read). A copy still in flight cannot
+    commit later unless the guard holds again (a term never does: create
+    revisions only grow).
+    """
+
+    reason = "fenced"
+    exit_code = 15
+    http_status = 409
+
+    def __init__(self, what: str, guard: str, *, written: bool | None = False,
+                 detail: str = "") -> None:
+        done = ("nothing of it was written" if written is False else
+                "an earlier copy's answer was lost, and it may have committed while the "
+                "guard still held")
+        super().__init__(f"{what} refused: the guard ({guard}) no longer holds; {done}"
+                         + (f" ({detail})" if detail else ""))
+        self.what, self.guard, self.written, self.detail = what, guard, written, detail
+
+    def details(self) -> dict[str, Any]:
+        return {"what": self.what, "guard": self.guard, "written": self.written}
+
+
 class StoreUnavailableError(JobLeaseError):
     """etcd could not be reached; nothing was written."""
 

@@ -40,6 +40,7 @@ from joblease.store import (
     Get,
     KeyValue,
     Put,
+    Txn,
     TxnOp,
     TxnResult,
     WatchBatch,
@@ -188,15 +189,43 @@ def _request_op(op: TxnOp) -> Any:
     if isinstance(op, Get):
         return rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(
             key=op.key, range_end=prefix_end(op.key) if op.prefix else b""))
+    if isinstance(op, Txn):
+        return rpc_pb2.RequestOp(request_txn=_txn_request(op.compares, op.success, op.failure))
     return rpc_pb2.RequestOp(request_delete_range=rpc_pb2.DeleteRangeRequest(
         key=op.key, range_end=prefix_end(op.key) if op.prefix else b""))
 
 
-def _response(op: TxnOp, resp: Any) -> list[KeyValue] | int | None:
+def _txn_request(compares: Sequence[Compare], success: Sequence[TxnOp],
+                 failure: Sequence[TxnOp]) -> Any:
+    return rpc_pb2.TxnRequest(
+        compare=[_compare(c) for c in compares],
+        success=[_request_op(op) for op in success],
+        failure=[_request_op(op) for op in failure],
+    )
+
+
+def _writes(ops: Sequence[TxnOp]) -> bool:
+    """True if any op (in any branch of a nested Txn) can write."""
+    return any(_writes((*op.success, *op.failure)) if isinstance(op, Txn)
+               else not isinstance(op, Get) for op in ops)
+
+
+def _txn_result(success: Sequence[TxnOp], failure: Sequence[TxnOp], resp: Any) -> TxnResult:
+    branch = success if resp.succeeded else failure
+    return TxnResult(
+        succeeded=resp.succeeded,
+        revision=resp.header.revision,
+        responses=[_response(op, r) for op, r in zip(branch, resp.responses, strict=True)],
+    )
+
+
+def _response(op: TxnOp, resp: Any) -> list[KeyValue] | int | TxnResult | None:
     if isinstance(op, Get):
         return [_kv(kv) for kv in resp.response_range.kvs]
     if isinstance(op, Delete):
         return int(resp.response_delete_range.deleted)
+    if isinstance(op, Txn):
+        return _txn_result(op.success, op.failure, resp.response_txn)
     return None
 
 
@@ -346,21 +375,12 @@ class EtcdStore:
     async def txn(
         self, compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp] = ()
     ) -> TxnResult:
-        request = rpc_pb2.TxnRequest(
-            compare=[_compare(c) for c in compares],
-            success=[_request_op(op) for op in success],
-            failure=[_request_op(op) for op in failure],
-        )
-        write = any(not isinstance(op, Get) for op in (*success, *failure))
+        request = _txn_request(compares, success, failure)
+        write = _writes((*success, *failure))
         timeout = self.config.request_timeout
         resp = await self._call_raw(
             lambda s, md: s.kv.Txn(request, timeout=timeout, metadata=md), write=write)
-        branch = success if resp.succeeded else failure
-        return TxnResult(
-            succeeded=resp.succeeded,
-            revision=resp.header.revision,
-            responses=[_response(op, r) for op, r in zip(branch, resp.responses, strict=True)],
-        )
+        return _txn_result(success, failure, resp)
 
     async def get(
         self, key: bytes, *, prefix: bool = False, revision: int = 0, keys_only: bool = False

@@ -59,17 +59,34 @@ class Delete:
     prefix: bool = False
 
 
-TxnOp = Put | Get | Delete
+@dataclass(frozen=True)
+class Txn:
+    """A transaction nested in a branch of another (etcd >= 3.3's ``request_txn``):
+    its compares are evaluated, in the same atomic transaction, only if that
+    branch runs. Its response is a :class:`TxnResult` (use the outer one's revision).
+
+    What it is for: a write that already uses both branches of its own
+    transaction (register: ``if spec == value then get else put``) made
+    conditional on more, e.g. the operator's leadership term: the outer
+    transaction's compares are the extra conditions, this one its own."""
+
+    compares: tuple[Compare, ...]
+    success: tuple[TxnOp, ...]
+    failure: tuple[TxnOp, ...] = ()
+
+
+TxnOp = Put | Get | Delete | Txn
 
 
 @dataclass(frozen=True)
 class TxnResult:
     """``responses[i]`` is the list of KVs for a Get, the deleted count for a
-    Delete and ``None`` for a Put, in the order of the branch that ran."""
+    Delete, ``None`` for a Put and a :class:`TxnResult` for a nested
+    :class:`Txn`, in the order of the branch that ran."""
 
     succeeded: bool
     revision: int
-    responses: list[list[KeyValue] | int | None]
+    responses: list[list[KeyValue] | int | TxnResult | None]
 
     def kvs(self, index: int) -> list[KeyValue]:
         value = self.responses[index]
@@ -79,6 +96,11 @@ class TxnResult:
     def kv(self, index: int) -> KeyValue | None:
         found = self.kvs(index)
         return found[0] if found else None
+
+    def nested(self, index: int) -> TxnResult:
+        value = self.responses[index]
+        assert isinstance(value, TxnResult), f"response {index} is not a nested Txn"
+        return value
 
 
 @dataclass(frozen=True)
@@ -133,6 +155,16 @@ class Store(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def describe(compares: Sequence[Compare]) -> str:
+    """``create(key) == 7 and ...``, for messages (keys shown as printable text)."""
+    def text(key: bytes) -> str:
+        return key.decode(errors="replace").replace("\0", "\\0")
+    return " and ".join(
+        f"{c.target}({text(c.key)}) {c.op} "
+        f"{c.value.decode(errors='replace') if isinstance(c.value, bytes) else c.value}"
+        for c in compares)
 
 
 def prefix_end(prefix: bytes) -> bytes:

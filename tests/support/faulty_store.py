@@ -22,7 +22,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from joblease.errors import OutcomeUnknownError, StoreUnavailableError
 from joblease.etcd_store import EtcdStore
-from joblease.store import Compare, Delete, KeepAlive, KeyValue, Put, TxnOp, TxnResult, WatchBatch
+from joblease.store import (
+    Compare,
+    Delete,
+    KeepAlive,
+    KeyValue,
+    Put,
+    Txn,
+    TxnOp,
+    TxnResult,
+    WatchBatch,
+)
 
 TxnHook = Callable[[Sequence[Compare], Sequence[TxnOp], Sequence[TxnOp]], Awaitable[TxnResult]]
 BeforeTxnHook = Callable[[Sequence[Compare], Sequence[TxnOp], Sequence[TxnOp]], Awaitable[None]]
@@ -39,9 +49,21 @@ def is_claim(success: Sequence[TxnOp]) -> bool:
                for op in success)
 
 
+def flatten(ops: Sequence[TxnOp]) -> list[TxnOp]:
+    """``ops`` with each nested :class:`Txn` replaced by the ops of both its branches
+    (a guarded write nests the unguarded one)."""
+    return [inner for op in ops
+            for inner in (flatten((*op.success, *op.failure)) if isinstance(op, Txn) else [op])]
+
+
 def is_unregister(success: Sequence[TxnOp]) -> bool:
-    """An unregister: it deletes a job's prefix."""
-    return any(isinstance(op, Delete) and op.prefix for op in success)
+    """An unregister (guarded or not): it deletes a job's prefix."""
+    return any(isinstance(op, Delete) and op.prefix for op in flatten(success))
+
+
+def is_guarded_register(success: Sequence[TxnOp]) -> bool:
+    """A guarded register: its success branch nests ``if spec == value get else put``."""
+    return any(isinstance(op, Put) and op.key.endswith(b"/spec") for op in flatten(success))
 
 
 def is_completion(success: Sequence[TxnOp]) -> bool:

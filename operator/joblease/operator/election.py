@@ -9,6 +9,11 @@ safety deadline a worker's claim uses, so a leader's view of its own
 leadership ends *before* etcd can expire the key and elect another
 (``deadline = send time of the last keep-alive + TTL - margin``).
 
+The term fences the leader's etcd writes: :meth:`Leadership.guard` is the
+condition "the key still has my term", which the operator's registration and
+unregistration carry (``guard=``), so etcd refuses them once another replica
+may lead, however late they arrive.
+
 Why etcd and not a ``coordination.k8s.io`` Lease (see docs/operator.md): the
 operator cannot do anything useful without etcd (registration and the mirror
 are etcd reads and writes), so a replica cut off from etcd must step down, and
@@ -92,6 +97,16 @@ class Leadership:
     def alive(self) -> bool:
         """True while this replica may act as leader (checks the safety deadline now)."""
         return self.session.alive and self.lost_reason is None
+
+    def guard(self) -> tuple[Compare, ...]:
+        """What every etcd write of this leader requires: the leader key still
+        exists with this term as its create revision (deleted, expired or
+        replaced by another candidate's: the write is refused, ``FencedError``)."""
+        return (Compare(self.election.key, "create", "==", self.term),)
+
+    def fenced(self, why: str) -> None:
+        """etcd refused a write fenced by :meth:`guard`: leadership is lost (for good)."""
+        self._lose(f"a write fenced by the term was refused: {why}")
 
     def _lose(self, reason: str, *, expected: bool = False) -> None:
         if self.lost_reason is None:

@@ -15,8 +15,9 @@ from typing import Any
 import kopf
 
 from joblease.client import JobLeaseClient
-from joblease.errors import InvalidInputError, JobLeaseError, StoreUnavailableError
+from joblease.errors import FencedError, InvalidInputError, JobLeaseError, StoreUnavailableError
 from joblease.operator import registration
+from joblease.operator.election import Leadership
 from joblease.operator.kube import KubeApiError
 from joblease.operator.mirror import Mirror
 from joblease.operator.registration import GROUP, PLURAL, VERSION
@@ -27,6 +28,8 @@ RETRY_DELAY = 5.0
 
 
 def _kopf_error(exc: JobLeaseError) -> Exception:
+    if isinstance(exc, FencedError):
+        return kopf.TemporaryError(f"not the leader any more: {exc}", delay=RETRY_DELAY)
     if isinstance(exc, StoreUnavailableError):
         return kopf.TemporaryError(f"etcd unavailable: {exc}", delay=RETRY_DELAY)
     if isinstance(exc, InvalidInputError):
@@ -48,13 +51,24 @@ def _tenant_error(exc: Exception) -> Exception:
 
 def build_registry(client: JobLeaseClient, mirror: Mirror,
                    login: Callable[[], kopf.ConnectionInfo],
-                   tenants: TenantManager | None = None) -> kopf.OperatorRegistry:
+                   tenants: TenantManager | None = None,
+                   leadership: Leadership | None = None) -> kopf.OperatorRegistry:
     """A fresh kopf registry whose handlers close over this operator's parts.
 
     ``tenants``: per-namespace etcd credentials (``--tenant-credentials``), or None.
+    ``leadership``: this replica's elected term, or None (``--no-leader-election``).
+    With it, every registration and unregistration is fenced by the term
+    (``Leadership.guard()``): etcd refuses it once another replica may lead, and
+    such a refusal (``FencedError``) ends the leadership, so the process steps
+    down (``run_operator``: exit 3) instead of retrying.
     """
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
+    guard = leadership.guard() if leadership is not None else ()
+
+    def fenced(exc: JobLeaseError) -> None:
+        if isinstance(exc, FencedError) and leadership is not None:
+            leadership.fenced(str(exc))
 
     @kopf.on.login(id="login", registry=registry)
     def authenticate(**_: Any) -> kopf.ConnectionInfo:
@@ -63,8 +77,10 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
 
     async def _register(namespace: str | None, name: str, spec: Any, logger: Any) -> None:
         try:
-            job, revision = await registration.register(client, namespace, name, dict(spec))
+            job, revision = await registration.register(client, namespace, name, dict(spec),
+                                                        guard=guard)
         except JobLeaseError as exc:
+            fenced(exc)
             raise _kopf_error(exc) from exc
         logger.info("registered %s in etcd (revision %d)", job, revision)
         mirror.refresh(job)
@@ -90,8 +106,9 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
     async def unregister_on_delete(namespace: str | None, name: str, logger: Any, **_: Any) -> None:
         """Remove the etcd keys; kopf releases the finalizer only after this succeeds."""
         try:
-            revision = await registration.unregister(client, namespace, name)
+            revision = await registration.unregister(client, namespace, name, guard=guard)
         except JobLeaseError as exc:
+            fenced(exc)
             raise _kopf_error(exc) from exc
         logger.info("removed %s/%s from etcd (revision %d)", namespace, name, revision)
         if tenants is not None and namespace:

@@ -10,7 +10,9 @@ kopf settings, each chosen on purpose (see docs/operator.md):
   active replica through etcd (:mod:`joblease.operator.election`), and only
   that one runs kopf. No peering objects or their RBAC. Two replicas that
   briefly both believe they lead still cannot regress a status (conditional
-  writes on ``etcdRevision``), but handlers could run twice.
+  writes on ``etcdRevision``), and a deposed one's registration or
+  unregistration is refused by etcd (fenced by its term: ``Leadership.guard()``),
+  which makes it step down; its Kubernetes writes are not fenced.
 - ``watching.server_timeout``/``client_timeout``: the API server ends each
   watch after ``server_timeout`` and kopf re-lists; the client gives up a bit
   later so a silently dead connection is noticed.
@@ -398,7 +400,7 @@ async def _run_active(config: OperatorConfig, settings: kopf.OperatorSettings,
                                 resync_interval=config.tenant_resync_interval)
         await warn_if_auth_disabled(client.store)
         tasks.append(asyncio.create_task(supervise(tenants), name="joblease-tenants"))
-    registry = build_registry(client, mirror, credentials, tenants)
+    registry = build_registry(client, mirror, credentials, tenants, leadership)
     ready_flag, stop_flag = asyncio.Event(), asyncio.Event()
     mirror_task = asyncio.create_task(mirror.run(), name="joblease-mirror")
     kopf_task = asyncio.create_task(kopf.operator(

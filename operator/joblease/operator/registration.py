@@ -10,7 +10,7 @@ etcd keys are gone, so a live holder learns at its next check that it lost
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from joblease import validation
@@ -18,6 +18,7 @@ from joblease.client import JobLeaseClient
 from joblease.errors import InvalidInputError
 from joblease.keys import JobRef
 from joblease.records import JobSpec
+from joblease.store import Compare
 
 GROUP = "joblease.io"
 VERSION = "v1alpha1"
@@ -63,13 +64,19 @@ def spec_matches(resource_spec: Mapping[str, Any] | None, registered: JobSpec | 
 
 
 async def register(client: JobLeaseClient, namespace: str | None, name: str | None,
-                   spec: Mapping[str, Any] | None) -> tuple[JobRef, int]:
-    """Register (or re-register) the job; returns it and the etcd revision."""
+                   spec: Mapping[str, Any] | None, *,
+                   guard: Sequence[Compare] = ()) -> tuple[JobRef, int]:
+    """Register (or re-register) the job; returns it and the etcd revision.
+
+    ``guard``: the elected operator's term (``Leadership.guard()``); a deposed
+    leader's write is refused with ``FencedError``. Empty without an election."""
     job = job_ref(namespace, name)
-    revision = await client.register(job, spec_from_resource(spec))
+    revision = await client.register(job, spec_from_resource(spec), guard=guard)
     return job, revision
 
 
-async def unregister(client: JobLeaseClient, namespace: str | None, name: str | None) -> int:
-    """Remove every etcd key of the job (idempotent); returns the etcd revision."""
-    return await client.unregister(job_ref(namespace, name))
+async def unregister(client: JobLeaseClient, namespace: str | None, name: str | None, *,
+                     guard: Sequence[Compare] = ()) -> int:
+    """Remove every etcd key of the job (idempotent); returns the etcd revision.
+    ``guard`` as for :func:`register`."""
+    return await client.unregister(job_ref(namespace, name), guard=guard)
