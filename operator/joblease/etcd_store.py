@@ -45,6 +45,7 @@ from joblease.store import (
     TxnResult,
     WatchBatch,
     WatchEvent,
+    leaf_ops,
     prefix_end,
 )
 
@@ -206,8 +207,7 @@ def _txn_request(compares: Sequence[Compare], success: Sequence[TxnOp],
 
 def _writes(ops: Sequence[TxnOp]) -> bool:
     """True if any op (in any branch of a nested Txn) can write."""
-    return any(_writes((*op.success, *op.failure)) if isinstance(op, Txn)
-               else not isinstance(op, Get) for op in ops)
+    return any(not isinstance(op, Get) for op in leaf_ops(ops))
 
 
 def _txn_result(success: Sequence[TxnOp], failure: Sequence[TxnOp], resp: Any) -> TxnResult:

@@ -157,6 +157,13 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
 
+def leaf_ops(ops: Sequence[TxnOp]) -> list[TxnOp]:
+    """``ops`` with each nested :class:`Txn` replaced by the ops of both its branches,
+    recursively: every Put, Get and Delete the transaction may run."""
+    return [leaf for op in ops
+            for leaf in (leaf_ops((*op.success, *op.failure)) if isinstance(op, Txn) else [op])]
+
+
 def describe(compares: Sequence[Compare]) -> str:
     """``create(key) == 7 and ...``, for messages (keys shown as printable text)."""
     def text(key: bytes) -> str:

@@ -28,10 +28,10 @@ from joblease.store import (
     KeepAlive,
     KeyValue,
     Put,
-    Txn,
     TxnOp,
     TxnResult,
     WatchBatch,
+    leaf_ops,  # a guarded write nests the unguarded one
 )
 
 TxnHook = Callable[[Sequence[Compare], Sequence[TxnOp], Sequence[TxnOp]], Awaitable[TxnResult]]
@@ -49,21 +49,14 @@ def is_claim(success: Sequence[TxnOp]) -> bool:
                for op in success)
 
 
-def flatten(ops: Sequence[TxnOp]) -> list[TxnOp]:
-    """``ops`` with each nested :class:`Txn` replaced by the ops of both its branches
-    (a guarded write nests the unguarded one)."""
-    return [inner for op in ops
-            for inner in (flatten((*op.success, *op.failure)) if isinstance(op, Txn) else [op])]
-
-
 def is_unregister(success: Sequence[TxnOp]) -> bool:
     """An unregister (guarded or not): it deletes a job's prefix."""
-    return any(isinstance(op, Delete) and op.prefix for op in flatten(success))
+    return any(isinstance(op, Delete) and op.prefix for op in leaf_ops(success))
 
 
 def is_guarded_register(success: Sequence[TxnOp]) -> bool:
     """A guarded register: its success branch nests ``if spec == value get else put``."""
-    return any(isinstance(op, Put) and op.key.endswith(b"/spec") for op in flatten(success))
+    return any(isinstance(op, Put) and op.key.endswith(b"/spec") for op in leaf_ops(success))
 
 
 def is_completion(success: Sequence[TxnOp]) -> bool:
