@@ -39,6 +39,11 @@ type Config struct {
 	Username, Password        string
 	RequestTimeout            time.Duration
 	Root                      string
+	// Interceptors are extra gRPC client interceptors. Only tests set them
+	// (etcdtest.Faults: an answer of the real etcd delayed or lost, a stream
+	// open that hangs); the sidecar never does.
+	UnaryInterceptor  grpc.UnaryClientInterceptor
+	StreamInterceptor grpc.StreamClientInterceptor
 }
 
 // TLS: an https endpoint or any TLS file switches TLS on.
@@ -133,15 +138,22 @@ func (s *Store) conn(i int) (*grpc.ClientConn, error) {
 	if creds == nil {
 		creds = insecure.NewCredentials()
 	}
-	c, err := grpc.NewClient("passthrough:///"+s.endpoints[i],
+	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDisableRetry(), // retries are ours, and outcome-aware
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second,
 			PermitWithoutStream: true}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond,
 			Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}, MinConnectTimeout: 5 * time.Second}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)),
-	)
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
+	}
+	if s.cfg.UnaryInterceptor != nil {
+		opts = append(opts, grpc.WithUnaryInterceptor(s.cfg.UnaryInterceptor))
+	}
+	if s.cfg.StreamInterceptor != nil {
+		opts = append(opts, grpc.WithStreamInterceptor(s.cfg.StreamInterceptor))
+	}
+	c, err := grpc.NewClient("passthrough:///"+s.endpoints[i], opts...)
 	if err != nil {
 		return nil, errs.Invalid(fmt.Sprintf("bad etcd endpoint %q: %v", s.endpoints[i], err))
 	}
