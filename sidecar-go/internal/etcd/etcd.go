@@ -505,18 +505,17 @@ func (k *KeepAlive) Renew(timeout time.Duration) (int64, error) {
 
 func (k *KeepAlive) renewOnce(deadline time.Time) (int64, error) {
 	if k.stream == nil {
+		// The stream outlives this renewal, so its context has no deadline;
+		// opening it (auth token included) must still end by the renewal's
+		// deadline, or a connection that accepts and never answers would hold
+		// the keep-alive loop past the safety deadline without a word.
 		ctx, cancel := context.WithCancel(context.Background())
-		actx, used, err := k.s.authContext(ctx)
-		if err != nil {
+		opening := time.AfterFunc(time.Until(deadline), cancel)
+		stream, used, err := k.open(ctx)
+		if !opening.Stop() {
 			cancel()
-			return 0, err
+			return 0, status.Error(codes.DeadlineExceeded, "opening the keep-alive stream timed out")
 		}
-		c, err := k.s.conn(k.s.currentIndex())
-		if err != nil {
-			cancel()
-			return 0, err
-		}
-		stream, err := pb.NewLeaseClient(c).LeaseKeepAlive(actx)
 		if err != nil {
 			cancel()
 			return 0, err
@@ -549,6 +548,19 @@ func (k *KeepAlive) renewOnce(deadline time.Time) (int64, error) {
 	case <-timer.C:
 		return 0, status.Error(codes.DeadlineExceeded, "keep-alive timed out")
 	}
+}
+
+func (k *KeepAlive) open(ctx context.Context) (pb.Lease_LeaseKeepAliveClient, string, error) {
+	actx, used, err := k.s.authContext(ctx)
+	if err != nil {
+		return nil, used, err
+	}
+	c, err := k.s.conn(k.s.currentIndex())
+	if err != nil {
+		return nil, used, err
+	}
+	stream, err := pb.NewLeaseClient(c).LeaseKeepAlive(actx)
+	return stream, used, err
 }
 
 // Close ends the stream.

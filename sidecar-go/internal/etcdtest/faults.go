@@ -149,4 +149,3 @@ func wait(ctx context.Context, d time.Duration) error {
 		return status.FromContextError(ctx.Err()).Err()
 	}
 }
-

@@ -56,11 +56,11 @@ func newLease(store *etcd.Store, s *session.Session, job JobRef, keys JobKeys, o
 	token, generation, ttl int64, holderValue []byte, checkpoint *etcd.KV) *Lease {
 	l := &Lease{store: store, session: s, Job: job, keys: keys, Owner: owner, ClaimID: claimID, Token: token,
 		Generation: generation, TTL: ttl, holderValue: holderValue, done: make(chan struct{}), checkpointKV: checkpoint}
-	s.Check = func() {
+	s.SetCheck(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		l.Check(ctx)
-	}
+	})
 	s.OnLoss(func(why string) { l.lose("etcd lease lost: " + why) })
 	return l
 }

@@ -2,9 +2,12 @@ package protocol
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/joblease/joblease/sidecar-go/internal/errs"
+	"github.com/joblease/joblease/sidecar-go/internal/etcd"
 	"github.com/joblease/joblease/sidecar-go/internal/etcdtest"
 )
 
@@ -135,4 +138,38 @@ func heldToken(e *errs.Error) int64 {
 		}
 	}
 	return 0
+}
+
+// renew-checks-holder (docs/protocol.md#renew-checks-holder) without
+// spurious loss: a holder re-check that etcd answers late runs beside the
+// keep-alives, which go on renewing the lease; the checks still catch a
+// deleted holder once etcd answers in time again.
+func TestASlowHolderCheckDoesNotStopKeepAlives(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx := context.Background()
+	job := JobRef{"default", "slow-check"}
+	register(t, newStore(t, ep), job, 3, 0) // deadline 2.4 s after each keep-alive, one every second
+	store, faults := etcdtest.NewFaultyStore(t, ep)
+	l, err := NewClient(store, DefaultRoot).Claim(ctx, job, "worker-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	faults.Delay(etcdtest.Txn, 5*time.Second) // each check waits out the store's 2 s timeout, twice
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if !l.Valid() {
+			t.Fatalf("lost while only the holder checks were slow: %s", l.LostReason())
+		}
+	}
+	faults.Delay(etcdtest.Txn, 0)
+	if _, err := newStore(t, ep).Txn(ctx, nil, []etcd.Op{etcd.Delete(Keys(DefaultRoot, job).Holder())}, nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a deleted holder went unnoticed after the slow checks")
+	}
+	if why := l.LostReason(); !strings.Contains(why, "holder key deleted") {
+		t.Fatalf("lost for %q", why)
+	}
 }

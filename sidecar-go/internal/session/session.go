@@ -10,6 +10,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/joblease/joblease/sidecar-go/internal/errs"
@@ -35,10 +36,34 @@ type Session struct {
 	closing    bool
 	lost       chan struct{}
 	listeners  []func(string)
-	// Check re-verifies the holders bound to this lease after each keep-alive
-	// (a live etcd lease alone is not proof: the key can be deleted meanwhile).
-	Check func()
-	done  chan struct{}
+	check      func()
+	checking   atomic.Bool
+	done       chan struct{}
+}
+
+// SetCheck sets what re-verifies the holders bound to this lease after each
+// keep-alive (renew-checks-holder: a live etcd lease alone is not proof, the
+// key can be deleted meanwhile). The check runs beside the keep-alive loop,
+// one at a time: a slow check (etcd answering reads late) never delays the
+// next keep-alive, so it cannot turn into a spurious loss; a keep-alive that
+// succeeds while a check is still running starts none (the running one reports).
+func (s *Session) SetCheck(check func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.check = check
+}
+
+func (s *Session) startCheck() {
+	s.mu.Lock()
+	check := s.check
+	s.mu.Unlock()
+	if check == nil || !s.checking.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer s.checking.Store(false)
+		check()
+	}()
 }
 
 // Start grants the lease and starts renewing it every TTL/3.
@@ -164,9 +189,7 @@ func (s *Session) run() {
 			s.deadline = d
 		}
 		s.mu.Unlock()
-		if s.Check != nil {
-			s.Check()
-		}
+		s.startCheck()
 	}
 	s.mu.Lock()
 	closing := s.closing
