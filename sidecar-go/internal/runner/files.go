@@ -47,6 +47,36 @@ func WriteAtomic(path string, data []byte, publishIf func() bool) (bool, error) 
 	return true, nil
 }
 
+// removeStale removes each path and any temporary WriteAtomic left for it
+// (".<name>.<pid>.tmp", from a process killed between write and rename).
+// Files already gone are fine; one that cannot be removed is an error.
+func removeStale(paths ...string) error {
+	var failed []error
+	for _, path := range paths {
+		if path == "" {
+			continue
+		}
+		tmps, _ := filepath.Glob(filepath.Join(filepath.Dir(path), "."+globQuote(filepath.Base(path))+".*.tmp"))
+		for _, p := range append([]string{path}, tmps...) {
+			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+				failed = append(failed, err)
+			}
+		}
+	}
+	return errors.Join(failed...)
+}
+
+func globQuote(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
 func removeQuietly(path string) {
 	if path != "" {
 		_ = os.Remove(path)
@@ -63,10 +93,15 @@ func findWorkerPids(pidFile, processName string) []int {
 			if text == "" {
 				return nil
 			}
-			if pid, err := strconv.Atoi(text); err == nil {
-				return []int{pid}
-			} else {
+			// 32 bits: the kernel reads pid_t, so 4294967295 would arrive as -1.
+			if pid, err := strconv.ParseInt(text, 10, 32); err != nil && !errors.Is(err, strconv.ErrRange) {
 				slog.Warn("cannot read worker pid file", "path", pidFile, "reason", err.Error())
+			} else if err != nil || pid <= 0 {
+				// kill(0) signals our whole process group, kill(-1) every
+				// process we may signal, kill(-n) group n: never one worker.
+				slog.Error("refusing a worker pid file that names no single process", "path", pidFile, "pid", text)
+			} else {
+				return []int{int(pid)}
 			}
 		} else {
 			slog.Warn("cannot read worker pid file", "path", pidFile, "reason", err.Error())
