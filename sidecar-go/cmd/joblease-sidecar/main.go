@@ -51,6 +51,13 @@ func run() int {
 		return 2
 	}
 	rn := runner.New(cfg, protocol.NewClient(store, cfg.Etcd.Root), log)
+	// A restarted container finds the pod's volumes as the dead incarnation
+	// left them: its token is nobody's now, so it goes before anything is served.
+	if err := rn.RemoveStaleFiles(); err != nil {
+		log.Error("cannot remove the token files an earlier run left", "reason", err.Error())
+		rn.CloseClient()
+		return 1
+	}
 
 	signals := make(chan os.Signal, 2)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)

@@ -175,6 +175,17 @@ func (r *Runner) held(lease *protocol.Lease) {
 	r.currentLocked()
 }
 
+// RemoveStaleFiles removes what an earlier incarnation of this sidecar may
+// have left on the pod's volumes (a container restart keeps them): the token
+// file, token.json, the port files and their half-written temporaries.
+// Their token is a dead incarnation's, and another pod may hold the job by
+// now, so main calls this before anything is served or claimed; an error
+// (a file that stays) must stop the sidecar rather than leave the old token
+// to a worker.
+func (r *Runner) RemoveStaleFiles() error {
+	return removeStale(r.cfg.TokenFile, r.cfg.TokenJSONFile(), r.cfg.PortFile, r.cfg.ProbePortFile)
+}
+
 func (r *Runner) dropTokenFiles() {
 	removeQuietly(r.cfg.TokenFile)
 	removeQuietly(r.cfg.TokenJSONFile())
