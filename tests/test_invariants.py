@@ -1,10 +1,13 @@
 """The protocol's invariants are one named list, in docs/protocol.md, cited by name.
 
 Code, tests and docs once cited "DESIGN.md invariant N" (a file that is not in
-the repository) and bare numbers that disagreed with protocol.md's own. This
+the repository) and bare numbers that disagreed with protocol.md's own; the Go
+sidecar cited a "guarantee 5" of a docs/errs.md that never existed. This
 reads the real files: every ``protocol.md#<name>`` link and every
 ``invariant(s) `name```-style citation must name an anchor protocol.md defines,
-and no numbered citation or DESIGN.md reference may come back.
+and no numbered citation ("invariant 3", "guarantee 5") or DESIGN.md or
+errs.md reference may come back, in the Python package, the Go sidecar, the
+tests, the docs or the examples.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = ROOT / "docs" / "protocol.md"
-SEARCHED = ("operator/joblease", "tests", "docs", "bench", "examples", "README.md")
+SEARCHED = ("operator/joblease", "sidecar-go", "tests", "docs", "bench", "examples", "README.md")
 
 
 def _files() -> list[Path]:
@@ -22,7 +25,7 @@ def _files() -> list[Path]:
     for name in SEARCHED:
         path = ROOT / name
         paths = [path] if path.is_file() else sorted(path.rglob("*"))
-        found += [p for p in paths if p.suffix in (".py", ".md") and p.is_file()
+        found += [p for p in paths if p.suffix in (".py", ".md", ".go") and p.is_file()
                   and p != Path(__file__).resolve()]
     return found
 
@@ -39,7 +42,7 @@ def test_protocol_md_names_each_invariant() -> None:
 
 def test_invariants_are_cited_by_a_name_protocol_md_defines() -> None:
     anchors = _anchors()
-    numbered = re.compile(r"invariants?\s+\d|DESIGN\.md", re.IGNORECASE)
+    numbered = re.compile(r"(?:invariants?|guarantee)\s+\d|DESIGN\.md|errs\.md", re.IGNORECASE)
     link = re.compile(r"protocol\.md#([a-z0-9-]+)")
     named = re.compile(r"[Ii]nvariants?\s+((?:``?[a-z0-9-]+``?(?:,\s*|\s+and\s+)?)+)")
     bad: list[str] = []

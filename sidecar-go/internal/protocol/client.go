@@ -236,7 +236,7 @@ func retryRead[T any](ctx context.Context, timeout time.Duration, fn func() (T, 
 	}
 }
 
-// resolveAmbiguous settles a claim whose answer was lost (guarantee 6): our
+// resolveAmbiguous settles a claim whose answer was lost (docs/protocol.md#read-back): our
 // holder there means committed; otherwise the session's lease is revoked so a
 // copy in flight cannot commit later, and claims is read again.
 func (c *Client) resolveAmbiguous(ctx context.Context, job JobRef, keys JobKeys, owner, claimID string,

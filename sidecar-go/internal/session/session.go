@@ -1,5 +1,5 @@
 // Package session keeps one etcd lease alive on one keep-alive stream, with
-// the local safety deadline of docs/errs.md (guarantee 5): valid only
+// the local safety deadline of docs/protocol.md#conservative-deadline: valid only
 // until "time the last successful keep-alive was *sent* + TTL - margin" on
 // the monotonic clock. Loss is final: once the deadline has passed, a
 // keep-alive answered later does not revive the session, and a lost session
