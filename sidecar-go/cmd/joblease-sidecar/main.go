@@ -113,14 +113,14 @@ func run() int {
 		return 1
 	}
 
-	done := make(chan [2]int, 1)
+	done := make(chan runner.End, 1)
 	go rn.Lifecycle(done)
 	code := 0
 	select {
 	case <-rn.Stopped():
-	case out := <-done:
-		if out[1] == 1 {
-			code = out[0]
+	case end := <-done:
+		if end.ExitNow {
+			code = end.Code
 		} else {
 			<-rn.Stopped() // completed, released, lost with "signal", or a final answer served: keep serving
 		}

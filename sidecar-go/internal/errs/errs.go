@@ -3,6 +3,7 @@
 package errs
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/joblease/joblease/sidecar-go/internal/pyjson"
@@ -52,9 +53,20 @@ func (e *Error) Body() pyjson.Obj {
 	return append(pyjson.Obj{{Key: "error", Value: e.Reason}, {Key: "message", Value: e.Message}}, e.Details...)
 }
 
-// Is reports whether err is a protocol error of one of the kinds.
+// As finds the protocol error in err's chain (errors wrapped with %w
+// included): the *Error and true, or nil and false.
+func As(err error) (*Error, bool) {
+	var e *Error
+	if errors.As(err, &e) {
+		return e, true
+	}
+	return nil, false
+}
+
+// Is reports whether err (or an error it wraps) is a protocol error of one
+// of the kinds.
 func Is(err error, kinds ...Kind) bool {
-	e, ok := err.(*Error)
+	e, ok := As(err)
 	if !ok {
 		return false
 	}

@@ -495,7 +495,7 @@ func (k *KeepAlive) Renew(timeout time.Duration) (int64, error) {
 		if st.Code() == codes.PermissionDenied || st.Code() == codes.Unauthenticated {
 			return 0, MapError(err)
 		}
-		if pe, ok := err.(*errs.Error); ok && pe.Kind == errs.KindForbidden {
+		if pe, ok := errs.As(err); ok && pe.Kind == errs.KindForbidden {
 			return 0, pe
 		}
 		return 0, errs.Unavailable(fmt.Sprintf("keep-alive failed: %v", err))
@@ -602,7 +602,7 @@ func (s *Store) WatchChange(ctx context.Context, key string, startRevision int64
 		if errors.As(err, &final) {
 			return false, final.err
 		}
-		if pe, ok := err.(*errs.Error); ok && pe.Kind == errs.KindForbidden {
+		if pe, ok := errs.As(err); ok && pe.Kind == errs.KindForbidden {
 			return false, pe
 		}
 		st, _ := status.FromError(err)

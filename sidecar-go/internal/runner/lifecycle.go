@@ -26,7 +26,7 @@ func (r *Runner) claim() (*protocol.Lease, int) {
 		if r.stopping() {
 			return nil, 0 // stopped while claiming: the failure is the shutdown's, not etcd's
 		}
-		e, ok := err.(*errs.Error)
+		e, ok := errs.As(err)
 		if !ok {
 			e = errs.Generic(err.Error())
 		}
@@ -175,14 +175,18 @@ func (r *Runner) lifecycle() (int, bool) {
 	return 0, false
 }
 
-// Lifecycle runs the claim and hold; done receives (code, exitNow).
-func (r *Runner) Lifecycle(done chan<- [2]int) {
+// End is how the claim and hold ended: ExitNow says the sidecar must exit at
+// once with Code (a final answer with --on-final exit, or a stop while
+// claiming); otherwise it keeps serving its final answer until stopped.
+type End struct {
+	Code    int
+	ExitNow bool
+}
+
+// Lifecycle runs the claim and hold; done receives how it ended.
+func (r *Runner) Lifecycle(done chan<- End) {
 	code, exitNow := r.lifecycle()
-	e := 0
-	if exitNow {
-		e = 1
-	}
-	done <- [2]int{code, e}
+	done <- End{Code: code, ExitNow: exitNow}
 }
 
 // Stopped is closed once a stop was requested.

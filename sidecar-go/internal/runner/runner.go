@@ -419,7 +419,7 @@ func (r *Runner) notCurrent(token int64, why string) Outcome {
 }
 
 func errOutcome(err error) Outcome {
-	if e, ok := err.(*errs.Error); ok {
+	if e, ok := errs.As(err); ok {
 		return Outcome{e.Status, e.Body()}
 	}
 	return Outcome{500, pyjson.Obj{{Key: "error", Value: "error"}, {Key: "message", Value: err.Error()}}}
@@ -493,7 +493,7 @@ func (r *Runner) Complete(token int64, result any) Outcome {
 		r.mu.Unlock()
 		return o
 	}
-	e, _ := err.(*errs.Error)
+	e, _ := errs.As(err)
 	switch {
 	case e != nil && e.Kind == errs.KindStale:
 		r.completionSent = false
@@ -543,7 +543,7 @@ func (r *Runner) Checkpoint(token int64, data any) Outcome {
 	if err == nil {
 		return Outcome{200, rec.Dict()}
 	}
-	e, _ := err.(*errs.Error)
+	e, _ := errs.As(err)
 	switch {
 	case e != nil && e.Kind == errs.KindStale:
 		r.mu.Lock()
@@ -591,7 +591,7 @@ func (r *Runner) Release(token int64) Outcome {
 	defer r.mu.Unlock()
 	r.releaseSent = false
 	if err != nil {
-		e, _ := err.(*errs.Error)
+		e, _ := errs.As(err)
 		if e != nil && e.Kind == errs.KindStale {
 			r.onLossLocked("etcd refused the release: "+e.Message, r.phase != Released)
 			r.mu.Unlock()
