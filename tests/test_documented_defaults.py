@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from joblease.operator.webhook import WebhookConfig
 from joblease.sidecar.command import _config as sidecar_flags_to_config
 from joblease.sidecar.command import sidecar_command
 from joblease.sidecar.config import SidecarConfig
+from tests.support import sidecar_impls
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -151,3 +153,42 @@ def test_operator_flags_add_no_defaults_of_their_own(monkeypatch: pytest.MonkeyP
     assert {k: v for k, v in given.items() if v not in (None, (), False)} == {}
     assert operator_flags_to_config(given) == OperatorConfig.from_env()
     assert operator_flags_to_config(given).metrics_port == 9999
+
+
+def test_go_sidecar_help_states_the_documented_flags_and_defaults() -> None:
+    """The Go sidecar's ``--help`` names every flag of docs/sidecar.md's table with
+    its variable, and states each documented default as the table does; the Go
+    test ``TestHelpStatesTheDefaultsParseUses`` (sidecar-go/internal/config) holds
+    ``--help`` to the defaults the Go code uses. Runs the real binary (``--help``
+    exits before anything connects)."""
+    out = subprocess.run([*sidecar_impls.argv("go"), "--help"], capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    flags: dict[str, tuple[str, str | None]] = {}  # --flag -> (variable, stated default)
+    for entry in re.split(r"\n(?=  --)", out):  # an option and its continuation lines
+        flag = re.match(r"\s*(--[a-z-]+)", entry)
+        stated = re.search(r"\[(JOBLEASE_[A-Z_]+)(?:; (?:default )?([^\]]+))?\]", entry)
+        if flag and stated:
+            flags[flag.group(1)] = (stated.group(1), stated.group(2))
+    bad: list[str] = []
+    for line in (DOCS / "sidecar.md").read_text().splitlines():
+        m = re.match(r"\| `(JOBLEASE_[A-Z_]+)`( / `_MAX`)? "
+                     r"\|\s*([^|]*?)\s*\|\s*([^|]*?)\s*\|", line)
+        if not m or not m.group(3).strip():
+            continue
+        variable, documented = m.group(1), m.group(4).strip()
+        names = re.findall(r"--(?:\[no-\])?([a-z-]+)", m.group(3))
+        pairs = [(names[0], variable, documented)]
+        if m.group(2):  # `_INITIAL` / `_MAX`, "0.2 s / 5 s"
+            first, second = documented.split("/")
+            stem = variable.removesuffix("_INITIAL")
+            pairs = [(names[0], variable, first),
+                     (names[0].rsplit("-", 1)[0] + "-max", stem + "_MAX", second)]
+        for name, var, default in pairs:
+            stated = flags.get(f"--{name}")
+            if stated is None or stated[0] != var:
+                bad.append(f"--{name}: --help says {stated}, the table {var}")
+                continue
+            want = default.replace("`", "").removesuffix(" s").strip()
+            if re.fullmatch(r"[\w./:-]+", want) and want != "(required)" and stated[1] != want:
+                bad.append(f"--{name}: --help's default {stated[1]!r}, the table's {want!r}")
+    assert not bad, "\n".join(bad)

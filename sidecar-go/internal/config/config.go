@@ -208,7 +208,7 @@ Options:
   --host TEXT                     API listen address [JOBLEASE_SIDECAR_HOST; 127.0.0.1].
   --port INTEGER                  API port, 0 = any [JOBLEASE_SIDECAR_PORT; 8470].
   --port-file FILE                Write the bound API port here [JOBLEASE_SIDECAR_PORT_FILE].
-  --probe-host TEXT               Probe listener address [JOBLEASE_SIDECAR_PROBE_HOST].
+  --probe-host TEXT               Probe listener address [JOBLEASE_SIDECAR_PROBE_HOST; 0.0.0.0].
   --probe-port INTEGER            Probe port (-1 = off) [JOBLEASE_SIDECAR_PROBE_PORT; 8471].
   --probe-port-file FILE          Write the bound probe port here [JOBLEASE_SIDECAR_PROBE_PORT_FILE].
   --token-file FILE               Token file [JOBLEASE_TOKEN_FILE; /run/joblease/token].
@@ -220,10 +220,10 @@ Options:
   --release-on-term / --no-release-on-term
                                   Release the lease on SIGTERM [JOBLEASE_SIDECAR_RELEASE_ON_TERM; true].
   --api-token-file FILE           Bearer token file for the API [JOBLEASE_SIDECAR_API_TOKEN_FILE].
-  --max-result-bytes INTEGER      Result size limit [JOBLEASE_SIDECAR_MAX_RESULT_BYTES].
-  --claim-backoff-initial FLOAT   First claim retry delay, s [JOBLEASE_SIDECAR_CLAIM_BACKOFF_INITIAL].
-  --claim-backoff-max FLOAT       Longest claim retry delay, s [JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX].
-  --registration-wait FLOAT       Wait this long for registration, s [JOBLEASE_SIDECAR_REGISTRATION_WAIT].
+  --max-result-bytes INTEGER      Result size limit [JOBLEASE_SIDECAR_MAX_RESULT_BYTES; 65536].
+  --claim-backoff-initial FLOAT   First claim retry delay, s [JOBLEASE_SIDECAR_CLAIM_BACKOFF_INITIAL; 0.2].
+  --claim-backoff-max FLOAT       Longest claim retry delay, s [JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX; 5].
+  --registration-wait FLOAT       Wait this long for registration, s [JOBLEASE_SIDECAR_REGISTRATION_WAIT; 30].
   --log-level TEXT                Log level [JOBLEASE_LOG_LEVEL; INFO].
   --help                          Show this message and exit.
 `

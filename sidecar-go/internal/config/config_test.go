@@ -3,6 +3,8 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -91,5 +93,47 @@ func TestAnUnusableRateLimitKeepsTheDefault(t *testing.T) {
 	}
 	if c.RateLimit != DefaultRateLimit || c.RateLimitProblem != "-3" {
 		t.Fatalf("rate %v problem %q", c.RateLimit, c.RateLimitProblem)
+	}
+}
+
+// Every default --help states ("[VARIABLE; default]") is the one Parse
+// uses when neither the variable nor the flag is given; docs/sidecar.md's
+// settings table is held to --help by tests/test_documented_defaults.py, so
+// the table, --help and the code say the same.
+func TestHelpStatesTheDefaultsParseUses(t *testing.T) {
+	c, err := Parse(nil, map[string]string{"JOBLEASE_JOB_NAME": "j", "JOBLEASE_OWNER": "o"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actual := map[string]string{
+		"JOBLEASE_SIDECAR_HOST":                  c.Host,
+		"JOBLEASE_SIDECAR_PORT":                  strconv.Itoa(c.Port),
+		"JOBLEASE_SIDECAR_PROBE_HOST":            c.ProbeHost,
+		"JOBLEASE_SIDECAR_PROBE_PORT":            strconv.Itoa(c.ProbePort),
+		"JOBLEASE_TOKEN_FILE":                    c.TokenFile,
+		"JOBLEASE_SIDECAR_ON_LOSS":               c.OnLoss,
+		"JOBLEASE_SIDECAR_ON_FINAL":              c.OnFinal,
+		"JOBLEASE_SIDECAR_RELEASE_ON_TERM":       strconv.FormatBool(c.ReleaseOnTerm),
+		"JOBLEASE_SIDECAR_MAX_RESULT_BYTES":      strconv.Itoa(c.MaxResultBytes),
+		"JOBLEASE_SIDECAR_CLAIM_BACKOFF_INITIAL": strconv.FormatFloat(c.Backoff.Initial, 'g', -1, 64),
+		"JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX":     strconv.FormatFloat(c.Backoff.Maximum, 'g', -1, 64),
+		"JOBLEASE_SIDECAR_REGISTRATION_WAIT":     strconv.FormatFloat(c.RegistrationWait, 'g', -1, 64),
+		"JOBLEASE_LOG_LEVEL":                     c.LogLevel,
+	}
+	stated := map[string]string{}
+	for _, m := range regexp.MustCompile(`\[(JOBLEASE_[A-Z_]+); ([^\]]+)\]`).FindAllStringSubmatch(Usage, -1) {
+		if !strings.HasPrefix(m[2], "default ") { // "default POD_NAME/POD_UID": not a constant
+			stated[m[1]] = m[2]
+		}
+	}
+	for name, value := range actual {
+		if stated[name] != value {
+			t.Errorf("%s: --help says %q, Parse uses %q", name, stated[name], value)
+		}
+	}
+	for name := range stated {
+		if _, ok := actual[name]; !ok {
+			t.Errorf("--help states a default for %s that this test does not check", name)
+		}
 	}
 }
