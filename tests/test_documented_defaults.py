@@ -184,11 +184,11 @@ def test_go_sidecar_help_states_the_documented_flags_and_defaults() -> None:
             pairs = [(names[0], variable, first),
                      (names[0].rsplit("-", 1)[0] + "-max", stem + "_MAX", second)]
         for name, var, default in pairs:
-            stated = flags.get(f"--{name}")
-            if stated is None or stated[0] != var:
-                bad.append(f"--{name}: --help says {stated}, the table {var}")
+            helped = flags.get(f"--{name}")
+            if helped is None or helped[0] != var:
+                bad.append(f"--{name}: --help says {helped}, the table {var}")
                 continue
             want = default.replace("`", "").removesuffix(" s").strip()
-            if re.fullmatch(r"[\w./:-]+", want) and want != "(required)" and stated[1] != want:
-                bad.append(f"--{name}: --help's default {stated[1]!r}, the table's {want!r}")
+            if re.fullmatch(r"[\w./:-]+", want) and want != "(required)" and helped[1] != want:
+                bad.append(f"--{name}: --help's default {helped[1]!r}, the table's {want!r}")
     assert not bad, "\n".join(bad)
