@@ -116,8 +116,46 @@ func guard(rn *runner.Runner, methods []string, h handler, auth bool, limiter *R
 			writeJSON(w, bad.status, errBody(bad.error, bad.message))
 			return
 		}
-		writeJSON(w, out.Status, out.Body)
+		status, body := Render(out)
+		writeJSON(w, status, body)
 	}
+}
+
+// decode is the one way a POST body is read, in the order the checks are
+// promised: size (declared, then read) 413, JSON object 400, then "token" a
+// positive 64-bit integer 400. The operation's own fields are checked after.
+func decode(req *http.Request, limit int) (map[string]any, int64, *badRequest) {
+	body, bad := readBody(req, limit)
+	if bad != nil {
+		return nil, 0, bad
+	}
+	obj, bad := parse(body)
+	if bad != nil {
+		return nil, 0, bad
+	}
+	tok, bad := token(obj)
+	if bad != nil {
+		return nil, 0, bad
+	}
+	return obj, tok, nil
+}
+
+// statuses: each answer of the runner as HTTP (docs/sidecar.md's API section).
+var statuses = map[runner.Answer]int{runner.Done: 200, runner.NotYet: 503, runner.Unsettled: 503,
+	runner.Refused: 409, runner.BadInput: 400, runner.TooLarge: 413}
+
+// Render is the one place an operation's outcome becomes an HTTP status and
+// body: a protocol error answers with its own status (errs: stale 409,
+// unavailable 503, ...) and body; every other answer by statuses.
+func Render(o runner.Outcome) (int, pyjson.Obj) {
+	if o.Err != nil {
+		return o.Err.Status, o.Err.Body()
+	}
+	status, ok := statuses[o.Answer]
+	if !ok {
+		return 500, errBody("error", fmt.Sprintf("no HTTP status for answer %d", o.Answer))
+	}
+	return status, o.Body
 }
 
 func readBody(req *http.Request, limit int) ([]byte, *badRequest) {
@@ -181,15 +219,15 @@ func payload(obj map[string]any, limit int, key, what string) (any, *badRequest)
 func probeRoutes(mux routes, rn *runner.Runner) {
 	get := []string{"GET", "HEAD"}
 	mux["/healthz"] = guard(rn, get, func(*http.Request) (runner.Outcome, *badRequest) {
-		return runner.Outcome{Status: 200, Body: pyjson.Obj{{Key: "status", Value: "ok"}, {Key: "state", Value: string(rn.Current())}}}, nil
+		return runner.Outcome{Answer: runner.Done, Body: pyjson.Obj{{Key: "status", Value: "ok"}, {Key: "state", Value: string(rn.Current())}}}, nil
 	}, false, nil)
 	mux["/readyz"] = guard(rn, get, func(*http.Request) (runner.Outcome, *badRequest) {
 		ready := rn.Ready()
-		status := 503
+		answer := runner.NotYet
 		if ready {
-			status = 200
+			answer = runner.Done
 		}
-		return runner.Outcome{Status: status, Body: pyjson.Obj{{Key: "ready", Value: ready}, {Key: "state", Value: string(rn.PhaseNow())}}}, nil
+		return runner.Outcome{Answer: answer, Body: pyjson.Obj{{Key: "ready", Value: ready}, {Key: "state", Value: string(rn.PhaseNow())}}}, nil
 	}, false, nil)
 	mux["/metrics"] = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.Method != "GET" && req.Method != "HEAD" {
@@ -280,15 +318,7 @@ func Handler(rn *runner.Runner) http.Handler {
 		return rn.LeaseView(), nil
 	}, true, limiter)
 	mux["/v1/complete"] = guard(rn, []string{"POST"}, func(req *http.Request) (runner.Outcome, *badRequest) {
-		body, bad := readBody(req, bodyLimit)
-		if bad != nil {
-			return runner.Outcome{}, bad
-		}
-		obj, bad := parse(body)
-		if bad != nil {
-			return runner.Outcome{}, bad
-		}
-		tok, bad := token(obj)
+		obj, tok, bad := decode(req, bodyLimit)
 		if bad != nil {
 			return runner.Outcome{}, bad
 		}
@@ -299,15 +329,7 @@ func Handler(rn *runner.Runner) http.Handler {
 		return rn.Complete(tok, result), nil
 	}, true, limiter)
 	mux["/v1/checkpoint"] = guard(rn, []string{"POST"}, func(req *http.Request) (runner.Outcome, *badRequest) {
-		body, bad := readBody(req, bodyLimit)
-		if bad != nil {
-			return runner.Outcome{}, bad
-		}
-		obj, bad := parse(body)
-		if bad != nil {
-			return runner.Outcome{}, bad
-		}
-		tok, bad := token(obj)
+		obj, tok, bad := decode(req, bodyLimit)
 		if bad != nil {
 			return runner.Outcome{}, bad
 		}
@@ -321,15 +343,7 @@ func Handler(rn *runner.Runner) http.Handler {
 		return rn.Checkpoint(tok, data), nil
 	}, true, limiter)
 	mux["/v1/release"] = guard(rn, []string{"POST"}, func(req *http.Request) (runner.Outcome, *badRequest) {
-		body, bad := readBody(req, envelopeBytes)
-		if bad != nil {
-			return runner.Outcome{}, bad
-		}
-		obj, bad := parse(body)
-		if bad != nil {
-			return runner.Outcome{}, bad
-		}
-		tok, bad := token(obj)
+		_, tok, bad := decode(req, envelopeBytes)
 		if bad != nil {
 			return runner.Outcome{}, bad
 		}

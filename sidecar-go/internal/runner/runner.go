@@ -1,6 +1,7 @@
 // Package runner is the sidecar's life (joblease.sidecar.runner): claim with
 // backoff, hold, notice loss, act, shut down; and the operations the HTTP
-// API calls. Every API call asks Current, which re-checks a held lease
+// API calls, answered in the protocol's terms (Answer; package api alone
+// turns them into HTTP statuses). Every API call asks Current, which re-checks a held lease
 // against the monotonic clock synchronously before answering, so a sidecar
 // paused past its deadline answers "lost" on the first request after it
 // resumes. Loss is one-way: token files removed, the worker signalled (or the
@@ -40,10 +41,32 @@ const (
 	Stopping   Phase = "stopping"
 )
 
-// Outcome is what an API operation yields: an HTTP status and a JSON body.
+// Answer is what an operation's outcome means, in the protocol's terms; only
+// package api turns it into an HTTP status.
+type Answer int
+
+const (
+	// Done: what was asked is so (completed, checkpointed, released, held).
+	Done Answer = iota
+	// NotYet: nothing to answer with yet (still claiming, not ready); ask again.
+	NotYet
+	// Unsettled: etcd cannot say yet whether the operation took effect; retry it.
+	Unsettled
+	// Refused: the lease's state refuses it (stale token, lost, completed,
+	// released, completing, failed); the body says which.
+	Refused
+	// BadInput: the request is malformed; nothing was sent to etcd.
+	BadInput
+	// TooLarge: the request's payload is over its limit; nothing was sent.
+	TooLarge
+)
+
+// Outcome is what an API operation yields: its answer and JSON body, or a
+// protocol error (which carries its own body, exit code and HTTP status).
 type Outcome struct {
-	Status int
+	Answer Answer
 	Body   pyjson.Obj
+	Err    *errs.Error
 }
 
 // Runner owns the lease and the sidecar's phase.
@@ -272,7 +295,7 @@ func (r *Runner) completedLocked(lease *protocol.Lease, rec protocol.Result) Out
 		r.Metrics.Inc(r.Metrics.Completions)
 		r.log.Info("job completed", "job", lease.Job.String(), "token", lease.Token, "generation", lease.Generation)
 	}
-	return Outcome{200, rec.Dict()}
+	return answer(Done, rec.Dict())
 }
 
 // RequestStop asks the sidecar to shut down (SIGTERM, SIGINT, or exit on loss).
@@ -355,7 +378,7 @@ func (r *Runner) settle() *protocol.JobState {
 func (r *Runner) settledAnswer(token int64, st *protocol.JobState) Outcome {
 	r.mu.Lock()
 	if r.phase == Completed && r.result != nil {
-		o := Outcome{200, r.result.Dict()}
+		o := answer(Done, r.result.Dict())
 		r.mu.Unlock()
 		return o
 	}
@@ -395,8 +418,8 @@ func (r *Runner) stale(token int64, message string, current int64, known bool) O
 		cur = current
 	}
 	r.log.Warn("refused a stale token", "token", token, "currentToken", cur, "why", message)
-	return Outcome{409, pyjson.Obj{{Key: "error", Value: "stale"}, {Key: "message", Value: message},
-		{Key: "token", Value: token}, {Key: "currentToken", Value: cur}, {Key: "state", Value: string(r.PhaseNow())}}}
+	return answer(Refused, pyjson.Obj{{Key: "error", Value: "stale"}, {Key: "message", Value: message},
+		{Key: "token", Value: token}, {Key: "currentToken", Value: cur}, {Key: "state", Value: string(r.PhaseNow())}})
 }
 
 func (r *Runner) notCurrent(token int64, why string) Outcome {
@@ -418,19 +441,20 @@ func (r *Runner) notCurrent(token int64, why string) Outcome {
 	return r.stale(token, fmt.Sprintf("token %d is not current; %s", token, why), cur, true)
 }
 
+func answer(a Answer, body pyjson.Obj) Outcome { return Outcome{Answer: a, Body: body} }
+
 func errOutcome(err error) Outcome {
 	if e, ok := errs.As(err); ok {
-		return Outcome{e.Status, e.Body()}
+		return Outcome{Err: e}
 	}
-	return Outcome{500, pyjson.Obj{{Key: "error", Value: "error"}, {Key: "message", Value: err.Error()}}}
+	return Outcome{Err: errs.Generic(err.Error())}
 }
 
 func invalidOutcome(e *errs.Error) Outcome {
-	status := 400
 	if contains(e.Message, "too large") {
-		status = 413
+		return answer(TooLarge, e.Body())
 	}
-	return Outcome{status, e.Body()}
+	return answer(BadInput, e.Body())
 }
 
 func contains(s, sub string) bool { return len(sub) <= len(s) && (s == sub || indexOf(s, sub) >= 0) }
@@ -460,7 +484,7 @@ func (r *Runner) Complete(token int64, result any) Outcome {
 	phase := r.currentLocked()
 	lease := r.lease
 	if phase == Completed && lease != nil && lease.Token == token && r.result != nil {
-		o := Outcome{200, r.result.Dict()} // a retried completion
+		o := answer(Done, r.result.Dict()) // a retried completion
 		r.mu.Unlock()
 		return o
 	}
@@ -469,9 +493,9 @@ func (r *Runner) Complete(token int64, result any) Outcome {
 		if st := r.settle(); st != nil {
 			return r.settledAnswer(token, st)
 		}
-		return Outcome{503, pyjson.Obj{{Key: "error", Value: "unknown"}, {Key: "state", Value: string(phase)},
+		return answer(Unsettled, pyjson.Obj{{Key: "error", Value: "unknown"}, {Key: "state", Value: string(phase)},
 			{Key: "message", Value: fmt.Sprintf("the lease ended while the completion under token %d was in flight "+
-				"and etcd cannot say yet whether it committed; retry the same request", token)}}}
+				"and etcd cannot say yet whether it committed; retry the same request", token)}})
 	}
 	if phase != HeldPhase || lease == nil {
 		why := r.whyNotHeld(phase)
@@ -541,7 +565,7 @@ func (r *Runner) Checkpoint(token int64, data any) Outcome {
 	}
 	rec, err := lease.Checkpoint(r.ctx, data)
 	if err == nil {
-		return Outcome{200, rec.Dict()}
+		return answer(Done, rec.Dict())
 	}
 	e, _ := errs.As(err)
 	switch {
@@ -565,12 +589,12 @@ func (r *Runner) Release(token int64) Outcome {
 	lease := r.lease
 	if phase == Released && lease != nil && lease.Token == token {
 		r.mu.Unlock()
-		return Outcome{200, pyjson.Obj{{Key: "state", Value: "released"}, {Key: "token", Value: token}}}
+		return answer(Done, pyjson.Obj{{Key: "state", Value: "released"}, {Key: "token", Value: token}})
 	}
 	if phase == Completed && lease != nil && lease.Token == token && r.result != nil {
-		o := Outcome{409, pyjson.Obj{{Key: "error", Value: "completed"}, {Key: "token", Value: token},
+		o := answer(Refused, pyjson.Obj{{Key: "error", Value: "completed"}, {Key: "token", Value: token},
 			{Key: "state", Value: string(phase)}, {Key: "result", Value: r.result.Dict()},
-			{Key: "message", Value: fmt.Sprintf("the job was completed under token %d; there is nothing to release", token)}}}
+			{Key: "message", Value: fmt.Sprintf("the job was completed under token %d; there is nothing to release", token)}})
 		r.mu.Unlock()
 		return o
 	}
@@ -600,14 +624,14 @@ func (r *Runner) Release(token int64) Outcome {
 			return o
 		}
 		if r.currentLocked() == Released {
-			return Outcome{200, pyjson.Obj{{Key: "state", Value: "released"}, {Key: "token", Value: token}}}
+			return answer(Done, pyjson.Obj{{Key: "state", Value: "released"}, {Key: "token", Value: token}})
 		}
 		return errOutcome(err)
 	}
 	r.setPhase(Released)
 	r.dropTokenFiles()
 	r.log.Info("lease released by the worker", "token", token)
-	return Outcome{200, pyjson.Obj{{Key: "state", Value: "released"}, {Key: "token", Value: token}}}
+	return answer(Done, pyjson.Obj{{Key: "state", Value: "released"}, {Key: "token", Value: token}})
 }
 
 // LeaseView is GET /v1/lease: 200 only while the lease is held.
@@ -623,17 +647,17 @@ func (r *Runner) LeaseView() Outcome {
 	switch {
 	case phase == HeldPhase && lease != nil:
 		rem := float64(int64(lease.Remaining().Seconds()*1000+0.5)) / 1000
-		return Outcome{200, append(append(pyjson.Obj{}, base...), pyjson.KV{Key: "token", Value: lease.Token},
+		return answer(Done, append(append(pyjson.Obj{}, base...), pyjson.KV{Key: "token", Value: lease.Token},
 			pyjson.KV{Key: "generation", Value: lease.Generation}, pyjson.KV{Key: "ttl", Value: lease.TTL},
-			pyjson.KV{Key: "remainingSeconds", Value: rem}, pyjson.KV{Key: "checkpoint", Value: lease.CheckpointDict()})}
+			pyjson.KV{Key: "remainingSeconds", Value: rem}, pyjson.KV{Key: "checkpoint", Value: lease.CheckpointDict()}))
 	case phase == Claiming:
-		return Outcome{503, base}
+		return answer(NotYet, base)
 	case phase == Completing:
-		return Outcome{409, with(pyjson.Obj{{Key: "error", Value: "completing"}}, pyjson.KV{Key: "message",
-			Value: "the lease ended while a completion was in flight; the job's result decides whether it completed"})}
+		return answer(Refused, with(pyjson.Obj{{Key: "error", Value: "completing"}}, pyjson.KV{Key: "message",
+			Value: "the lease ended while a completion was in flight; the job's result decides whether it completed"}))
 	case phase == Lost:
-		return Outcome{409, with(pyjson.Obj{{Key: "error", Value: "lost"}},
-			pyjson.KV{Key: "message", Value: "the lease was lost: " + r.lostReason})}
+		return answer(Refused, with(pyjson.Obj{{Key: "error", Value: "lost"}},
+			pyjson.KV{Key: "message", Value: "the lease was lost: " + r.lostReason}))
 	case phase == Completed && r.completedBeforeClaim:
 		by := ""
 		var res any
@@ -641,16 +665,16 @@ func (r *Runner) LeaseView() Outcome {
 			by = fmt.Sprintf(" by %s under token %d", r.result.Owner, r.result.Token)
 			res = r.result.Dict()
 		}
-		return Outcome{409, with(pyjson.Obj{{Key: "error", Value: "completed"}},
+		return answer(Refused, with(pyjson.Obj{{Key: "error", Value: "completed"}},
 			pyjson.KV{Key: "message", Value: "the job was already completed" + by + "; nothing to do"},
-			pyjson.KV{Key: "result", Value: res}, pyjson.KV{Key: "exitCode", Value: 0})}
+			pyjson.KV{Key: "result", Value: res}, pyjson.KV{Key: "exitCode", Value: 0}))
 	case phase == Completed:
 		var res any
 		if r.result != nil {
 			res = r.result.Dict()
 		}
-		return Outcome{409, with(pyjson.Obj{{Key: "error", Value: "completed"}},
-			pyjson.KV{Key: "message", Value: "the job is completed"}, pyjson.KV{Key: "result", Value: res})}
+		return answer(Refused, with(pyjson.Obj{{Key: "error", Value: "completed"}},
+			pyjson.KV{Key: "message", Value: "the job is completed"}, pyjson.KV{Key: "result", Value: res}))
 	case phase == Failed && r.failure != nil:
 		// {**failure, **base}: base's keys win and failure's keep their place.
 		out := pyjson.Obj{}
@@ -659,10 +683,10 @@ func (r *Runner) LeaseView() Outcome {
 				out = append(out, kv)
 			}
 		}
-		return Outcome{409, append(out, base...)}
+		return answer(Refused, append(out, base...))
 	case phase == Released:
-		return Outcome{409, with(pyjson.Obj{{Key: "error", Value: "released"}},
-			pyjson.KV{Key: "message", Value: "the lease was released"})}
+		return answer(Refused, with(pyjson.Obj{{Key: "error", Value: "released"}},
+			pyjson.KV{Key: "message", Value: "the lease was released"}))
 	}
-	return Outcome{503, base}
+	return answer(NotYet, base)
 }
