@@ -90,14 +90,42 @@ def _defaults(command: click.Command) -> dict[str, Any]:
 
 
 def test_cli_etcd_defaults_are_etcd_configs() -> None:
+    """The CLI's etcd flags have no defaults of their own (None: not given) and no click
+    ``envvar=``: ``EtcdConfig.from_env`` reads the variables and the defaults, the one
+    path every component takes; ``--help`` shows the dataclass's defaults."""
     assert isinstance(cli_main, click.Group)
-    flags = _defaults(cli_main.commands["get"])
+    get = cli_main.commands["get"]
+    flags = _defaults(get)
+    assert all(flags[k] is None for k in ("endpoints", "root", "request_timeout", "user"))
+    assert not [p.name for p in get.params if getattr(p, "envvar", None)]
     etcd = EtcdConfig()
-    assert (tuple(flags["endpoints"].split(",")), flags["root"], flags["request_timeout"]) == (
-        etcd.endpoints, etcd.root, etcd.request_timeout)
+    help_text = " ".join(get.get_help(click.Context(get)).split())
+    for shown in (",".join(etcd.endpoints), etcd.root, str(etcd.request_timeout)):
+        assert f"default: {shown}" in help_text
     assert f"`--root` | `JOBLEASE_ROOT` | key prefix, default `{etcd.root}`" in (
         DOCS / "cli.md").read_text()
     assert EtcdConfig.from_env({}) == etcd
+
+
+def test_cli_reads_the_etcd_environment_through_etcd_config(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flags beat variables, variables beat defaults, and an empty variable is unset
+    (as in joblease.envvars), for the CLI exactly as for the operator and sidecar."""
+    from joblease.cli import make_config
+
+    none = dict.fromkeys(("ca_file", "cert_file", "key_file", "server_name", "user",
+                          "password_file"))
+    monkeypatch.setenv("JOBLEASE_ETCD_ENDPOINTS", "a:1,b:2")
+    monkeypatch.setenv("JOBLEASE_ROOT", "")
+    monkeypatch.setenv("JOBLEASE_ETCD_USERNAME", "")
+    config = make_config(endpoints=None, root=None, request_timeout=None, **none)
+    assert config == EtcdConfig(endpoints=("a:1", "b:2"))
+    assert config == EtcdConfig.from_env()
+    flagged = make_config(endpoints="c:3", root="/r", request_timeout=2.0, **none)
+    assert (flagged.endpoints, flagged.root, flagged.request_timeout) == (("c:3",), "/r", 2.0)
+    monkeypatch.setenv("JOBLEASE_ETCD_ENDPOINTS", " ")
+    assert make_config(endpoints=None, root=None, request_timeout=None,
+                       **none).endpoints == EtcdConfig().endpoints
 
 
 def _operator_table() -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Iterable
@@ -19,14 +20,20 @@ from typing import Any, TypeVar
 import click
 
 from joblease.client import JobLeaseClient
-from joblease.errors import CorruptRecordError, InvalidInputError, JobLeaseError
+from joblease.envvars import read_str
+from joblease.errors import (
+    CorruptRecordError,
+    InvalidInputError,
+    JobLeaseError,
+    NotRegisteredError,
+    StoreUnavailableError,
+)
 from joblease.etcd_store import (
-    DEFAULT_ENDPOINT,
     EtcdConfig,
     parse_endpoints,
     read_password_file,
 )
-from joblease.keys import JobRef
+from joblease.keys import DEFAULT_NAMESPACE, JobRef
 from joblease.lease import LeaseState
 from joblease.records import JobSpec, JobState, Phase
 
@@ -36,26 +43,36 @@ _ETCD_DEFAULTS = EtcdConfig()
 
 
 def etcd_options(fn: F) -> F:
-    """The etcd connection options shared by every verb that talks to etcd."""
+    """The etcd connection options shared by every verb that talks to etcd.
+
+    No click ``envvar=`` and no click defaults: a flag not given is ``None`` and
+    :meth:`EtcdConfig.from_env` reads the ``JOBLEASE_ETCD_*`` variables and falls back
+    to the dataclass defaults, the one path every component uses (an empty variable
+    counts as unset there, as in :mod:`joblease.envvars`). ``--help`` shows the
+    dataclass defaults."""
     options = [
-        click.option("--endpoints", envvar="JOBLEASE_ETCD_ENDPOINTS", default=DEFAULT_ENDPOINT,
-                     show_default=True, help="Comma-separated etcd endpoints."),
-        click.option("--ca-file", envvar="JOBLEASE_ETCD_CA_FILE", help="CA bundle (enables TLS)."),
-        click.option("--cert-file", envvar="JOBLEASE_ETCD_CERT_FILE",
-                     help="Client certificate (mutual TLS)."),
-        click.option("--key-file", envvar="JOBLEASE_ETCD_KEY_FILE",
-                     help="Client key (mutual TLS)."),
-        click.option("--server-name", envvar="JOBLEASE_ETCD_SERVER_NAME",
-                     help="TLS server name override."),
-        click.option("--user", envvar="JOBLEASE_ETCD_USERNAME", help="etcd user name."),
-        click.option("--password-file", envvar="JOBLEASE_ETCD_PASSWORD_FILE",
+        click.option("--endpoints", default=None,
+                     help="Comma-separated etcd endpoints [JOBLEASE_ETCD_ENDPOINTS; "
+                          f"default: {','.join(_ETCD_DEFAULTS.endpoints)}]."),
+        click.option("--ca-file", default=None,
+                     help="CA bundle (enables TLS) [JOBLEASE_ETCD_CA_FILE]."),
+        click.option("--cert-file", default=None,
+                     help="Client certificate (mutual TLS) [JOBLEASE_ETCD_CERT_FILE]."),
+        click.option("--key-file", default=None,
+                     help="Client key (mutual TLS) [JOBLEASE_ETCD_KEY_FILE]."),
+        click.option("--server-name", default=None,
+                     help="TLS server name override [JOBLEASE_ETCD_SERVER_NAME]."),
+        click.option("--user", default=None, help="etcd user name [JOBLEASE_ETCD_USERNAME]."),
+        click.option("--password-file", default=None,
                      type=click.Path(exists=True, dir_okay=False),
-                     help="File holding the etcd password (JOBLEASE_ETCD_PASSWORD also works)."),
-        click.option("--root", envvar="JOBLEASE_ROOT", default=_ETCD_DEFAULTS.root,
-                     show_default=True, help="Key prefix under which jobs live."),
-        click.option("--timeout", "request_timeout", type=float,
-                     default=_ETCD_DEFAULTS.request_timeout, show_default=True,
-                     help="Per-request timeout in seconds."),
+                     help="File holding the etcd password [JOBLEASE_ETCD_PASSWORD_FILE; "
+                          "JOBLEASE_ETCD_PASSWORD also works]."),
+        click.option("--root", default=None,
+                     help=f"Key prefix under which jobs live [JOBLEASE_ROOT; "
+                          f"default: {_ETCD_DEFAULTS.root}]."),
+        click.option("--timeout", "request_timeout", type=float, default=None,
+                     help="Per-request timeout in seconds "
+                          f"[default: {_ETCD_DEFAULTS.request_timeout}]."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -67,16 +84,17 @@ def output_option(fn: F) -> F:
                         default="table", show_default=True, help="Output format.")(fn)
 
 
-def make_config(endpoints: str, ca_file: str | None, cert_file: str | None,
+def make_config(endpoints: str | None, ca_file: str | None, cert_file: str | None,
                 key_file: str | None, server_name: str | None, user: str | None,
-                password_file: str | None, root: str, request_timeout: float) -> EtcdConfig:
-    """The options (click already folded in their environment variables) as
-    overrides of ``EtcdConfig.from_env``, which reads the rest (the password)
-    the way every other component does. A password file given as an option
-    wins over a password in the environment."""
+                password_file: str | None, root: str | None,
+                request_timeout: float | None) -> EtcdConfig:
+    """The flags given (``None``: not given) as overrides of ``EtcdConfig.from_env``,
+    which reads the environment and the defaults the way every other component does.
+    A password file given as a flag wins over a password in the environment."""
     return EtcdConfig.from_env(
-        endpoints=parse_endpoints(endpoints), ca_file=ca_file, cert_file=cert_file,
-        key_file=key_file, server_name=server_name, username=user,
+        endpoints=parse_endpoints(endpoints) if endpoints is not None else None,
+        ca_file=ca_file, cert_file=cert_file, key_file=key_file, server_name=server_name,
+        username=user,
         password=(read_password_file(password_file) or None) if password_file else None,
         root=root, request_timeout=request_timeout)
 
@@ -136,13 +154,21 @@ def state_rows(states: list[dict[str, Any]]) -> Iterable[list[Any]]:
 
 
 def job_argument(fn: F) -> F:
-    fn = click.option("-n", "--namespace", default="default", show_default=True,
-                      envvar="JOBLEASE_JOB_NAMESPACE", help="The job's namespace.")(fn)
+    fn = click.option("-n", "--namespace", default=None,
+                      help=f"The job's namespace [{NAMESPACE_VARIABLE}; "
+                           f"default: {DEFAULT_NAMESPACE}].")(fn)
     return click.argument("job")(fn)
 
 
-def job_ref(job: str, namespace: str) -> JobRef:
-    ref = JobRef.parse(job, namespace)
+#: Where the job's namespace comes from when ``-n`` is not given (a pod's own namespace).
+NAMESPACE_VARIABLE = "JOBLEASE_JOB_NAMESPACE"
+
+
+def job_ref(job: str, namespace: str | None) -> JobRef:
+    """``-n`` if given, else ``JOBLEASE_JOB_NAMESPACE`` (read as joblease.envvars reads
+    every variable: empty is unset), else the default namespace."""
+    ref = JobRef.parse(job, namespace or read_str(os.environ, NAMESPACE_VARIABLE)
+                       or DEFAULT_NAMESPACE)
     from joblease import validation
 
     try:
@@ -171,7 +197,7 @@ def main() -> None:
 @click.option("--parameters", default="{}", help="The job's input as a JSON object.")
 @etcd_options
 @output_option
-def register(job: str, namespace: str, lease_duration_seconds: int, max_attempts: int,
+def register(job: str, namespace: str | None, lease_duration_seconds: int, max_attempts: int,
              parameters: str, output: str, **kw: Any) -> None:
     """Register JOB in etcd (what the operator does for each JobLease)."""
     config, ref = split_etcd(kw), job_ref(job, namespace)
@@ -196,7 +222,7 @@ def register(job: str, namespace: str, lease_duration_seconds: int, max_attempts
 @job_argument
 @etcd_options
 @output_option
-def unregister(job: str, namespace: str, output: str, **kw: Any) -> None:
+def unregister(job: str, namespace: str | None, output: str, **kw: Any) -> None:
     """Remove JOB's keys from etcd; a live holder loses it at its next check."""
     config, ref = split_etcd(kw), job_ref(job, namespace)
 
@@ -295,7 +321,7 @@ def _on_behalf(verb: str) -> Callable[[F], F]:
 @click.option("--result", default="null", help="The result as JSON.")
 @etcd_options
 @output_option
-def complete(job: str, namespace: str, owner: str, token: int, result: str, output: str,
+def complete(job: str, namespace: str | None, owner: str, token: int, result: str, output: str,
              **kw: Any) -> None:
     """Complete JOB under OWNER's claim with TOKEN (same condition as the holder's)."""
     config, ref = split_etcd(kw), job_ref(job, namespace)
@@ -322,7 +348,7 @@ def complete(job: str, namespace: str, owner: str, token: int, result: str, outp
 @click.option("--data", required=True, help="The checkpoint as JSON.")
 @etcd_options
 @output_option
-def checkpoint(job: str, namespace: str, owner: str, token: int, data: str, output: str,
+def checkpoint(job: str, namespace: str | None, owner: str, token: int, data: str, output: str,
                **kw: Any) -> None:
     """Store DATA as JOB's checkpoint under OWNER's claim with TOKEN (refused as
     stale, exit 7, unless that claim holds the job now)."""
@@ -349,7 +375,8 @@ def checkpoint(job: str, namespace: str, owner: str, token: int, data: str, outp
 @_on_behalf("release")
 @etcd_options
 @output_option
-def release(job: str, namespace: str, owner: str, token: int, output: str, **kw: Any) -> None:
+def release(job: str, namespace: str | None, owner: str, token: int, output: str,
+            **kw: Any) -> None:
     """Release JOB held by OWNER with TOKEN; it becomes claimable at once."""
     config, ref = split_etcd(kw), job_ref(job, namespace)
 
@@ -403,7 +430,7 @@ def run_(job: str, namespace: str, owner: str | None, wait_seconds: float, grace
 @job_argument
 @etcd_options
 @output_option
-def get(job: str, namespace: str, output: str, **kw: Any) -> None:
+def get(job: str, namespace: str | None, output: str, **kw: Any) -> None:
     """Show JOB's state as etcd holds it (exit 3 if it is not registered, 14 if a
     stored record of it cannot be decoded: what did decode is shown)."""
     config, ref = split_etcd(kw), job_ref(job, namespace)
@@ -414,8 +441,9 @@ def get(job: str, namespace: str, output: str, **kw: Any) -> None:
 
     state = run(go())
     if state.phase is Phase.NOT_REGISTERED:
-        click.echo(f"joblease: not_found: job {ref} is not registered", err=True)
-        sys.exit(3)
+        click.echo(f"joblease: {NotRegisteredError.reason}: job {ref} is not registered",
+                   err=True)
+        sys.exit(NotRegisteredError.exit_code)
     emit(state.to_dict(), output, lambda d: state_rows([d]), STATE_HEADERS)
     if output == "table" and state.checkpoint is not None:
         cp = state.checkpoint
@@ -478,9 +506,9 @@ def dev(members: int) -> None:
     try:
         cluster.start()
     except Exception as e:
-        click.echo(f"joblease: unavailable: {e}", err=True)
+        click.echo(f"joblease: {StoreUnavailableError.reason}: {e}", err=True)
         cluster.stop()
-        sys.exit(10)
+        sys.exit(StoreUnavailableError.exit_code)
     endpoints = ",".join(cluster.endpoints)
     click.echo(f"etcd is ready: export JOBLEASE_ETCD_ENDPOINTS={endpoints}")
     click.echo(f"data dir {cluster.base_dir} (removed on exit); Ctrl-C to stop", err=True)

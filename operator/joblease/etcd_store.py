@@ -23,7 +23,7 @@ import grpc
 import grpc.aio
 
 from joblease._etcdpb import kv_pb2, rpc_pb2, rpc_pb2_grpc
-from joblease.envvars import split_list
+from joblease.envvars import read_list, read_str, split_list
 from joblease.errors import (
     CompactedError,
     InvalidInputError,
@@ -130,18 +130,20 @@ class EtcdConfig:
         neither sets keeps the dataclass default."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        if "JOBLEASE_ETCD_ENDPOINTS" in env:
-            values["endpoints"] = parse_endpoints(env["JOBLEASE_ETCD_ENDPOINTS"])
-        for attr, variable in _ENV_STRINGS.items():
-            if env.get(variable):
-                values[attr] = env[variable]
-        password = env.get("JOBLEASE_ETCD_PASSWORD")
-        if not password and env.get("JOBLEASE_ETCD_PASSWORD_FILE"):
-            password = read_password_file(env["JOBLEASE_ETCD_PASSWORD_FILE"])
-        if password:
+        # joblease.envvars' readers: an empty variable counts as unset, as everywhere.
+        endpoints = read_list(env, "JOBLEASE_ETCD_ENDPOINTS")
+        if endpoints is not None:
+            values["endpoints"] = endpoints
+        for attr, variable in (*_ENV_STRINGS.items(), ("root", "JOBLEASE_ROOT")):
+            text = read_str(env, variable)
+            if text is not None:
+                values[attr] = text
+        password = read_str(env, "JOBLEASE_ETCD_PASSWORD")
+        password_file = read_str(env, "JOBLEASE_ETCD_PASSWORD_FILE")
+        if password is None and password_file is not None:
+            password = read_password_file(password_file) or None
+        if password is not None:
             values["password"] = password
-        if "JOBLEASE_ROOT" in env:
-            values["root"] = env["JOBLEASE_ROOT"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -318,6 +320,20 @@ class EtcdStore:
         used = dict(metadata).get("token")
         if used is not None and used == self._token:
             self._token = None
+
+    async def auth_call(self, method: str, request: Any, *, write: bool = True,
+                        authenticate: bool = True) -> Any:
+        """One call of etcd's Auth service (``method`` names the RPC, e.g. ``UserAdd``),
+        with this store's failover, credentials and error mapping: the way
+        :class:`joblease.tenancy.EtcdAuthAdmin` reaches the Auth API without reaching
+        into the store. A mutation whose answer is lost raises OutcomeUnknownError."""
+        timeout = self.config.request_timeout
+
+        async def call(stubs: Any, metadata: Any) -> Any:
+            return await getattr(stubs.auth, method)(request, timeout=timeout,
+                                                     metadata=metadata)
+
+        return await self._call_raw(call, write=write, authenticate=authenticate)
 
     async def _call_raw(self, fn: Any, *, write: bool, authenticate: bool = True) -> Any:
         """Run ``fn(stubs, metadata)`` with failover; map gRPC errors to ours.

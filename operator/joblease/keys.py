@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_ROOT = "/joblease/v1"
+#: The namespace of a job named without one (``name`` rather than ``ns/name``).
+DEFAULT_NAMESPACE = "default"
 
 
 @dataclass(frozen=True, order=True)
@@ -32,7 +34,7 @@ class JobRef:
         return f"{self.namespace}/{self.name}"
 
     @classmethod
-    def parse(cls, text: str, default_namespace: str = "default") -> JobRef:
+    def parse(cls, text: str, default_namespace: str = DEFAULT_NAMESPACE) -> JobRef:
         """``ns/name`` or ``name`` (in ``default_namespace``)."""
         if "/" in text:
             ns, _, name = text.partition("/")

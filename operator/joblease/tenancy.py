@@ -134,13 +134,8 @@ class EtcdAuthAdmin:
 
     async def _call(self, method: str, request: Any, *, write: bool = True,
                     authenticate: bool = True) -> Any:
-        timeout = self.store.config.request_timeout
-
-        async def call(stubs: Any, metadata: Any) -> Any:
-            fn = getattr(stubs.auth, method)
-            return await fn(request, timeout=timeout, metadata=metadata)
-
-        return await self.store._call_raw(call, write=write, authenticate=authenticate)
+        return await self.store.auth_call(method, request, write=write,
+                                          authenticate=authenticate)
 
     # -- status and switches -----------------------------------------------------------------
 

@@ -307,8 +307,11 @@ async def run_operator(config: OperatorConfig) -> None:
     # -- always-on parts: every replica, leader or not ----------------------------------
     # The webhook first, independent of kopf and etcd: every replica answers admissions.
     # Start each always-on part here (the probes just below) and stop it on the way out.
+    # The operator builds the etcd store itself (typed: the tenant manager needs its
+    # Auth API) and lends it to the client, which closes it.
+    store = EtcdStore(etcd)
     async with serve_webhook(config.webhook, kube_lookup(kube.get)), \
-            JobLeaseClient(etcd) as client:
+            JobLeaseClient(etcd, store=store) as client:
         runner = await _serve_probes(config, metrics, client, replica)
         log.info("joblease operator %s: etcd %s root %s, %s%s", identity,
                  ",".join(etcd.endpoints), etcd.root,
@@ -320,7 +323,7 @@ async def run_operator(config: OperatorConfig) -> None:
                 log.warning("leader election disabled: this process is active whatever "
                             "other replicas do")
                 metrics.leader.set(1)
-                await _run_active(config, settings, client, kube, credentials, metrics,
+                await _run_active(config, settings, client, store, kube, credentials, metrics,
                                   identity, replica, stop, None)
                 return
             # POD_ID (the chart sets it to the pod's name) names the pod, not the process:
@@ -342,7 +345,7 @@ async def run_operator(config: OperatorConfig) -> None:
             leadership = campaign.result()
             metrics.leader.set(1)
             try:
-                await _run_active(config, settings, client, kube, credentials, metrics,
+                await _run_active(config, settings, client, store, kube, credentials, metrics,
                                   identity, replica, stop, leadership)
             finally:
                 metrics.leader.set(0)
@@ -382,7 +385,7 @@ async def _serve_probes(config: OperatorConfig, metrics: OperatorMetrics,
 
 
 async def _run_active(config: OperatorConfig, settings: kopf.OperatorSettings,
-                      client: JobLeaseClient, kube: KubeApi,
+                      client: JobLeaseClient, store: EtcdStore, kube: KubeApi,
                       credentials: Callable[[], kopf.ConnectionInfo], metrics: OperatorMetrics,
                       identity: Identity, replica: _Replica, stop: asyncio.Event,
                       leadership: Leadership | None) -> None:
@@ -394,11 +397,9 @@ async def _run_active(config: OperatorConfig, settings: kopf.OperatorSettings,
     tenants = None
     tasks: list[asyncio.Task[Any]] = []
     if config.tenant_credentials:
-        if not isinstance(client.store, EtcdStore):
-            raise TypeError("tenant credentials need the etcd store")
-        tenants = TenantManager(client.store, etcd.root, kube,
+        tenants = TenantManager(store, etcd.root, kube,
                                 resync_interval=config.tenant_resync_interval)
-        await warn_if_auth_disabled(client.store)
+        await warn_if_auth_disabled(store)
         tasks.append(asyncio.create_task(supervise(tenants), name="joblease-tenants"))
     registry = build_registry(client, mirror, credentials, tenants, leadership)
     ready_flag, stop_flag = asyncio.Event(), asyncio.Event()
