@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
+from joblease import validation
 from joblease.client import JobLeaseClient
 from joblease.errors import CorruptRecordError, InvalidInputError, JobLeaseError
 from joblease.etcd_store import (
@@ -143,12 +144,21 @@ def job_argument(fn: F) -> F:
 
 def job_ref(job: str, namespace: str) -> JobRef:
     ref = JobRef.parse(job, namespace)
-    from joblease import validation
-
     try:
         return validation.job_ref(ref)
     except InvalidInputError as e:
         click.echo(f"joblease: invalid: {e}", err=True)
+        sys.exit(e.exit_code)
+
+
+def _json_option(text: str, option: str, what: str, limit: int) -> Any:
+    """A result or checkpoint given as JSON on the command line, checked before
+    anything is sent (docs/protocol.md, "Stored values"); else one stderr line
+    and the bad-input exit code."""
+    try:
+        return validation.json_text(text, what, limit)
+    except InvalidInputError as e:
+        click.echo(f"joblease: invalid: {option}: {e}", err=True)
         sys.exit(e.exit_code)
 
 
@@ -299,11 +309,7 @@ def complete(job: str, namespace: str, owner: str, token: int, result: str, outp
              **kw: Any) -> None:
     """Complete JOB under OWNER's claim with TOKEN (same condition as the holder's)."""
     config, ref = split_etcd(kw), job_ref(job, namespace)
-    try:
-        value = json.loads(result)
-    except (ValueError, RecursionError) as e:
-        click.echo(f"joblease: invalid: --result is not JSON ({e})", err=True)
-        sys.exit(InvalidInputError.exit_code)
+    value = _json_option(result, "--result", "result", validation.MAX_RESULT_BYTES)
 
     async def go() -> dict[str, Any]:
         async with JobLeaseClient(config) as c:
@@ -327,11 +333,7 @@ def checkpoint(job: str, namespace: str, owner: str, token: int, data: str, outp
     """Store DATA as JOB's checkpoint under OWNER's claim with TOKEN (refused as
     stale, exit 7, unless that claim holds the job now)."""
     config, ref = split_etcd(kw), job_ref(job, namespace)
-    try:
-        value = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        click.echo(f"joblease: invalid: --data is not JSON ({e})", err=True)
-        sys.exit(InvalidInputError.exit_code)
+    value = _json_option(data, "--data", "checkpoint", validation.MAX_CHECKPOINT_BYTES)
 
     async def go() -> dict[str, Any]:
         async with JobLeaseClient(config) as c:
