@@ -51,8 +51,8 @@ def _loads_object(data: bytes) -> dict[str, Any]:
     answer with as UTF-8 (docs/protocol.md, "Stored values")."""
     record_depth = validation.MAX_JSON_DEPTH + 1
     if validation.json_text_depth(data) > record_depth:
-        raise ValueError(f"nested deeper than {record_depth} levels of arrays and objects "
-                         "(the record's own object included)")
+        raise ValueError(f"a value in it is nested deeper than {validation.MAX_JSON_DEPTH} "
+                         "levels of arrays and objects")
     obj = json.loads(data)
     if not isinstance(obj, dict):
         raise TypeError(f"expected a JSON object, got {type(obj).__name__}")
