@@ -243,7 +243,7 @@ func object(record string, data []byte) (map[string]any, error) {
 		}
 		var rule *pyjson.RuleError
 		if errors.As(err, &rule) {
-			return nil, errs.Corrupt(record, "ValueError: "+rule.Msg+" (the record's own object included)")
+			return nil, errs.Corrupt(record, "ValueError: "+rule.Msg)
 		}
 		return nil, errs.Corrupt(record, "TypeError: "+err.Error())
 	}

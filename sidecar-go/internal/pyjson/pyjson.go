@@ -40,7 +40,7 @@ type KV struct {
 // it refuses, as a *RuleError, text nested deeper than MaxDepth+1 or holding
 // a lone surrogate (Check): no joblease writer stores such a value.
 func Decode(data []byte) (any, error) {
-	if err := Check(data, MaxDepth+1); err != nil {
+	if err := check(data, MaxDepth+1, true); err != nil {
 		return nil, err
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))

@@ -26,7 +26,12 @@ func (e *RuleError) Error() string { return e.Msg }
 // disagree on the value: it is refused on both. A valid pair
 // (`\ud83d\ude80`) is one character and fine. Syntax errors are left to the
 // decoder.
-func Check(data []byte, maxDepth int) error {
+func Check(data []byte, maxDepth int) error { return check(data, maxDepth, false) }
+
+// check is Check; with outer, the text is one object around the values the
+// rule is about (a record, a request body), and a depth error says so in the
+// values' terms (maxDepth-1 levels inside it).
+func check(data []byte, maxDepth int, outer bool) error {
 	depth := 0
 	for i := 0; i < len(data); i++ {
 		c := data[i]
@@ -34,6 +39,9 @@ func Check(data []byte, maxDepth int) error {
 		case c == '[' || c == '{':
 			depth++
 			if depth > maxDepth {
+				if outer {
+					return &RuleError{fmt.Sprintf("a value in it is nested deeper than %d levels of arrays and objects", maxDepth-1)}
+				}
 				return &RuleError{fmt.Sprintf("nested deeper than %d levels of arrays and objects", maxDepth)}
 			}
 		case c == ']' || c == '}':
