@@ -25,6 +25,7 @@ from joblease.errors import CorruptRecordError, InvalidInputError
 from joblease.keys import KeySpace
 from joblease.records import CheckpointRecord, Holder, ResultRecord
 from joblease.store import KeyValue
+from tests.support.value_vectors import VALUES, value_text, values
 
 HERE = Path(__file__).resolve().parent
 RECORDS: dict[str, list[dict[str, Any]]] = json.loads((HERE / "records.json").read_text())
@@ -299,21 +300,8 @@ async def test_the_client_stores_the_vectors_bytes(client: JobLeaseClient) -> No
 
 # -- what a result or checkpoint may be (values.json; docs/protocol.md#stored-values) --------
 
-VALUES: dict[str, Any] = json.loads((HERE / "values.json").read_text())
-
-
-def value_text(v: dict[str, Any]) -> bytes:
-    """The value's JSON text exactly as a writer is given it (values.json's README)."""
-    if "json_base64" in v:
-        return base64.b64decode(v["json_base64"])
-    if "json_parts" in v:
-        return "".join(text * count for text, count in v["json_parts"]).encode("utf-8")
-    text: str = v["json"]
-    return text.encode("utf-8")
-
-
 def _values(*verdicts: str) -> list[Any]:
-    return [pytest.param(v, id=v["name"]) for v in VALUES["values"] if v["verdict"] in verdicts]
+    return [pytest.param(v, id=v["name"]) for v in values(*verdicts)]
 
 
 def _record_around(record: str, text: bytes) -> bytes:
