@@ -1,7 +1,10 @@
 """Input checks that run before anything is written.
 
 Limits are chosen well under etcd's 1.5 MiB request limit and match the CRD's
-schema, so a value the API server accepts is one the protocol accepts.
+schema where OpenAPI can express them. What a result, checkpoint or
+parameters value may be is one rule (docs/protocol.md#stored-values), checked
+here for every Python writer and by ``records`` for every reader, and the same
+in the Go sidecar (shared vectors: tests/vectors/values.json).
 """
 
 from __future__ import annotations
