@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import click
 
+from joblease import validation
 from joblease.client import JobLeaseClient
 from joblease.envvars import read_str
 from joblease.errors import (
@@ -169,12 +170,21 @@ def job_ref(job: str, namespace: str | None) -> JobRef:
     every variable: empty is unset), else the default namespace."""
     ref = JobRef.parse(job, namespace or read_str(os.environ, NAMESPACE_VARIABLE)
                        or DEFAULT_NAMESPACE)
-    from joblease import validation
-
     try:
         return validation.job_ref(ref)
     except InvalidInputError as e:
         click.echo(f"joblease: invalid: {e}", err=True)
+        sys.exit(e.exit_code)
+
+
+def _json_option(text: str, option: str, what: str, limit: int) -> Any:
+    """A result or checkpoint given as JSON on the command line, checked before
+    anything is sent (docs/protocol.md, "Stored values"); else one stderr line
+    and the bad-input exit code."""
+    try:
+        return validation.json_text(text, what, limit)
+    except InvalidInputError as e:
+        click.echo(f"joblease: invalid: {option}: {e}", err=True)
         sys.exit(e.exit_code)
 
 
@@ -325,11 +335,7 @@ def complete(job: str, namespace: str | None, owner: str, token: int, result: st
              **kw: Any) -> None:
     """Complete JOB under OWNER's claim with TOKEN (same condition as the holder's)."""
     config, ref = split_etcd(kw), job_ref(job, namespace)
-    try:
-        value = json.loads(result)
-    except (ValueError, RecursionError) as e:
-        click.echo(f"joblease: invalid: --result is not JSON ({e})", err=True)
-        sys.exit(InvalidInputError.exit_code)
+    value = _json_option(result, "--result", "result", validation.MAX_RESULT_BYTES)
 
     async def go() -> dict[str, Any]:
         async with JobLeaseClient(config) as c:
@@ -353,11 +359,7 @@ def checkpoint(job: str, namespace: str | None, owner: str, token: int, data: st
     """Store DATA as JOB's checkpoint under OWNER's claim with TOKEN (refused as
     stale, exit 7, unless that claim holds the job now)."""
     config, ref = split_etcd(kw), job_ref(job, namespace)
-    try:
-        value = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        click.echo(f"joblease: invalid: --data is not JSON ({e})", err=True)
-        sys.exit(InvalidInputError.exit_code)
+    value = _json_option(data, "--data", "checkpoint", validation.MAX_CHECKPOINT_BYTES)
 
     async def go() -> dict[str, Any]:
         async with JobLeaseClient(config) as c:

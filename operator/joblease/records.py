@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from joblease import validation
 from joblease.errors import CorruptRecordError
 from joblease.keys import JobRef
 
@@ -43,10 +44,35 @@ def decoding(record: str) -> Iterator[None]:
 
 
 def _loads_object(data: bytes) -> dict[str, Any]:
+    """A stored record's JSON object, refused (ValueError, so the record is
+    ``Corrupt`` with that reason) where no writer may have put it: nested
+    deeper than the record around a value of ``MAX_JSON_DEPTH``, or holding a
+    lone surrogate, escaped (``\\ud800``) or raw, which no reader could
+    answer with as UTF-8 (docs/protocol.md, "Stored values")."""
+    record_depth = validation.MAX_JSON_DEPTH + 1
+    if validation.json_text_depth(data) > record_depth:
+        raise ValueError(f"a value in it is nested deeper than {validation.MAX_JSON_DEPTH} "
+                         "levels of arrays and objects")
     obj = json.loads(data)
     if not isinstance(obj, dict):
         raise TypeError(f"expected a JSON object, got {type(obj).__name__}")
+    if b"\\u" in data or b"\xed" in data:  # else no surrogate can be there
+        problem = validation.json_value_problem(obj, record_depth)
+        if problem is not None:
+            raise ValueError(problem)
     return obj
+
+
+def _within_limit(value: Any, data: bytes, what: str, limit: int) -> Any:
+    """``value``, a result or checkpoint read back, unless its canonical
+    encoding is over ``limit``: a stored value no writer may have written."""
+    # Escaping at most sextuples a byte (a raw control character becomes
+    # \u0001), so a record under a sixth of the limit cannot hold a value over it.
+    if 6 * len(data) > limit:
+        size = len(json.dumps(value, separators=(",", ":"), sort_keys=True).encode())
+        if size > limit:
+            raise ValueError(f"{what} is {size} bytes of JSON, the limit is {limit} bytes")
+    return value
 
 
 def _typed(obj: dict[str, Any], key: str, kind: Callable[[Any], Any], *types: type) -> Any:
@@ -143,7 +169,9 @@ class ResultRecord:
             return cls(
                 owner=_typed(obj, "owner", str, str), claim_id=_typed(obj, "claimId", str, str),
                 token=_typed(obj, "token", int, int),
-                generation=_typed(obj, "generation", int, int), result=obj.get("result"),
+                generation=_typed(obj, "generation", int, int),
+                result=_within_limit(obj.get("result"), data, "result",
+                                     validation.MAX_RESULT_BYTES),
                 completed_at=(_typed(obj, "completedAt", float, int, float)
                               if "completedAt" in obj else 0.0),
                 revision=revision,
@@ -184,7 +212,9 @@ class CheckpointRecord:
             return cls(
                 owner=_typed(obj, "owner", str, str), claim_id=_typed(obj, "claimId", str, str),
                 token=_typed(obj, "token", int, int),
-                generation=_typed(obj, "generation", int, int), data=obj.get("data"),
+                generation=_typed(obj, "generation", int, int),
+                data=_within_limit(obj.get("data"), data, "checkpoint",
+                                   validation.MAX_CHECKPOINT_BYTES),
                 checkpointed_at=(_typed(obj, "checkpointedAt", float, int, float)
                                  if "checkpointedAt" in obj else 0.0),
                 revision=revision,

@@ -207,10 +207,7 @@ def _read_result_file(path: Path) -> Any:
     if len(data) > validation.MAX_RESULT_BYTES:
         raise InvalidInputError(f"result file {path} is larger than "
                                 f"{validation.MAX_RESULT_BYTES} bytes")
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as e:
-        raise InvalidInputError(f"result file {path} is not JSON: {e}") from e
+    return validation.json_text(data, f"result file {path}", validation.MAX_RESULT_BYTES)
 
 
 class Runner:

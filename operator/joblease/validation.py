@@ -1,7 +1,10 @@
 """Input checks that run before anything is written.
 
 Limits are chosen well under etcd's 1.5 MiB request limit and match the CRD's
-schema, so a value the API server accepts is one the protocol accepts.
+schema where OpenAPI can express them. What a result, checkpoint or
+parameters value may be is one rule (docs/protocol.md#stored-values), checked
+here for every Python writer and by ``records`` for every reader, and the same
+in the Go sidecar (shared vectors: tests/vectors/values.json).
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ MAX_RESULT_BYTES = 64 * 1024
 #: A checkpoint has the result's limit (it lands in the same kind of status field).
 MAX_CHECKPOINT_BYTES = MAX_RESULT_BYTES
 MAX_PARAMETERS_BYTES = 64 * 1024
+#: The deepest nesting a result, checkpoint or parameters value may have: a
+#: scalar is depth 0, each array or object around it adds one. Far under
+#: Python's recursion limit (json.loads fails near 1000) and Go's (10000),
+#: so every reader can decode whatever a writer may store.
+MAX_JSON_DEPTH = 64
 MAX_OWNER_LENGTH = 253
 
 # RFC 1123 DNS subdomain for names (Kubernetes object names), label for namespaces.
@@ -104,10 +112,71 @@ def token(value: object) -> int:
     return value
 
 
+# A JSON string token (escapes skipped whole) or one bracket: brackets inside
+# strings are not nesting. The unrolled loop never backtracks.
+_JSON_NESTING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_text_depth(data: bytes) -> int:
+    """The deepest nesting of the JSON text ``data``, counted without parsing
+    it (so a value nested far too deep is measured, not a RecursionError).
+    Exact whenever it exceeds :data:`MAX_JSON_DEPTH`; text with too few
+    brackets to exceed it is not scanned and reads as 0."""
+    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
+        return 0  # cannot be deeper than the limit: the common case, no scan
+    depth = deepest = 0
+    for m in _JSON_NESTING.finditer(data):
+        c = m.group()
+        if c in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in (b"]", b"}"):
+            depth -= 1
+    return deepest
+
+
+def json_value_problem(value: Any, depth_limit: int = MAX_JSON_DEPTH) -> str | None:
+    """Why ``value`` (decoded JSON, or what a caller wants stored) is not a
+    value joblease stores, or None: nested deeper than ``depth_limit``, or a
+    string (or object key) holding a UTF-16 surrogate code point. A Python
+    ``str`` holds a valid surrogate pair as one code point beyond U+FFFF, so any
+    surrogate left in it is a lone one: not a Unicode scalar value, not
+    encodable as UTF-8, and Go's JSON would silently read it as U+FFFD.
+    Iterative: a value nested arbitrarily deep cannot exhaust the stack."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                return f"a string holds a lone UTF-16 surrogate ({_surrogate_at(v)})"
+        elif isinstance(v, dict | list | tuple):
+            if depth + 1 > depth_limit:
+                return f"nested deeper than {depth_limit} levels of arrays and objects"
+            if isinstance(v, dict):
+                for k, item in v.items():
+                    stack.append((k, depth + 1))
+                    stack.append((item, depth + 1))
+            else:
+                stack.extend((item, depth + 1) for item in v)
+    return None
+
+
+def _surrogate_at(s: str) -> str:
+    m = _SURROGATE.search(s)
+    return "" if m is None else f"\\u{ord(m.group()):04x} at index {m.start()}"
+
+
 def json_payload(value: Any, what: str, limit: int,
                  too_large: type[InvalidInputError] = InvalidInputError) -> bytes:
-    """Serialize ``value`` as compact JSON and refuse it above ``limit`` bytes
-    (raising ``too_large``: :class:`PayloadTooLargeError` for request bodies)."""
+    """Serialize ``value`` as compact sorted JSON, refusing what joblease does
+    not store (docs/protocol.md, "Stored values"): not JSON (NaN, Infinity, other
+    types), nested deeper than :data:`MAX_JSON_DEPTH`, a lone surrogate in a
+    string, or more than ``limit`` bytes (raising ``too_large``:
+    :class:`PayloadTooLargeError` for request bodies)."""
+    problem = json_value_problem(value)
+    if problem is not None:
+        raise InvalidInputError(f"invalid {what}: {problem}")
     try:
         data = json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
     except (TypeError, ValueError, RecursionError) as exc:
@@ -117,3 +186,23 @@ def json_payload(value: Any, what: str, limit: int,
             f"{what} too large: {len(data)} bytes of JSON, the limit is {limit} bytes"
         )
     return data
+
+
+def json_text(text: str | bytes, what: str, limit: int,
+              too_large: type[InvalidInputError] = InvalidInputError) -> Any:
+    """Parse ``text`` (a result or checkpoint given as JSON, e.g. on the command
+    line) and check it as :func:`json_payload` does: the decoded value, or
+    :class:`InvalidInputError` naming what is wrong. Raw lone surrogates are
+    refused like escaped ones (bytes are read with ``surrogatepass``, as
+    ``json.loads`` reads them; a ``str`` from ``sys.argv`` carries undecodable
+    bytes as surrogates already)."""
+    data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+    if json_text_depth(data) > MAX_JSON_DEPTH:
+        raise InvalidInputError(
+            f"invalid {what}: nested deeper than {MAX_JSON_DEPTH} levels of arrays and objects")
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInputError(f"invalid {what}: not JSON ({exc})") from None
+    json_payload(value, what, limit, too_large)
+    return value

@@ -52,6 +52,32 @@ def test_errors_are_one_line_with_distinct_exit_codes(
     assert len(lines) == 1 and lines[0].startswith(f"joblease: {word}"), done.stderr
 
 
+@pytest.mark.parametrize(("option", "value", "why"), [
+    ("--result", '"\\ud800"', "lone UTF-16 surrogate"),
+    ("--result", '{"k": ["\\udc00"]}', "lone UTF-16 surrogate"),
+    ("--result", '"\udced\udca0\udc80"', "lone UTF-16 surrogate"),  # raw bytes ED A0 80
+    ("--result", "[" * 3000 + "]" * 3000, "nested deeper than 64"),
+    ("--data", "[" * 65 + "]" * 65, "nested deeper than 64"),
+    ("--data", '{"\\ud83d": 1}', "lone UTF-16 surrogate"),
+    ("--data", '"' + "x" * 65535 + '"', "too large"),
+])
+def test_a_result_or_checkpoint_outside_the_stored_value_rule_exits_2_and_writes_nothing(
+    etcd_config: EtcdConfig, option: str, value: str, why: str,
+) -> None:
+    """docs/protocol.md#stored-values, checked before anything is sent: one
+    stderr line naming the option and why, exit 2, the job untouched."""
+    jl(etcd_config, "register", "rule", "--ttl", LONG_TTL)
+    claimed = as_json(jl(etcd_config, "claim", "rule", "--owner", "w", "-o", "json"))
+    verb = "complete" if option == "--result" else "checkpoint"
+    done = jl(etcd_config, verb, "rule", "--owner", "w", "--token", str(claimed["token"]),
+              option, value, check=2)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"joblease: invalid: {option}: "), done.stderr
+    assert why in lines[0]
+    state = as_json(jl(etcd_config, "get", "rule", "-o", "json"))
+    assert state["phase"] == "Claimed" and state["result"] is None and state["checkpoint"] is None
+
+
 def test_held_completed_stale_and_exhausted_have_their_own_codes(
     etcd_config: EtcdConfig,
 ) -> None:

@@ -51,3 +51,28 @@ def test_get_list_and_watch_show_a_corrupt_job_and_the_others(etcd_config: EtcdC
 def test_get_of_a_job_etcd_does_not_know_says_not_registered(etcd_config: EtcdConfig) -> None:
     done = jl(etcd_config, "get", "team/nobody", check=3)
     assert "not_found" in done.stderr and "not registered" in done.stderr
+
+
+def test_get_of_a_result_outside_the_stored_value_rule_exits_14_with_the_reason(
+    etcd_config: EtcdConfig,
+) -> None:
+    """docs/protocol.md#stored-values: a stored result holding a lone surrogate
+    (issue 24, item 7: read as if fine) or nested 3000 deep (item 8: a stray
+    RecursionError as the reason) is a corrupt record with a plain reason,
+    one stderr line, exit 14; the job's other records still show."""
+    def record(value: bytes) -> bytes:
+        return (b'{"claimId":"c1","completedAt":1.5,"generation":1,"owner":"w","result":'
+                + value + b',"token":7}')
+    cases = {"surrogate": (record(b'{"note":"\\ud800"}'), "lone UTF-16 surrogate"),
+             "deep": (record(b"[" * 3000 + b"]" * 3000), "nested deeper than 64 levels")}
+    for name, (value, why) in cases.items():
+        jl(etcd_config, "register", f"team/{name}", "--ttl", "10")
+        put_raw(etcd_config, JobRef("team", name), "result", value)
+        for output in ("json", "yaml", "table"):
+            done = jl(etcd_config, "get", f"team/{name}", "-o", output, check=14)
+            lines = done.stderr.strip().splitlines()
+            assert len(lines) == 1 and "stored result record cannot be decoded" in lines[0]
+            assert why in lines[0], done.stderr
+        state = as_json(jl(etcd_config, "get", f"team/{name}", "-o", "json", check=14))
+        assert state["phase"] == "Corrupt" and state["result"] is None
+        assert state["leaseDurationSeconds"] == 10

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from joblease import EtcdConfig
-from joblease.errors import HeldError, LeaseLostError
+from joblease.errors import HeldError, InvalidInputError, LeaseLostError
 from joblease.etcd_store import EtcdStore
-from joblease.run import WaitSessionLostError
+from joblease.run import WaitSessionLostError, _read_result_file
 from tests.waiting import wait_until
 
 # A CLI process can take several seconds to start on a loaded machine.
@@ -249,6 +249,22 @@ def test_result_file_is_the_result_when_given(
     assert w.wait() == 0, w.stderr
     assert w.stdout == '{"ignored": true}\n'  # stdout goes straight through, unread
     assert job_state(etcd_config, "file")["result"]["result"] == {"from": "file"}
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (b"[" * 3000 + b"]" * 3000, "nested deeper than 64"),
+    (b'{"note": "\\ud800"}', "lone UTF-16 surrogate"),
+    (b'"\xed\xa0\x80"', "lone UTF-16 surrogate"),
+])
+def test_a_result_file_outside_the_stored_value_rule_is_invalid_input(
+    tmp_path: Path, content: bytes, why: str,
+) -> None:
+    """docs/protocol.md#stored-values for ``--result-file`` (read before
+    completing; a refusal releases the job, as for a file that is not JSON)."""
+    path = tmp_path / "r"
+    path.write_bytes(content)
+    with pytest.raises(InvalidInputError, match=why):
+        _read_result_file(path)
 
 
 def test_bad_result_file_releases_and_exits_invalid(

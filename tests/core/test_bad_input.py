@@ -7,7 +7,15 @@ from typing import Any
 import pytest
 
 from joblease import InvalidInputError, JobLeaseClient, JobRef, JobSpec
-from joblease.validation import MAX_PARAMETERS_BYTES, MAX_RESULT_BYTES
+from joblease.validation import MAX_JSON_DEPTH, MAX_PARAMETERS_BYTES, MAX_RESULT_BYTES
+
+
+def _nested(depth: int) -> object:
+    """A list nested ``depth`` deep around a scalar (built without recursion)."""
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 async def snapshot(client: JobLeaseClient) -> tuple[int, list[Any]]:
@@ -32,6 +40,9 @@ BAD_REGISTRATIONS = [
     (JobRef("default", "job"), JobSpec(10, parameters={"x": "y" * MAX_PARAMETERS_BYTES}),
      "parameters too large"),
     (JobRef("default", "job"), JobSpec(10, parameters={"x": {1, 2}}), "not JSON"),
+    (JobRef("default", "job"), JobSpec(10, parameters={"x": "\ud800"}), "lone UTF-16 surrogate"),
+    (JobRef("default", "job"), JobSpec(10, parameters={"x": _nested(MAX_JSON_DEPTH)}),
+     "nested deeper than 64"),
 ]
 
 
@@ -58,10 +69,25 @@ async def test_invalid_owner_is_refused_and_writes_nothing(
     assert await snapshot(client) == before
 
 
+async def test_a_result_at_the_depth_limit_is_accepted(client: JobLeaseClient) -> None:
+    job = JobRef("default", "result-depth")
+    await client.register(job, JobSpec(10))
+    lease = await client.claim(job, "worker")
+    await lease.complete(_nested(MAX_JSON_DEPTH))
+    state = await client.get(job)
+    assert state.result is not None and state.result.result == _nested(MAX_JSON_DEPTH)
+
+
 @pytest.mark.parametrize(("result", "message"), [
     ({"blob": "x" * MAX_RESULT_BYTES}, "result too large"),
     ({"set": {1, 2}}, "not JSON"),
     (float("nan"), "not JSON"),
+    # docs/protocol.md#stored-values (issue 24, items 7 and 8)
+    ("\ud800", "lone UTF-16 surrogate"),
+    ({"k": ["ok", "x\udfff"]}, "lone UTF-16 surrogate"),
+    ({"\udc00": 1}, "lone UTF-16 surrogate"),
+    (_nested(MAX_JSON_DEPTH + 1), "nested deeper than 64"),
+    (_nested(3000), "nested deeper than 64"),
 ])
 async def test_invalid_result_is_refused_and_the_lease_is_kept(
     client: JobLeaseClient, result: object, message: str

@@ -4,6 +4,7 @@ holder reads the last one from its claim (real etcd)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -21,11 +22,19 @@ from joblease import (
 )
 from joblease.etcd_store import EtcdStore
 from joblease.store import Compare, Put, TxnOp, TxnResult
-from joblease.validation import MAX_CHECKPOINT_BYTES
+from joblease.validation import MAX_CHECKPOINT_BYTES, MAX_JSON_DEPTH
 from tests.support.etcd_keys import snapshot, writes
 from tests.support.faulty_store import FaultyStore
 
 TTL = 2
+
+
+def _nested(depth: int) -> object:
+    """A list nested ``depth`` deep around a scalar."""
+    value: object = 0
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 async def _wait_holder_gone(client: JobLeaseClient, job: JobRef, timeout: float) -> None:
@@ -132,6 +141,58 @@ async def test_corrupt_checkpoint_makes_the_job_corrupt_not_a_crash(
     state = await client.get(job)
     assert state.phase is Phase.CORRUPT and state.checkpoint is None
     assert state.corrupt is not None and "checkpoint" in state.corrupt
+
+
+@pytest.mark.parametrize("data", [
+    "\ud800", ["fine", {"k": "\udc00x"}], {"\ud83d": 1},
+    _nested(MAX_JSON_DEPTH + 1),
+], ids=["lone-high", "lone-low-nested", "lone-in-key", "depth-65"])
+async def test_a_checkpoint_outside_the_stored_value_rule_is_refused_and_writes_nothing(
+    client: JobLeaseClient, data: object,
+) -> None:
+    """docs/protocol.md#stored-values: refused before anything is sent, the
+    holder keeps the job and a valid checkpoint still lands."""
+    job = JobRef("default", "ckpt-rule")
+    await client.register(job, JobSpec(lease_duration_seconds=10, max_attempts=0))
+    lease = await client.claim(job, "w")
+    keys = client.keys.job(job)
+    before = await snapshot(client.store, keys.prefix)
+    refused = r"lone UTF-16 surrogate|nested deeper than 64"
+    with pytest.raises(InvalidInputError, match=refused) as e:
+        await lease.checkpoint(data)
+    assert e.value.exit_code == 2 and e.value.http_status == 400
+    assert writes(before, await snapshot(client.store, keys.prefix)) == []
+    assert (await lease.checkpoint("\U0001f680")).data == "\U0001f680"  # a valid pair is fine
+    await lease.release()
+
+
+async def test_a_stored_lone_surrogate_checkpoint_is_corrupt_and_the_next_holder_still_works(
+    client: JobLeaseClient,
+) -> None:
+    """Issue 24, item 7: a checkpoint holding an escaped lone surrogate (stored
+    past the writers, e.g. by an older sidecar) made every reader answering
+    in UTF-8 fail. Now it reads as a corrupt record with its reason: the job is
+    Corrupt, its state is answerable as UTF-8, the next holder claims, sees
+    ``{"corrupt": why}`` for the checkpoint, and its own checkpoint replaces it."""
+    job = JobRef("default", "ckpt-surrogate")
+    await client.register(job, JobSpec(lease_duration_seconds=10, max_attempts=0))
+    bad = (b'{"checkpointedAt":1.0,"claimId":"c0","data":{"note":"\\ud800"},'
+           b'"generation":1,"owner":"old","token":3}')
+    await client.store.txn([], [Put(client.keys.job(job).checkpoint, bad)], [])
+    state = await client.get(job)
+    assert state.phase is Phase.CORRUPT and state.checkpoint is None
+    assert state.corrupt is not None and "checkpoint" in state.corrupt
+    assert "lone UTF-16 surrogate" in state.corrupt
+    json.dumps(state.to_dict(), ensure_ascii=False).encode("utf-8")
+    lease = await client.claim(job, "next")
+    view = lease.checkpoint_dict()
+    assert view is not None and "lone UTF-16 surrogate" in view["corrupt"]
+    json.dumps(lease.to_dict(), ensure_ascii=False).encode("utf-8")
+    await lease.checkpoint({"note": "clean"})
+    state = await client.get(job)
+    assert state.phase is Phase.CLAIMED and state.checkpoint is not None
+    assert state.checkpoint.data == {"note": "clean"}
+    await lease.release()
 
 
 async def test_unregister_deletes_the_checkpoint(client: JobLeaseClient) -> None:

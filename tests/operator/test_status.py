@@ -139,6 +139,11 @@ def test_spec_validation_and_matching() -> None:
         spec_from_resource({"leaseDurationSeconds": 1})
     with pytest.raises(InvalidInputError, match="parameters too large"):
         spec_from_resource({"leaseDurationSeconds": 10, "parameters": {"x": "y" * 70000}})
+    deep: object = 1
+    for _ in range(64):
+        deep = [deep]
+    with pytest.raises(InvalidInputError, match="nested deeper than 64"):  # 65 with the object
+        spec_from_resource({"leaseDurationSeconds": 10, "parameters": {"x": deep}})
 
 
 def test_events_follow_consecutive_states() -> None:

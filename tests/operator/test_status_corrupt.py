@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 from typing import Any
 
 from joblease.client import assemble
@@ -103,3 +104,35 @@ def test_corruption_posts_one_warning_and_no_invented_lifecycle_events() -> None
     assert reasons(None, bad_holder) == ["Corrupt"]  # first sight after a restart: reported
     assert reasons(bad_holder, held(10)) == []  # the repair is not a new claim
     assert reasons(held(10), held(11)) == []
+
+
+def _record(field: str, value: bytes) -> bytes:
+    at = "completedAt" if field == "result" else "checkpointedAt"
+    return (b'{"claimId":"c1","%s":1.5,"generation":1,"owner":"w","%s":' % (at.encode(),
+                                                                           field.encode())
+            + value + b',"token":7}')
+
+
+def test_a_stored_value_outside_the_rule_makes_the_status_corrupt_and_stays_utf8() -> None:
+    """docs/protocol.md#stored-values: a lone surrogate (issue 24, item 7) or a
+    3000-deep value (item 8) stored in a result or checkpoint is a corrupt
+    record with its reason: the status says so, carries no such value, and is
+    sendable to the API server as UTF-8 JSON; an Event says why."""
+    cases = [
+        ("result", kv("result", _record("result", b'{"note":"\\ud800"}'), 9),
+         "lone UTF-16 surrogate"),
+        ("checkpoint", kv("checkpoint", _record("data", b'["\\udc00"]'), 9),
+         "lone UTF-16 surrogate"),
+        ("result", kv("result", _record("result", b"[" * 3000 + b"]" * 3000), 9),
+         "nested deeper than 64 levels"),
+    ]
+    for field, bad, why in cases:
+        state = assemble(JOB, {"spec": SPEC_KV, field: bad}, 9)
+        s = status_from_state(state, 1, None, T0)
+        assert s["phase"] == "Corrupt"
+        message = conditions(s)["Corrupt"]["message"]
+        assert field in message and why in message
+        assert "result" not in s and "checkpoint" not in s
+        json.dumps(s, ensure_ascii=False).encode("utf-8")
+        events = derive_events(None, state)
+        assert [e.reason for e in events] == ["Corrupt"] and why in events[0].message

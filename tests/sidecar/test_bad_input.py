@@ -7,6 +7,7 @@ from typing import Any
 from joblease import JobLeaseClient
 from tests.support.etcd_keys import snapshot, writes
 from tests.support.sidecar_process import Env
+from tests.support.value_vectors import value_text, values
 
 LIMIT = 1024
 
@@ -82,3 +83,45 @@ async def test_bad_requests_change_nothing(registered: Env, client: JobLeaseClie
     assert r.status_code == 200, r.text
     done = await client.get(env.job)
     assert done.result is not None and done.result.token == token
+
+
+async def test_results_and_checkpoints_outside_the_stored_value_rule_get_400_and_write_nothing(
+    registered: Env, client: JobLeaseClient,
+) -> None:
+    """docs/protocol.md#stored-values, on the shared vectors (tests/vectors/values.json):
+    every refused value, sent as the request body's text (so Go's decoder cannot
+    turn a lone surrogate into U+FFFD first), is answered 400 ``invalid`` (413
+    ``too_large`` over the size) by both endpoints, and not a byte reaches etcd
+    (issue 24: item 7, a lone surrogate stored then answered 500; item 8, a
+    3000-deep result stored that no Python reader could read). Values at the
+    limits are then accepted."""
+    sidecar = registered.sidecar("a")
+    await sidecar.started()
+    token = (await sidecar.held())["token"]
+    job_prefix = client.keys.job(registered.job).prefix
+    keys_before = await snapshot(client.store, job_prefix)
+    headers = {"Content-Type": "application/json"}
+    for v in values("refuse"):
+        for path, field in (("/v1/complete", b"result"), ("/v1/checkpoint", b"data")):
+            body = b'{"token": %d, "%s": ' % (token, field) + value_text(v) + b"}"
+            r = await sidecar.request("POST", path, content=body, headers=headers)
+            size = v["name"].startswith("size")
+            assert r.status_code == (413 if size else 400), (v["name"], path, r.text)
+            answer = r.json()
+            assert answer["error"] == ("too_large" if size else "invalid"), answer
+            assert answer["message"], answer
+    assert not writes(keys_before, await snapshot(client.store, job_prefix))
+    assert (await sidecar.lease())["status"] == 200  # still held
+
+    for name in ("depth-at-limit", "valid-pair-escaped", "size-at-limit"):
+        text = value_text(next(v for v in values("accept") if v["name"] == name))
+        r = await sidecar.request("POST", "/v1/checkpoint", headers=headers,
+                                  content=b'{"token": %d, "data": ' % token + text + b"}")
+        assert r.status_code == 200, (name, r.text)
+        assert (await client.get(registered.job)).checkpoint is not None
+    r = await sidecar.request("POST", "/v1/complete", headers=headers,
+                              content=b'{"token": %d, "result": ' % token + text + b"}")
+    assert r.status_code == 200, r.text
+    done = await client.get(registered.job)
+    assert done.corrupt is None and done.result is not None
+    assert len(done.result.result) == 65534  # the 64 KiB string, read back whole

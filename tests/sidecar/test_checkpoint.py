@@ -7,6 +7,7 @@ import signal
 from typing import Any
 
 from joblease import JobLeaseClient
+from joblease.store import Put
 from tests.support.etcd_keys import snapshot, writes
 from tests.support.sidecar_process import Env
 
@@ -82,3 +83,28 @@ async def test_checkpoint_is_fenced_and_handed_to_the_next_holder(
     state = await client.get(env.job)
     assert state.checkpoint is not None
     assert state.checkpoint.data == {"step": 6} and state.checkpoint.token == b_lease["token"]
+
+
+async def test_a_stored_lone_surrogate_checkpoint_is_shown_corrupt_and_the_holder_replaces_it(
+    registered: Env, client: JobLeaseClient,
+) -> None:
+    """Issue 24, item 7: a checkpoint holding an escaped lone surrogate, already
+    in etcd (written past the writers' rule), made ``GET /v1/lease`` answer 500
+    for every later holder (the Python sidecar), or was shown with U+FFFD in
+    its place as if fine (Go). Now the holder claims, ``GET /v1/lease`` answers
+    200 with ``{"corrupt": why}`` for the checkpoint, and its own checkpoint
+    replaces the bad one."""
+    env = registered
+    bad = (b'{"checkpointedAt":1.0,"claimId":"c0","data":{"note":"\\ud800"},'
+           b'"generation":1,"owner":"old","token":3}')
+    await client.store.txn([], [Put(client.keys.job(env.job).checkpoint, bad)], [])
+    a = await env.sidecar("a").started()
+    lease = await a.held()
+    assert "lone UTF-16 surrogate" in lease["checkpoint"]["corrupt"], lease
+    r = await a.request("POST", "/v1/checkpoint",
+                        json={"token": lease["token"], "data": {"note": "clean"}})
+    assert r.status_code == 200, r.text
+    assert (await a.held())["checkpoint"]["data"] == {"note": "clean"}
+    state = await client.get(env.job)
+    assert state.corrupt is None and state.checkpoint is not None
+    assert state.checkpoint.data == {"note": "clean"}

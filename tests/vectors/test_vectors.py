@@ -19,12 +19,13 @@ from typing import Any
 
 import pytest
 
-from joblease import JobLeaseClient, JobRef, JobSpec
+from joblease import JobLeaseClient, JobRef, JobSpec, validation
 from joblease.client import assemble
-from joblease.errors import CorruptRecordError
+from joblease.errors import CorruptRecordError, InvalidInputError
 from joblease.keys import KeySpace
 from joblease.records import CheckpointRecord, Holder, ResultRecord
 from joblease.store import KeyValue
+from tests.support.value_vectors import VALUES, value_text, values
 
 HERE = Path(__file__).resolve().parent
 RECORDS: dict[str, list[dict[str, Any]]] = json.loads((HERE / "records.json").read_text())
@@ -295,3 +296,74 @@ async def test_the_client_stores_the_vectors_bytes(client: JobLeaseClient) -> No
     await lease.complete(result_v["meaning"]["result"])
     raw = await _raw(client, keys.result)
     assert raw == substituted(result_v, raw, "completedAt")
+
+
+# -- what a result or checkpoint may be (values.json; docs/protocol.md#stored-values) --------
+
+def _values(*verdicts: str) -> list[Any]:
+    return [pytest.param(v, id=v["name"]) for v in values(*verdicts)]
+
+
+def _record_around(record: str, text: bytes) -> bytes:
+    """A stored result or checkpoint record holding the value ``text`` as is."""
+    field, at = ("result", "completedAt") if record == "result" else ("data", "checkpointedAt")
+    return (b'{"claimId":"c1","%s":1.5,"generation":2,"owner":"w","%s":' % (at.encode(),
+                                                                           field.encode())
+            + text + b',"token":7}')
+
+
+def test_the_values_limits_are_the_protocols() -> None:
+    assert VALUES["limits"] == {"maxDepth": validation.MAX_JSON_DEPTH,
+                                "maxBytes": validation.MAX_RESULT_BYTES}
+    assert validation.MAX_CHECKPOINT_BYTES == validation.MAX_RESULT_BYTES
+    names = [v["name"] for v in VALUES["values"]]
+    assert len(names) == len(set(names))
+    assert {v["verdict"] for v in VALUES["values"]} == {"accept", "refuse"}
+
+
+@pytest.mark.parametrize("v", _values("accept"))
+def test_writers_accept_a_value_within_the_rule(v: dict[str, Any]) -> None:
+    value = validation.json_text(value_text(v), "result", validation.MAX_RESULT_BYTES)
+    # the library's writers (complete, checkpoint) check the decoded value the same way
+    data = validation.json_payload(value, "checkpoint", validation.MAX_CHECKPOINT_BYTES)
+    assert json.loads(data) == value
+
+
+@pytest.mark.parametrize("v", _values("refuse"))
+def test_writers_refuse_a_value_outside_the_rule(v: dict[str, Any]) -> None:
+    with pytest.raises(InvalidInputError):
+        validation.json_text(value_text(v), "result", validation.MAX_RESULT_BYTES)
+    try:  # the decoded object, as a caller of lease.complete() would pass it
+        value = json.loads(value_text(v))
+    except (ValueError, RecursionError):
+        return  # not JSON, or too deep for Python to build: the text check is the writer
+    with pytest.raises(InvalidInputError):
+        validation.json_payload(value, "result", validation.MAX_RESULT_BYTES)
+
+
+@pytest.mark.parametrize("record", ["result", "checkpoint"])
+@pytest.mark.parametrize("v", _values("accept"))
+def test_readers_read_a_stored_value_within_the_rule(v: dict[str, Any], record: str) -> None:
+    stored_bytes = _record_around(record, value_text(v))
+    state = assemble(JobRef("ns", "j"), _fields(**{record: stored_bytes}), 9)
+    assert state.corrupt is None
+    got = state.result.result if record == "result" else state.checkpoint.data  # type: ignore[union-attr]
+    assert _spelled_alike(got, json.loads(value_text(v)))
+    json.dumps(state.to_dict(), ensure_ascii=False).encode("utf-8")  # answerable as UTF-8
+
+
+@pytest.mark.parametrize("record", ["result", "checkpoint"])
+@pytest.mark.parametrize("v", _values("refuse"))
+def test_readers_report_a_stored_value_outside_the_rule_as_corrupt(
+        v: dict[str, Any], record: str) -> None:
+    """A value no writer may store (written past them, e.g. with etcdctl) makes
+    that one record Corrupt with its reason, and the job's state is still
+    answerable as UTF-8 JSON: no RecursionError, no UnicodeEncodeError."""
+    stored_bytes = _record_around(record, value_text(v))
+    with pytest.raises(CorruptRecordError) as caught:
+        _DECODERS[record](stored_bytes)
+    assert caught.value.record == record
+    state = assemble(JobRef("ns", "j"), _fields(**{record: stored_bytes}), 9)
+    assert state.phase.value == "Corrupt"
+    assert _corrupt_records(state.corrupt) == [record]
+    json.dumps(state.to_dict(), ensure_ascii=False).encode("utf-8")

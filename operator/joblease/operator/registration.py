@@ -40,7 +40,8 @@ def spec_from_resource(spec: Mapping[str, Any] | None) -> JobSpec:
 
     The CRD's schema refuses most bad input at the API server already; these
     checks are the same limits the protocol enforces (e.g. the 64 KiB JSON
-    size of ``parameters``, which OpenAPI cannot express).
+    size and 64-level nesting of ``parameters``, which OpenAPI cannot
+    express: docs/protocol.md#stored-values).
     """
     spec = spec or {}
     ttl = validation.ttl(spec.get("leaseDurationSeconds"))

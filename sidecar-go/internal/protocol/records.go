@@ -2,10 +2,11 @@ package protocol
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
-	"github.com/joblease/joblease/sidecar-go/internal/errs"
 	"strconv"
 
+	"github.com/joblease/joblease/sidecar-go/internal/errs"
 	"github.com/joblease/joblease/sidecar-go/internal/pyjson"
 )
 
@@ -141,6 +142,9 @@ func DecodeResult(data []byte, revision int64) (Result, error) {
 		return Result{}, err
 	}
 	r := Result{Revision: revision, Result: obj["result"]}
+	if err := withinLimit("result", r.Result, data, MaxResultBytes); err != nil {
+		return r, err
+	}
 	if r.Owner, err = strField("result", obj, "owner"); err != nil {
 		return r, err
 	}
@@ -191,6 +195,9 @@ func DecodeCheckpoint(data []byte, revision int64) (Checkpoint, error) {
 		return Checkpoint{}, err
 	}
 	c := Checkpoint{Revision: revision, Data: obj["data"]}
+	if err := withinLimit("checkpoint", c.Data, data, MaxCheckpointBytes); err != nil {
+		return c, err
+	}
 	if c.Owner, err = strField("checkpoint", obj, "owner"); err != nil {
 		return c, err
 	}
@@ -211,11 +218,16 @@ func DecodeCheckpoint(data []byte, revision int64) (Checkpoint, error) {
 	return c, nil
 }
 
-// JSONPayload is validation.json_payload: compact sorted JSON within limit.
+// JSONPayload is validation.json_payload: compact sorted JSON within limit,
+// nested at most pyjson.MaxDepth deep, without lone surrogates
+// (docs/protocol.md, "Stored values").
 func JSONPayload(v any, what string, limit int) ([]byte, error) {
 	data, err := pyjson.Sorted(v)
 	if err != nil {
 		return nil, errs.Invalid(fmt.Sprintf("invalid %s: not JSON-serializable (%s)", what, err))
+	}
+	if err := pyjson.Check(data, pyjson.MaxDepth); err != nil {
+		return nil, errs.Invalid(fmt.Sprintf("invalid %s: %s", what, err))
 	}
 	if len(data) > limit {
 		return nil, errs.Invalid(fmt.Sprintf("%s too large: %d bytes of JSON, the limit is %d bytes", what, len(data), limit))
@@ -229,9 +241,31 @@ func object(record string, data []byte) (map[string]any, error) {
 		if _, ok := err.(*json.SyntaxError); ok {
 			return nil, errs.Corrupt(record, "JSONDecodeError: "+err.Error())
 		}
+		var rule *pyjson.RuleError
+		if errors.As(err, &rule) {
+			return nil, errs.Corrupt(record, "ValueError: "+rule.Msg)
+		}
 		return nil, errs.Corrupt(record, "TypeError: "+err.Error())
 	}
 	return obj, nil
+}
+
+// withinLimit refuses a stored result or checkpoint whose value's canonical
+// encoding is over limit: no writer may have stored it. Escaping at most
+// sextuples a byte (a raw control character becomes \u0001), so only a
+// record over a sixth of the limit is re-encoded.
+func withinLimit(record string, v any, data []byte, limit int) error {
+	if 6*len(data) <= limit {
+		return nil
+	}
+	b, err := pyjson.Sorted(v)
+	if err != nil {
+		return errs.Corrupt(record, "ValueError: "+err.Error())
+	}
+	if len(b) > limit {
+		return errs.Corrupt(record, fmt.Sprintf("ValueError: %s is %d bytes of JSON, the limit is %d bytes", record, len(b), limit))
+	}
+	return nil
 }
 
 func missing(record, key string) error { return errs.Corrupt(record, "KeyError: '"+key+"'") }

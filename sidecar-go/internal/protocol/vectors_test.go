@@ -212,3 +212,111 @@ func TestKeyLayoutMatchesTheSharedVectors(t *testing.T) {
 		}
 	}
 }
+
+// values.json: what a result or checkpoint may be (docs/protocol.md, "Stored
+// values"), the same verdicts as the Python side's test_vectors.py.
+type valueVector struct {
+	Name       string   `json:"name"`
+	Verdict    string   `json:"verdict"`
+	JSON       *string  `json:"json"`
+	JSONBase64 *string  `json:"json_base64"`
+	JSONParts  [][2]any `json:"json_parts"`
+}
+
+func (v valueVector) text(t *testing.T) []byte {
+	t.Helper()
+	switch {
+	case v.JSONBase64 != nil:
+		b, err := base64.StdEncoding.DecodeString(*v.JSONBase64)
+		if err != nil {
+			t.Fatalf("%s: bad json_base64: %v", v.Name, err)
+		}
+		return b
+	case v.JSONParts != nil:
+		var b strings.Builder
+		for _, p := range v.JSONParts {
+			n, err := p[1].(json.Number).Int64()
+			if err != nil {
+				t.Fatalf("%s: bad count: %v", v.Name, err)
+			}
+			b.WriteString(strings.Repeat(p[0].(string), int(n)))
+		}
+		return []byte(b.String())
+	case v.JSON != nil:
+		return []byte(*v.JSON)
+	}
+	t.Fatalf("%s: no json, json_base64 or json_parts", v.Name)
+	return nil
+}
+
+// written is what the sidecar's writer does with a value sent as the result
+// of POST /v1/complete (the checkpoint's is the same): the body is decoded
+// by pyjson.Decode, as the API's parse does, and the value checked by
+// JSONPayload, as Lease.Complete and Lease.Checkpoint do before any write.
+func written(body []byte) error {
+	v, err := pyjson.Decode(body)
+	if err != nil {
+		return err
+	}
+	_, err = JSONPayload(v.(map[string]any)["result"], "result", MaxResultBytes)
+	return err
+}
+
+func recordAround(record string, text []byte) []byte {
+	field, at := "result", "completedAt"
+	if record == "checkpoint" {
+		field, at = "data", "checkpointedAt"
+	}
+	return []byte(`{"claimId":"c1","` + at + `":1.5,"generation":2,"owner":"w","` + field + `":` + string(text) + `,"token":7}`)
+}
+
+func TestStoredValueRuleMatchesTheSharedVectors(t *testing.T) {
+	var all struct {
+		Limits struct{ MaxDepth, MaxBytes int }
+		Values []valueVector
+	}
+	load(t, "values.json", &all)
+	if all.Limits.MaxDepth != pyjson.MaxDepth || all.Limits.MaxBytes != MaxResultBytes || MaxCheckpointBytes != MaxResultBytes {
+		t.Fatalf("values.json limits %+v, this package: depth %d, bytes %d", all.Limits, pyjson.MaxDepth, MaxResultBytes)
+	}
+	if len(all.Values) == 0 {
+		t.Fatal("no value vectors")
+	}
+	for _, v := range all.Values {
+		t.Run(v.Name, func(t *testing.T) {
+			text := v.text(t)
+			body := append(append([]byte(`{"token":7,"result":`), text...), '}')
+			werr := written(body)
+			for _, record := range []string{"result", "checkpoint"} {
+				got, rerr := decoded(record, recordAround(record, text))
+				switch v.Verdict {
+				case "accept":
+					if werr != nil {
+						t.Fatalf("the writer refused an acceptable value: %v", werr)
+					}
+					if rerr != nil {
+						t.Fatalf("the %s reader refused an acceptable value: %v", record, rerr)
+					}
+					field := map[string]string{"result": "result", "checkpoint": "data"}[record]
+					want, err := pyjson.Decode(body)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if canonical(t, got[field]) != canonical(t, want.(map[string]any)["result"]) {
+						t.Fatalf("the %s reader changed the value", record)
+					}
+				case "refuse":
+					if werr == nil {
+						t.Fatalf("the writer accepted %.80q", text)
+					}
+					e, ok := rerr.(*errs.Error)
+					if !ok || e.Kind != errs.KindCorrupt || !strings.Contains(e.Message, "stored "+record+" record") {
+						t.Fatalf("a stored %s holding %.80q must be refused as corrupt, got %v", record, text, rerr)
+					}
+				default:
+					t.Fatalf("unknown verdict %q", v.Verdict)
+				}
+			}
+		})
+	}
+}

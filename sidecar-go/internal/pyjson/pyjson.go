@@ -35,8 +35,14 @@ type KV struct {
 }
 
 // Decode parses one JSON value, keeping numbers as json.Number. Trailing
-// data after the value is an error, as for Python's json.loads.
+// data after the value is an error, as for Python's json.loads. What it reads
+// is always one object around a stored value (a record, a request body), so
+// it refuses, as a *RuleError, text nested deeper than MaxDepth+1 or holding
+// a lone surrogate (Check): no joblease writer stores such a value.
 func Decode(data []byte) (any, error) {
+	if err := check(data, MaxDepth+1, true); err != nil {
+		return nil, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	var v any
