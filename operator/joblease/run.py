@@ -3,7 +3,8 @@
 Like ``etcdctl lock NAME cmd`` (which exports ``ETCD_LOCK_REV``), with fencing
 and completion semantics:
 
-1. claim the job (with ``wait`` > 0, retry while someone else holds it);
+1. claim the job (with ``wait`` > 0, wait while someone else holds it:
+   :meth:`JobLeaseClient.claim_waiting`);
 2. start the command with ``JOBLEASE_JOB``, ``JOBLEASE_TOKEN``,
    ``JOBLEASE_GENERATION`` and ``JOBLEASE_OWNER`` (and ``JOBLEASE_CHECKPOINT``, the
    last checkpoint as JSON, when there is one) in its environment, in its
@@ -13,10 +14,16 @@ and completion semantics:
 4. end:
 
    - **lease lost** (keep-alive failed past the safety deadline, the holder key
-     changed, the wrapper was paused past its TTL): SIGTERM the child's group,
-     SIGKILL it after ``grace`` seconds, exit with ``LeaseLostError.exit_code``;
-     nothing is completed or released under the old token;
-   - **child exits 0** while the lease is valid: complete the job with the
+     changed, the wrapper was paused past its TTL): SIGTERM the child's group
+     (even if the child itself has exited: what it left running is stopped
+     too), SIGKILL what still runs of it after ``grace`` seconds (default: half
+     the lease's margin, so it is dead before etcd can expire the lease:
+     invariant ``stopped-before-reclaim``), then revoke the etcd lease; exit
+     with ``LeaseLostError.exit_code``; nothing is completed or released
+     under the old token;
+   - **child exits 0** while the lease is valid (decided on its exit: what it
+     wrote before is read until the pipe is quiet, at most ``DRAIN_MAX``, and
+     a background process holding its stdout does not delay it): complete the job with the
      result (below) and exit 0; a completion the store refuses exits with
      that error's code (7 stale), a result that cannot be used is refused
      (``InvalidInputError``, exit 2) after releasing the job;
@@ -24,8 +31,10 @@ and completion semantics:
      the job (the attempt stays counted) and exit with the child's code;
    - a child that cannot be started: release, exit 127.
 
-   SIGINT/SIGTERM sent to the wrapper are forwarded to the child's group; the
-   child's exit status then decides as above.
+   Every signal that would otherwise end the wrapper (``STOP_SIGNALS``: HUP,
+   INT, QUIT, TERM, USR1, ...) is forwarded to the child's group; the child's
+   exit status then decides as above. The wrapper never dies of one leaving
+   its command running without a lease.
 
 The result: with ``result_file``, the file's contents parsed as JSON (the
 path is also exported as ``JOBLEASE_RESULT_FILE``; a missing or non-JSON file
@@ -34,13 +43,10 @@ stdout unchanged and the **last line that parses as JSON** (at most
 ``MAX_RESULT_BYTES``; longer lines are not candidates) is the result, ``null``
 when there is none.
 
-Waiting (``wait`` > 0) is polling: no request sits queued in etcd. While it
-waits the wrapper keeps a session (an etcd lease of the job's TTL) of its own
-as proof that it is still connected and running; if that session is lost
-(etcd unreachable for a TTL, the wrapper paused), it gives up with
-:class:`WaitSessionLostError` (exit 9) instead of claiming later as though
-nothing had happened (the trap of etcd#19597, where a waiting lock request
-outlives its session).
+Waiting (``wait`` > 0) is :meth:`JobLeaseClient.claim_waiting`, the loop
+``joblease claim --wait`` uses too: a watch of the holder key, and a session
+of its own as proof that the waiter is still connected and running; if that
+session is lost it gives up with :class:`WaitSessionLostError` (exit 9).
 """
 
 from __future__ import annotations
@@ -285,6 +291,8 @@ class Runner:
         """True while any process of the command's group runs."""
         if self.process is None or self._group_gone:
             return False
+        if not self._exited.is_set():
+            return True  # its leader runs: no need to look further
         if not _group_running(self.process.pid):
             self._group_gone = self._exited.is_set()
             return False
@@ -465,10 +473,10 @@ class Runner:
         with any process of it still running; return once the command has exited."""
         if not self._running():
             return
-        loop = asyncio.get_running_loop()
         grace = self.grace
-        self.say(f"sending SIGTERM to the command's process group; SIGKILL in {grace:g}s")
-        self._signal_child(signal.SIGTERM)
+        self._signal_child(signal.SIGTERM)  # first: nothing may delay it (bench/self_fencing.py)
+        self.say(f"sent SIGTERM to the command's process group; SIGKILL in {grace:g}s")
+        loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         while self._running():
             left = deadline - loop.time()
