@@ -454,11 +454,13 @@ class Runner:
         for ``DRAIN_QUIET``, after ``DRAIN_MAX`` at the latest (never past the
         lease's local deadline)."""
         loop = asyncio.get_running_loop()
-        end = loop.time() + min(DRAIN_MAX, self._remaining())
+        began = loop.time()
+        end = began + min(DRAIN_MAX, self._remaining())
         while not pump.done():
             now = loop.time()
             idle = tap.idle_since
-            if (idle is not None and now - idle >= DRAIN_QUIET) or now >= end:
+            # quiet since the exit at least: what it wrote last may not be read yet
+            if (idle is not None and now - max(idle, began) >= DRAIN_QUIET) or now >= end:
                 if now >= end:
                     self.say("the command's output is still coming after it exited; "
                              "deciding on what came before")
