@@ -255,8 +255,10 @@ def lease_rows(d: dict[str, Any]) -> list[list[Any]]:
 @click.option("--owner", required=True, envvar="JOBLEASE_OWNER", help="Who claims.")
 @click.option("--hold", is_flag=True,
               help="Keep the lease alive until interrupted (Ctrl-C releases it).")
-@click.option("--wait", "wait_seconds", type=float, default=0.0,
-              help="Retry for up to this many seconds while someone else holds the job.")
+@click.option("--wait", "wait_seconds", type=float, default=0.0, show_default=True,
+              help="Wait for up to this many seconds while someone else holds the job "
+                   "('inf': forever). Gives up with exit 9 if its own etcd session is lost "
+                   "while waiting.")
 @etcd_options
 @output_option
 def claim(job: str, namespace: str, owner: str, hold: bool, wait_seconds: float, output: str,
@@ -271,24 +273,14 @@ def claim(job: str, namespace: str, owner: str, hold: bool, wait_seconds: float,
     async def go() -> None:
         from joblease.errors import HeldError
 
+        def held(e: HeldError) -> None:  # progress, once per holder
+            click.echo(f"waiting: {ref} is held by {e.owner!r} (token {e.token}); "
+                       f"waiting for up to {wait_seconds:g}s", err=True)
+
         client = JobLeaseClient(config)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_seconds
-        shown: tuple[str, int] | None = None
         try:
-            while True:
-                try:
-                    lease = await client.claim(ref, owner)
-                    break
-                except HeldError as held:
-                    if loop.time() >= deadline:
-                        raise
-                    if shown != (held.owner, held.token):  # progress, once per holder
-                        shown = (held.owner, held.token)
-                        left = deadline - loop.time()
-                        click.echo(f"waiting: {ref} is held by {held.owner!r} (token "
-                                   f"{held.token}); retrying for up to {left:.0f}s", err=True)
-                    await asyncio.sleep(0.2)
+            lease = await client.claim_waiting(ref, owner, wait_seconds, on_held=held)
             emit(lease.to_dict(), output, lease_rows, LEASE_HEADERS)
             sys.stdout.flush()
             if not hold:
@@ -399,21 +391,23 @@ def release(job: str, namespace: str | None, owner: str, token: int, output: str
               help="Retry for up to this many seconds while someone else holds the job "
                    "('inf': forever). Gives up with exit 9 if the wrapper's own session "
                    "is lost while waiting.")
-@click.option("--grace", type=float, default=10.0, show_default=True,
-              help="Seconds between SIGTERM and SIGKILL when the lease is lost.")
+@click.option("--grace", type=float, default=None,
+              help="Seconds between SIGTERM and SIGKILL when the lease is lost (default: "
+                   "half the lease's safety margin, so the command is dead before another "
+                   "worker can claim the job).")
 @click.option("--result-file", type=click.Path(dir_okay=False), default=None,
               help="Complete with this file's JSON (default: the last JSON line of the "
                    "command's stdout, which is passed through).")
 @etcd_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run_(job: str, namespace: str, owner: str | None, wait_seconds: float, grace: float,
+def run_(job: str, namespace: str, owner: str | None, wait_seconds: float, grace: float | None,
          result_file: str | None, command: tuple[str, ...], **kw: Any) -> None:
     """Run COMMAND holding JOB's lease: joblease run JOB -- COMMAND [ARGS...].
 
     The command gets JOBLEASE_JOB, JOBLEASE_TOKEN, JOBLEASE_GENERATION and
     JOBLEASE_OWNER. Exit 0 completes the job; any other exit releases it and is
-    propagated; losing the lease stops the command (SIGTERM, SIGKILL after
-    --grace) and exits 8. See docs/cli.md.
+    propagated; losing the lease stops the command's process group (SIGTERM,
+    SIGKILL after --grace) and exits 8. See docs/cli.md.
     """
     import os
     import socket
@@ -425,7 +419,7 @@ def run_(job: str, namespace: str, owner: str | None, wait_seconds: float, grace
     opts = RunOptions(job=ref, owner=owner or f"{socket.gethostname()}:{os.getpid()}",
                       command=command, wait=wait_seconds, grace=grace,
                       result_file=Path(result_file) if result_file else None)
-    sys.exit(run(run_with_config(lambda: JobLeaseClient(config), opts)))
+    sys.exit(run(run_with_config(lambda: JobLeaseClient(config, revoke_on_loss=False), opts)))
 
 
 @main.command()

@@ -39,12 +39,14 @@ from joblease.errors import (
     CorruptRecordError,
     FencedError,
     HeldError,
+    InvalidInputError,
     JobLeaseError,
     LeaseNotFoundError,
     NotRegisteredError,
     OutcomeUnknownError,
     StaleTokenError,
     StoreUnavailableError,
+    WaitSessionLostError,
 )
 from joblease.etcd_store import EtcdConfig, EtcdStore
 from joblease.keys import JobKeys, JobRef, KeySpace
@@ -135,6 +137,12 @@ class JobLeaseClient:
     ``read_back_timeout`` bounds how long an unknown outcome is read back
     before the client gives up and says so (:class:`ClaimOutcomeUnknownError`,
     :class:`OutcomeUnknownError`).
+
+    ``revoke_on_loss`` (default True): a session lost past its local deadline
+    revokes its etcd lease at once, so its jobs become claimable at once. A
+    caller that must stop work first (``joblease run`` stops its command, then
+    revokes) passes False; etcd then expires the lease no earlier than the
+    margin after the local deadline (invariant ``stopped-before-reclaim``).
     """
 
     #: Specs of at most this many jobs are cached; the least recently used go first.
@@ -145,12 +153,14 @@ class JobLeaseClient:
     _min_session_left = 0.5
 
     def __init__(self, config: EtcdConfig | None = None, *, store: Store | None = None,
-                 margin: float | None = None, read_back_timeout: float = 30.0) -> None:
+                 margin: float | None = None, read_back_timeout: float = 30.0,
+                 revoke_on_loss: bool = True) -> None:
         self.config = config or EtcdConfig.from_env()
         self.store: Store = store if store is not None else EtcdStore(self.config)
         self.keys = KeySpace(self.config.root)
         self._margin = margin
         self._read_back_timeout = read_back_timeout
+        self._revoke_on_loss = revoke_on_loss
         self._specs: OrderedDict[JobRef, tuple[int, JobSpec]] = OrderedDict()
         #: per TTL, the session new claims are bound to (least recently used first)
         self._sessions: OrderedDict[int, Session] = OrderedDict()
@@ -367,7 +377,8 @@ class JobLeaseClient:
                         del self._sessions[ttl]
                         self._retired.add(session)
                     session = await Session(self.store, ttl, margin=self._margin,
-                                            check_holders=Lease.check_all).start()
+                                            check_holders=Lease.check_all,
+                                            revoke_on_loss=self._revoke_on_loss).start()
                     self._sessions[ttl] = session
         self._sessions.move_to_end(ttl)
         self._sweep_sessions(keep=session)
@@ -700,6 +711,85 @@ class JobLeaseClient:
         except JobLeaseError as exc:
             log.debug("watch of %s's holder ended: %s", job, exc)
             return False
+
+    async def claim_waiting(self, job: JobRef, owner: str, wait: float, *,
+                            on_held: Callable[[HeldError], None] | None = None) -> Lease:
+        """:meth:`claim`, retried for up to ``wait`` seconds (``inf``: forever)
+        while someone else holds the job; the one waiting loop of the CLI's
+        ``claim --wait`` and ``joblease run --wait``.
+
+        - **Waiting is a watch**: after a refusal it waits on the holder key
+          from the revision the refusal saw (:meth:`wait_for_holder_change`),
+          so it claims as soon as the holder releases or expires, never a poll
+          period late; each wait is capped at the job's TTL (a missed wake-up
+          costs at most that), and a watch that ends early (an error) is
+          followed by a backoff of 0.2 s doubling to 2 s, so it never spins.
+        - **The guard**: while it waits it keeps an etcd session (a lease of
+          the job's TTL) of its own, as proof that it is connected and
+          running. If that session is lost (etcd unreachable for a TTL, the
+          process paused past it) it raises :class:`WaitSessionLostError`
+          instead of claiming later as though it had waited all along (the
+          trap of etcd#19597, a waiting lock request outliving its session).
+          The session is checked before every claim and ends a wait at once.
+        - Only :class:`HeldError` is waited on: a job completed, failed or
+          unregistered meanwhile raises that error at the next claim. Once
+          ``wait`` has passed the last :class:`HeldError` is raised.
+
+        ``on_held`` is called once per holder seen (owner and token), for
+        progress messages. The waiting session is revoked before returning.
+        """
+        if not wait >= 0:  # also refuses NaN
+            raise InvalidInputError("the wait must be a number of seconds >= 0")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        guard: Session | None = None
+        shown: tuple[str, int] | None = None
+        backoff = 0.2
+        try:
+            while True:
+                if guard is not None and not guard.alive:
+                    raise WaitSessionLostError(
+                        str(job), guard.lost_reason or "no keep-alive succeeded in time")
+                try:
+                    return await self.claim(job, owner)
+                except HeldError as held:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        raise
+                    if guard is None:
+                        _, spec = await self._spec(job, self.keys.job(job))
+                        guard = await Session(self.store, spec.lease_duration_seconds,
+                                              margin=self._margin).start()
+                    if on_held is not None and shown != (held.owner, held.token):
+                        shown = (held.owner, held.token)
+                        on_held(held)
+                    began = loop.time()
+                    limit = min(left, float(guard.ttl))
+                    changed = held.revision > 0 and await self._wait_unless_lost(
+                        self.wait_for_holder_change(job, held.revision, limit), guard)
+                    if not changed and loop.time() - began < limit * 0.9:
+                        await self._wait_unless_lost(asyncio.sleep(min(backoff, left)), guard)
+                        backoff = min(2.0, backoff * 2)
+                    elif changed:
+                        backoff = 0.2
+        finally:
+            if guard is not None:
+                await guard.close(revoke=True)
+
+    @staticmethod
+    async def _wait_unless_lost(waiting: Awaitable[T], session: Session) -> T | None:
+        """``waiting``'s result, or ``None`` as soon as ``session`` is lost."""
+        task = asyncio.ensure_future(waiting)
+        lost = asyncio.ensure_future(session.wait_lost())
+        try:
+            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (task, lost):
+                t.cancel()
+            await asyncio.gather(task, lost, return_exceptions=True)
+        if task.cancelled():
+            return None
+        return task.result()  # raises what ``waiting`` raised
 
     # -- inspection --------------------------------------------------------------------------
 

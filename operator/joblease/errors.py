@@ -163,6 +163,23 @@ class LeaseLostError(JobLeaseError):
         return {"job": self.job, "token": self.token, "why": self.why}
 
 
+class WaitSessionLostError(JobLeaseError):
+    """A claim that waits for a held job gave up: the waiter's own etcd session
+    ended while it waited (etcd unreachable for a TTL, the process paused), so
+    it does not claim later as though it had been waiting all along."""
+
+    reason = "wait_session_lost"
+    exit_code = 9
+    http_status = 503
+
+    def __init__(self, job: str, why: str) -> None:
+        super().__init__(f"gave up waiting for job {job}: the waiter's session was lost ({why})")
+        self.job, self.why = job, why
+
+    def details(self) -> dict[str, Any]:
+        return {"job": self.job, "why": self.why}
+
+
 class FencedError(JobLeaseError):
     """A write made conditional on a *guard* (extra compares the caller passed,
     e.g. the operator's "the leader key still has my term") was refused

@@ -119,6 +119,13 @@ class Lease:
         return self._session.last_renewal if self._session is not None else 0.0
 
     @property
+    def margin(self) -> float:
+        """Seconds between this handle's local safety deadline and the earliest
+        moment etcd can expire its lease (invariant ``conservative-deadline``);
+        0 for a handle that does not renew (``lease_for``)."""
+        return self._session.margin if self._session is not None else 0.0
+
+    @property
     def state(self) -> LeaseState:
         if self._state is LeaseState.HELD and not self.valid:
             return LeaseState.LOST

@@ -3,7 +3,8 @@
 Like ``etcdctl lock NAME cmd`` (which exports ``ETCD_LOCK_REV``), with fencing
 and completion semantics:
 
-1. claim the job (with ``wait`` > 0, retry while someone else holds it);
+1. claim the job (with ``wait`` > 0, wait while someone else holds it:
+   :meth:`JobLeaseClient.claim_waiting`);
 2. start the command with ``JOBLEASE_JOB``, ``JOBLEASE_TOKEN``,
    ``JOBLEASE_GENERATION`` and ``JOBLEASE_OWNER`` (and ``JOBLEASE_CHECKPOINT``, the
    last checkpoint as JSON, when there is one) in its environment, in its
@@ -13,10 +14,16 @@ and completion semantics:
 4. end:
 
    - **lease lost** (keep-alive failed past the safety deadline, the holder key
-     changed, the wrapper was paused past its TTL): SIGTERM the child's group,
-     SIGKILL it after ``grace`` seconds, exit with ``LeaseLostError.exit_code``;
-     nothing is completed or released under the old token;
-   - **child exits 0** while the lease is valid: complete the job with the
+     changed, the wrapper was paused past its TTL): SIGTERM the child's group
+     (even if the child itself has exited: what it left running is stopped
+     too), SIGKILL what still runs of it after ``grace`` seconds (default: half
+     the lease's margin, so it is dead before etcd can expire the lease:
+     invariant ``stopped-before-reclaim``), then revoke the etcd lease; exit
+     with ``LeaseLostError.exit_code``; nothing is completed or released
+     under the old token;
+   - **child exits 0** while the lease is valid (decided on its exit: what it
+     wrote before is read until the pipe is quiet, at most ``DRAIN_MAX``, and
+     a background process holding its stdout does not delay it): complete the job with the
      result (below) and exit 0; a completion the store refuses exits with
      that error's code (7 stale), a result that cannot be used is refused
      (``InvalidInputError``, exit 2) after releasing the job;
@@ -24,8 +31,10 @@ and completion semantics:
      the job (the attempt stays counted) and exit with the child's code;
    - a child that cannot be started: release, exit 127.
 
-   SIGINT/SIGTERM sent to the wrapper are forwarded to the child's group; the
-   child's exit status then decides as above.
+   Every signal that would otherwise end the wrapper (``STOP_SIGNALS``: HUP,
+   INT, QUIT, TERM, USR1, ...) is forwarded to the child's group; the child's
+   exit status then decides as above. The wrapper never dies of one leaving
+   its command running without a lease.
 
 The result: with ``result_file``, the file's contents parsed as JSON (the
 path is also exported as ``JOBLEASE_RESULT_FILE``; a missing or non-JSON file
@@ -34,13 +43,10 @@ stdout unchanged and the **last line that parses as JSON** (at most
 ``MAX_RESULT_BYTES``; longer lines are not candidates) is the result, ``null``
 when there is none.
 
-Waiting (``wait`` > 0) is polling: no request sits queued in etcd. While it
-waits the wrapper keeps a session (an etcd lease of the job's TTL) of its own
-as proof that it is still connected and running; if that session is lost
-(etcd unreachable for a TTL, the wrapper paused), it gives up with
-:class:`WaitSessionLostError` (exit 9) instead of claiming later as though
-nothing had happened (the trap of etcd#19597, where a waiting lock request
-outlives its session).
+Waiting (``wait`` > 0) is :meth:`JobLeaseClient.claim_waiting`, the loop
+``joblease claim --wait`` uses too: a watch of the holder key, and a session
+of its own as proof that the waiter is still connected and running; if that
+session is lost it gives up with :class:`WaitSessionLostError` (exit 9).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,10 +72,10 @@ from joblease.errors import (
     JobLeaseError,
     LeaseLostError,
     StaleTokenError,
+    WaitSessionLostError,
 )
 from joblease.keys import JobRef
 from joblease.lease import Lease
-from joblease.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -76,19 +83,27 @@ log = logging.getLogger(__name__)
 EXIT_CANNOT_RUN = 127
 
 
-class WaitSessionLostError(JobLeaseError):
-    """``--wait`` gave up: the wrapper's own session ended while it was waiting."""
+#: Signals that do not go through the stop path: uncatchable (KILL, STOP), job
+#: control and notifications that do not end a process by default (CHLD, CONT,
+#: WINCH, URG, TSTP, TTIN, TTOU), faults of the wrapper's own code (SEGV, BUS, FPE,
+#: ILL, TRAP, SYS) and PIPE (Python ignores it; a write to a closed pipe fails).
+_NOT_STOP_SIGNALS = frozenset({
+    signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT, signal.SIGWINCH,
+    signal.SIGURG, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGSEGV,
+    signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGTRAP, signal.SIGSYS,
+    signal.SIGPIPE})
 
-    reason = "wait_session_lost"
-    exit_code = 9
-    http_status = 503
+#: Every signal that would otherwise end the wrapper (HUP, INT, QUIT, ABRT, TERM,
+#: USR1, USR2, ALRM, the real-time signals, ...): each is forwarded to the command.
+STOP_SIGNALS: tuple[int, ...] = tuple(sorted(
+    int(s) for s in signal.valid_signals() if s not in _NOT_STOP_SIGNALS))
 
-    def __init__(self, job: str, why: str) -> None:
-        super().__init__(f"gave up waiting for job {job}: the wrapper's session was lost ({why})")
-        self.job, self.why = job, why
-
-    def details(self) -> dict[str, Any]:
-        return {"job": self.job, "why": self.why}
+#: After the command exits, its output already in the pipe is read until the
+#: pipe has been quiet this long (or closed) ...
+DRAIN_QUIET = 0.1
+#: ... but never longer than this: a background process it left holding
+#: stdout must not delay the decision (docs/cli.md).
+DRAIN_MAX = 1.0
 
 
 @dataclass(frozen=True)
@@ -99,9 +114,11 @@ class RunOptions:
     owner: str
     command: Sequence[str]
     wait: float = 0.0  # seconds to keep retrying while the job is held (inf: forever)
-    grace: float = 10.0  # seconds between SIGTERM and SIGKILL once the lease is lost
+    #: seconds between SIGTERM and SIGKILL once the lease is lost; ``None``: half
+    #: the lease's safety margin, so the command is dead before etcd can expire
+    #: the lease (invariant ``stopped-before-reclaim``, docs/protocol.md)
+    grace: float | None = None
     result_file: Path | None = None
-    poll_interval: float = 0.2
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -117,37 +134,52 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def default_grace(margin: float) -> float:
+    """The default ``--grace`` for a lease with this safety margin: half of it.
+
+    The margin is the time between the local deadline and the earliest moment
+    etcd can expire the lease; the other half is left for noticing the
+    deadline and delivering the signals (measured: bench/self_fencing.py)."""
+    return margin / 2
+
+
 async def claim(client: JobLeaseClient, opts: RunOptions, *, say: Say = _stderr) -> Lease:
-    """Claim ``opts.job``; with ``opts.wait`` retry while it is held.
+    """Claim ``opts.job``; with ``opts.wait`` wait while it is held
+    (:meth:`JobLeaseClient.claim_waiting`: a watch, guarded by a session of its own).
 
     Raises what ``JobLeaseClient.claim`` raises (held once the wait is over,
     completed, exhausted, not registered) or :class:`WaitSessionLostError`.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + opts.wait
-    waiting: Session | None = None
-    shown: tuple[str, int] | None = None
+    def held(e: HeldError) -> None:
+        say(f"waiting: {opts.job} is held by {e.owner!r} (token {e.token})")
+
+    return await client.claim_waiting(opts.job, opts.owner, opts.wait, on_held=held)
+
+
+def _group_running(pgid: int) -> bool:
+    """True while a process of group ``pgid`` still runs (zombies do not count:
+    they run no code, and an init that does not reap would keep them forever)."""
     try:
-        while True:
-            if waiting is not None and not waiting.alive:
-                raise WaitSessionLostError(str(opts.job), waiting.lost_reason
-                                           or "no keep-alive succeeded before its deadline")
-            try:
-                return await client.claim(opts.job, opts.owner)
-            except HeldError as held:
-                if loop.time() >= deadline:
-                    raise
-                if waiting is None:
-                    state = await client.get(opts.job)
-                    ttl = state.spec.lease_duration_seconds if state.spec else 2
-                    waiting = await Session(client.store, ttl).start()
-                if shown != (held.owner, held.token):  # progress, once per holder
-                    shown = (held.owner, held.token)
-                    say(f"waiting: {opts.job} is held by {held.owner!r} (token {held.token})")
-            await asyncio.sleep(opts.poll_interval)
-    finally:
-        if waiting is not None:
-            await waiting.close(revoke=True)
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 class _ResultTap:
@@ -158,6 +190,8 @@ class _ResultTap:
         self.result: Any = None
         self._pending = bytearray()
         self._overlong = False
+        #: loop time since which ``pump`` has been waiting for data (None: busy)
+        self.idle_since: float | None = None
 
     def _consider(self, line: bytes) -> None:
         text = line.strip()
@@ -193,7 +227,13 @@ class _ResultTap:
     async def pump(self, stream: asyncio.StreamReader) -> None:
         # Writing happens in a thread: a slow reader of our stdout must not
         # stall the event loop (and with it the keep-alive).
-        while chunk := await stream.read(65536):
+        loop = asyncio.get_running_loop()
+        while True:
+            self.idle_since = loop.time()
+            chunk = await stream.read(65536)
+            self.idle_since = None
+            if not chunk:
+                break
             await asyncio.to_thread(self._write, chunk)
             self.feed(chunk)
         self.finish()
@@ -220,41 +260,109 @@ class Runner:
         self.say = say
         self.stdout = stdout if stdout is not None else sys.stdout.buffer
         self.lease: Lease | None = None
-        self.process: asyncio.subprocess.Process | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.forwarded: list[int] = []
         self._stopped = asyncio.Event()  # a signal arrived before the child started
+        #: the command (the group's leader) has exited and been reaped; unlike
+        #: asyncio's ``Process.wait()`` this does not wait for its stdout to close
+        self._exited = asyncio.Event()
+        self._group_gone = False  # the command's process group is known to be empty
+        self._pipe: asyncio.BaseTransport | None = None
 
-    # -- signals ---------------------------------------------------------------------------
+    # -- the command's process group -------------------------------------------------------
 
     def _signal_child(self, sig: int) -> None:
+        """Send ``sig`` to the command's whole process group, whether or not its
+        leader has exited: what the command started in the background gets it too."""
         proc = self.process
-        if proc is None or proc.returncode is not None:
+        if proc is None or self._group_gone:
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        try:
             os.killpg(proc.pid, sig)  # the child leads its own process group
+        except ProcessLookupError:
+            self._group_gone = True  # nobody left; never signal that group id again
+        except PermissionError:
+            pass
+
+    def _running(self) -> bool:
+        """True while any process of the command's group runs."""
+        if self.process is None or self._group_gone:
+            return False
+        if not self._exited.is_set():
+            return True  # its leader runs: no need to look further
+        if not _group_running(self.process.pid):
+            self._group_gone = self._exited.is_set()
+            return False
+        return True
 
     def _on_wrapper_signal(self, sig: int) -> None:
+        self.forwarded.append(sig)
         if self.process is None:
             self._stopped.set()
-            self.forwarded.append(sig)
             return
-        self.forwarded.append(sig)
-        self.say(f"forwarding {signal.Signals(sig).name} to the command (pid "
-                 f"{self.process.pid})")
+        self.say(f"forwarding {signal.Signals(sig).name if sig in _SIGNAL_NAMES else sig} "
+                 f"to the command (pid {self.process.pid})")
         self._signal_child(sig)
+
+    def _watch_exit(self, proc: subprocess.Popen[bytes]) -> None:
+        """Set ``_exited`` once the command has exited (reaped by us, at once)."""
+        loop = asyncio.get_running_loop()
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):  # no pidfds here: a thread waits instead
+            task = asyncio.ensure_future(asyncio.to_thread(proc.wait))
+            task.add_done_callback(lambda _: self._exited.set())
+            return
+
+        def exited() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            proc.wait()  # it has exited: this reaps it without blocking
+            self._exited.set()
+
+        loop.add_reader(pidfd, exited)
+
+    async def _start(self, env: dict[str, str], tap: _ResultTap | None
+                     ) -> asyncio.Task[None] | None:
+        """Start the command in its own process group; the stdout pump, if any."""
+        proc = subprocess.Popen(  # noqa: ASYNC220 -- fork+exec only, it does not wait
+            list(self.opts.command), env=env, process_group=0,
+            stdout=subprocess.PIPE if tap is not None else None)
+        self.process = proc
+        self._watch_exit(proc)
+        if tap is None or proc.stdout is None:
+            return None
+        reader = asyncio.StreamReader()
+        self._pipe, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), proc.stdout)
+        return asyncio.create_task(tap.pump(reader))
+
+    def _close_pipe(self, pump: asyncio.Task[None] | None) -> None:
+        if pump is not None:
+            pump.cancel()
+        if self._pipe is not None:
+            self._pipe.close()
+            self._pipe = None
 
     # -- the run ---------------------------------------------------------------------------
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        handled = (signal.SIGINT, signal.SIGTERM)
-        for sig in handled:
-            loop.add_signal_handler(sig, self._on_wrapper_signal, sig)
+        handled: dict[int, Any] = {}  # signal -> the handler it had before
+        for sig in STOP_SIGNALS:
+            previous = signal.getsignal(sig)
+            try:
+                loop.add_signal_handler(sig, self._on_wrapper_signal, sig)
+            except (OSError, RuntimeError, ValueError):  # not catchable here
+                continue
+            handled[sig] = previous
         try:
             return await self._run()
         finally:
-            for sig in handled:
+            for sig, previous in handled.items():
                 loop.remove_signal_handler(sig)
+                with contextlib.suppress(OSError, ValueError, TypeError):
+                    signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
 
     async def _run(self) -> int:
         opts = self.opts
@@ -273,7 +381,12 @@ class Runner:
         if self._stopped.is_set():  # signalled just as the claim succeeded
             await self._give_back(lease)
             return 128 + self.forwarded[0]
+        grace = self.grace
         self.say(f"claimed {opts.job}: generation {lease.generation}, token {lease.token}")
+        if grace > lease.margin:
+            self.say(f"warning: --grace {grace:g}s is longer than the lease's safety margin "
+                     f"({lease.margin:g}s): after a loss the command may still run while "
+                     "another worker holds the job")
         env = {**os.environ, **opts.extra_env,
                "JOBLEASE_JOB": str(opts.job), "JOBLEASE_TOKEN": str(lease.token),
                "JOBLEASE_GENERATION": str(lease.generation), "JOBLEASE_OWNER": opts.owner}
@@ -284,69 +397,106 @@ class Runner:
             env["JOBLEASE_CHECKPOINT"] = json.dumps(checkpoint, separators=(",", ":"))
         tap = _ResultTap(self.stdout) if opts.result_file is None else None
         try:
-            self.process = await asyncio.create_subprocess_exec(
-                *opts.command, env=env, process_group=0,
-                stdout=asyncio.subprocess.PIPE if tap is not None else None)
+            pump = await self._start(env, tap)
         except OSError as e:
             self.say(f"cannot run {opts.command[0]!r}: {e.strerror or e}")
             await self._give_back(lease)
             return EXIT_CANNOT_RUN
+        try:
+            return await self._hold(lease, tap, pump)
+        finally:
+            self._close_pipe(pump)
+
+    @property
+    def grace(self) -> float:
+        """Seconds between SIGTERM and SIGKILL after a loss (default: half the margin)."""
+        if self.opts.grace is not None:
+            return self.opts.grace
+        return default_grace(self.lease.margin if self.lease is not None else 0.0)
+
+    async def _hold(self, lease: Lease, tap: _ResultTap | None,
+                    pump: asyncio.Task[None] | None) -> int:
+        """The command runs under the lease; its exit (or the lease's end) decides."""
         proc = self.process
+        assert proc is not None
         for sig in self.forwarded:  # arrived between the claim and the start
             self._signal_child(sig)
-        pump = (asyncio.create_task(tap.pump(proc.stdout))
-                if tap is not None and proc.stdout is not None else None)
-        exited = asyncio.create_task(proc.wait())
+        exited = asyncio.create_task(self._exited.wait())
         ended = asyncio.create_task(lease.wait_done())
-        await asyncio.wait({exited, ended}, return_when=asyncio.FIRST_COMPLETED)
-        # Whatever finished first, the lease decides: a child that exited while
-        # the wrapper was paused past its deadline must not be completed.
-        if not lease.valid:
-            ended.cancel()
-            return await self._lost(lease, exited, pump)
-        if not exited.done():  # the lease ended otherwise (never expected here)
-            await exited
-        ended.cancel()
-        if pump is not None:
-            await self._drain(pump)
-        code = exit_code_of(proc.returncode if proc.returncode is not None else 1)
-        if not lease.valid:  # lost while the output drained: no effect under the old token
-            return await self._lost(lease, exited, None)
-        if code != 0:
-            self.say(f"command exited {code}; releasing {opts.job} (the attempt stays counted)")
-            return await self._release(lease, code)
-        return await self._complete(lease, tap)
-
-    async def _drain(self, pump: asyncio.Task[None]) -> None:
-        """Wait for the child's stdout to close (a grandchild may keep it open:
-        bounded by the lease's remaining safety time)."""
         try:
-            await asyncio.wait_for(asyncio.shield(pump), timeout=max(0.5, self._remaining()))
-        except TimeoutError:
-            self.say("the command's stdout is still open after it exited; not waiting for it")
-            pump.cancel()
+            await asyncio.wait({exited, ended}, return_when=asyncio.FIRST_COMPLETED)
+            # Whatever finished first, the lease decides: a child that exited while
+            # the wrapper was paused past its deadline must not be completed.
+            if not lease.valid:
+                return await self._lost(lease)
+            await exited  # the lease ended otherwise (never expected here)
+            if pump is not None and tap is not None:
+                await self._drain(pump, tap)
+            if not lease.valid:  # lost while the output drained: no effect under the old token
+                return await self._lost(lease)
+        finally:
+            for t in (exited, ended):
+                t.cancel()
+        code = exit_code_of(proc.returncode if proc.returncode is not None else 1)
+        if code != 0:
+            self.say(f"command exited {code}; releasing {self.opts.job} (the attempt stays "
+                     "counted)")
+            return await self._release(lease, code)
+        return await self._complete(lease, tap.result if tap is not None else None)
+
+    async def _drain(self, pump: asyncio.Task[None], tap: _ResultTap) -> None:
+        """The command has exited: read what it wrote (already in the pipe) without
+        waiting for the pipe to close, which a background process it left behind
+        may hold open for any time. Ends once the pipe is closed or has been quiet
+        for ``DRAIN_QUIET``, after ``DRAIN_MAX`` at the latest (never past the
+        lease's local deadline)."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        end = began + min(DRAIN_MAX, self._remaining())
+        while not pump.done():
+            now = loop.time()
+            idle = tap.idle_since
+            # quiet since the exit at least: what it wrote last may not be read yet
+            if (idle is not None and now - max(idle, began) >= DRAIN_QUIET) or now >= end:
+                if now >= end:
+                    self.say("the command's output is still coming after it exited; "
+                             "deciding on what came before")
+                return
+            await asyncio.wait({pump}, timeout=min(0.02, end - now))
 
     def _remaining(self) -> float:
         return self.lease.remaining() if self.lease is not None else 0.0
 
-    async def _lost(self, lease: Lease, exited: asyncio.Task[int],
-                    pump: asyncio.Task[None] | None) -> int:
+    async def _stop_command(self) -> None:
+        """SIGTERM the command's process group; SIGKILL it once ``grace`` has passed
+        with any process of it still running; return once the command has exited."""
+        if not self._running():
+            return
+        grace = self.grace
+        self._signal_child(signal.SIGTERM)  # first: nothing may delay it (bench/self_fencing.py)
+        self.say(f"sent SIGTERM to the command's process group; SIGKILL in {grace:g}s")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while self._running():
+            left = deadline - loop.time()
+            if left <= 0:
+                self.say("the command's process group outlived the grace period; "
+                         "sending SIGKILL")
+                self._signal_child(signal.SIGKILL)
+                break
+            await asyncio.sleep(min(0.02, left))
+        await self._exited.wait()  # the leader dies of SIGKILL at the latest
+
+    async def _lost(self, lease: Lease) -> int:
         why = lease.lost_reason or "lease lost"
         self.say(f"lease on {self.opts.job} (token {lease.token}) lost: {why}")
-        if not exited.done():
-            self.say(f"sending SIGTERM to the command; SIGKILL in {self.opts.grace:g}s")
-            self._signal_child(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(asyncio.shield(exited), timeout=self.opts.grace)
-            except TimeoutError:
-                self.say("the command outlived the grace period; sending SIGKILL")
-                self._signal_child(signal.SIGKILL)
-                await exited
-        if pump is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(pump), timeout=1.0)
-            except TimeoutError:
-                pump.cancel()
+        await self._stop_command()
+        self.say("the command has exited; giving the job back")
+        # Only now give the job back (a client made with revoke_on_loss=False has
+        # not yet): the command is dead, so the next holder cannot overlap it.
+        if lease.lease_id:
+            with contextlib.suppress(JobLeaseError):
+                await self.client.store.revoke(lease.lease_id)
         return LeaseLostError.exit_code
 
     async def _give_back(self, lease: Lease) -> None:
@@ -368,13 +518,12 @@ class Runner:
                       "the session's etcd lease is revoked on exit")
         return code
 
-    async def _complete(self, lease: Lease, tap: _ResultTap | None) -> int:
+    async def _complete(self, lease: Lease, stdout_result: Any) -> int:
         try:
             if self.opts.result_file is not None:
                 result = _read_result_file(self.opts.result_file)
             else:
-                assert tap is not None
-                result = tap.result
+                result = stdout_result
             validation.json_payload(result, "result", validation.MAX_RESULT_BYTES)
         except InvalidInputError as e:
             self.say(f"{e}; releasing {self.opts.job} without completing it")
@@ -390,6 +539,9 @@ class Runner:
         return 0
 
 
+_SIGNAL_NAMES = frozenset(int(s) for s in signal.Signals)
+
+
 async def run_job(client: JobLeaseClient, opts: RunOptions, *, stdout: BinaryIO | None = None,
                   say: Say = _stderr) -> int:
     """Run ``opts.command`` under the job's lease; return the wrapper's exit code.
@@ -400,8 +552,8 @@ async def run_job(client: JobLeaseClient, opts: RunOptions, *, stdout: BinaryIO 
     """
     if not opts.command:
         raise InvalidInputError("no command given (joblease run JOB -- COMMAND...)")
-    if opts.grace < 0 or opts.wait < 0:
-        raise InvalidInputError("--grace and --wait must not be negative")
+    if (opts.grace is not None and not opts.grace >= 0) or not opts.wait >= 0:
+        raise InvalidInputError("--grace and --wait must be numbers of seconds >= 0")
     validation.job_ref(opts.job)
     validation.owner(opts.owner)
     return await Runner(client, opts, stdout=stdout, say=say).run()
@@ -409,7 +561,11 @@ async def run_job(client: JobLeaseClient, opts: RunOptions, *, stdout: BinaryIO 
 
 async def run_with_config(make_client: Callable[[], JobLeaseClient], opts: RunOptions
                           ) -> int:
-    """``run_job`` with a client of its own, closed (and its etcd lease revoked) after."""
+    """``run_job`` with a client of its own, closed (and its etcd lease revoked) after.
+
+    ``make_client`` should make its client with ``revoke_on_loss=False`` (the
+    CLI does): otherwise a lost session gives the job back before the command
+    is stopped."""
     client = make_client()
     try:
         return await run_job(client, opts)
@@ -417,5 +573,5 @@ async def run_with_config(make_client: Callable[[], JobLeaseClient], opts: RunOp
         await client.close()
 
 
-__all__ = ["EXIT_CANNOT_RUN", "RunOptions", "Runner", "WaitSessionLostError", "claim",
-           "exit_code_of", "run_job", "run_with_config"]
+__all__ = ["EXIT_CANNOT_RUN", "STOP_SIGNALS", "RunOptions", "Runner", "WaitSessionLostError",
+           "claim", "default_grace", "exit_code_of", "run_job", "run_with_config"]

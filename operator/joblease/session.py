@@ -53,6 +53,7 @@ class Session:
         margin: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         check_holders: Callable[[list[object]], Awaitable[None]] | None = None,
+        revoke_on_loss: bool = True,
     ) -> None:
         self.store = store
         self.ttl = ttl
@@ -69,6 +70,9 @@ class Session:
         self._check_holders = check_holders
         self._lost = asyncio.Event()
         self._closing = False
+        #: revoke the etcd lease as soon as the session is lost (``False``: leave it
+        #: to whoever stops the work first; ``joblease run`` stops its command first)
+        self.revoke_on_loss = revoke_on_loss
 
     @property
     def interval(self) -> float:
@@ -173,7 +177,7 @@ class Session:
                         log.exception("holder re-check for lease %x failed", self.lease_id)
         finally:
             await stream.close()
-        if self.lost_reason is not None and not self._closing:
+        if self.lost_reason is not None and not self._closing and self.revoke_on_loss:
             await self._revoke()
 
     async def _revoke(self) -> None:

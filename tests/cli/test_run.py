@@ -363,6 +363,92 @@ def test_signals_to_the_wrapper_are_forwarded_to_the_child(
     assert state["phase"] == "Pending" and state["holder"] is None
 
 
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1],
+                         ids=lambda s: s.name)
+def test_every_signal_that_would_end_the_wrapper_goes_to_the_command_first(
+    etcd_config: EtcdConfig, tmp_path: Path, wrappers: list[Wrapper], sig: signal.Signals,
+) -> None:
+    """A signal whose default would end the wrapper (HUP, QUIT, USR1, ...) goes
+    through its stop path like TERM: forwarded to the command's group, whose
+    exit then decides. The wrapper never dies leaving its command running
+    without a lease (another worker could claim the job while it runs)."""
+    jl(etcd_config, "register", "sigs", "--ttl", "3", "--max-attempts", "0")
+    w = start(wrappers, etcd_config, tmp_path, "w", "sigs")
+    pid = w.child_env()["pid"]
+    w.proc.send_signal(sig)
+    assert w.wait() == 128 + sig, w.stderr  # the child died of it (its default action)
+    assert pid_gone(pid), "the command outlived its wrapper"
+    assert f"forwarding {sig.name}" in w.stderr
+    state = job_state(etcd_config, "sigs")
+    assert state["phase"] == "Pending" and state["holder"] is None
+
+
+def _read_pid(path: Path) -> int:
+    return int(wait_until(lambda: path.exists() and path.read_text().strip(), START,
+                          f"{path.name} to be written"))
+
+
+def _kill_if_running(pid: int) -> None:
+    if not pid_gone(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_loss_after_the_command_exited_kills_the_rest_of_its_process_group(
+    etcd_config: EtcdConfig, tmp_path: Path, wrappers: list[Wrapper],
+) -> None:
+    """The command exits while its wrapper is paused past the TTL, leaving a
+    background process that ignores SIGTERM and holds the command's stdout.
+    When the wrapper resumes it has lost the lease: it SIGKILLs the rest of
+    the group after the grace period and exits 8; it neither completes the job
+    nor waits for the stdout to close."""
+    jl(etcd_config, "register", "leftover", "--ttl", "2", "--max-attempts", "3")
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    script = (f'trap "" TERM; echo $$ > {ctl}/sh.pid; sleep 300 & echo $! > {ctl}/bg.pid; '
+              f'while [ ! -e {ctl}/go ]; do sleep 0.05; done; echo \'{{"done": 1}}\'; exit 0')
+    w = start(wrappers, etcd_config, tmp_path, "w", "leftover", "--grace", "1",
+              command=["sh", "-c", script])
+    leader, background = _read_pid(ctl / "sh.pid"), _read_pid(ctl / "bg.pid")
+    try:
+        w.proc.send_signal(signal.SIGSTOP)
+        (ctl / "go").write_text("")
+        wait_until(lambda: pid_gone(leader), START, "the command to exit")
+        asyncio.run(_wait_for_etcd_to_expire_a_probe_lease(etcd_config))
+        assert not pid_gone(background)
+        w.proc.send_signal(signal.SIGCONT)
+        assert w.wait(timeout=START) == LeaseLostError.exit_code, w.stderr
+        assert pid_gone(background), "the command's background process outlived the loss"
+        assert "sending SIGKILL" in w.stderr and "completed" not in w.stderr
+    finally:
+        _kill_if_running(background)
+    state = job_state(etcd_config, "leftover")
+    assert state["result"] is None and state["phase"] != "Completed"
+
+
+def test_completion_follows_the_commands_exit_not_the_close_of_its_stdout(
+    etcd_config: EtcdConfig, tmp_path: Path, wrappers: list[Wrapper],
+) -> None:
+    """A command that prints its result and exits 0 at once, leaving ``sleep``
+    in the background holding its stdout, is completed right after its exit
+    (what it printed before is the result), not once the pipe closes."""
+    jl(etcd_config, "register", "background", "--ttl", "60")
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    script = (f'sleep 120 & echo $! > {ctl}/bg.pid; echo \'{{"rows": 7}}\'; '
+              f'date +%s.%N > {ctl}/exited')
+    w = start(wrappers, etcd_config, tmp_path, "w", "background", command=["sh", "-c", script])
+    background = _read_pid(ctl / "bg.pid")
+    try:
+        assert w.wait(timeout=START) == 0, w.stderr
+    finally:
+        _kill_if_running(background)
+    state = job_state(etcd_config, "background")
+    assert state["phase"] == "Completed" and state["result"]["result"] == {"rows": 7}
+    exited = float((ctl / "exited").read_text())
+    # the drain is bounded by 1 s; the rest is slack for a loaded machine
+    assert state["result"]["completedAt"] - exited < 10, "completion waited for the pipe"
+
+
 # ----------------------------------------------------------------------------- --wait
 
 
@@ -398,6 +484,41 @@ def test_wait_gives_up_with_its_own_code_when_its_session_is_lost(
     assert not (waiter.dir / "env.json").exists()  # it never claimed, never ran
     holder.finish_child(0)
     assert holder.wait() == 0, holder.stderr
+
+
+def test_claim_wait_gives_up_with_its_own_code_when_its_session_is_lost(
+    etcd_config: EtcdConfig, tmp_path: Path, wrappers: list[Wrapper],
+) -> None:
+    """``joblease claim --wait`` keeps the guard ``run --wait`` has (one loop,
+    ``JobLeaseClient.claim_waiting``): a waiter paused past its TTL exits 9
+    when it resumes, even though the job became free while it was paused,
+    instead of claiming as though it had been waiting all along."""
+    jl(etcd_config, "register", "queued", "--ttl", "2", "--max-attempts", "5")
+    holder = start(wrappers, etcd_config, tmp_path, "holder", "queued")
+    holder.child_env()
+    err_path = tmp_path / "waiter.err"
+    with err_path.open("wb") as err:
+        waiter = subprocess.Popen(
+            [sys.executable, "-m", "joblease.cli", "claim", "queued", "--owner", "waiter",
+             "--wait", "inf", "-o", "json"],
+            env=environ(etcd_config), stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        wait_until(lambda: "waiting:" in err_path.read_text(), START, "the waiter to wait")
+        waiter.send_signal(signal.SIGSTOP)
+        asyncio.run(_wait_for_etcd_to_expire_a_probe_lease(etcd_config))
+        holder.finish_child(3)  # the holder releases: the job is free while the waiter sleeps
+        assert holder.wait() == 3, holder.stderr
+        waiter.send_signal(signal.SIGCONT)
+        out, _ = waiter.communicate(timeout=START)
+    finally:
+        if waiter.poll() is None:
+            waiter.send_signal(signal.SIGCONT)
+            waiter.kill()
+            waiter.wait()
+    assert waiter.returncode == WaitSessionLostError.exit_code, err_path.read_text()
+    assert "wait_session_lost" in err_path.read_text() and out == ""
+    state = job_state(etcd_config, "queued")
+    assert state["holder"] is None and state["attempts"] == 1  # the waiter never claimed
 
 
 def test_run_help_and_kubectl_plugin_entry_point() -> None:
