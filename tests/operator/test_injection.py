@@ -316,3 +316,67 @@ def test_review_response_carries_the_patch_or_the_refusal() -> None:
 def test_json_pointer_escaping_of_the_annotation_key() -> None:
     assert injection._escape("joblease.io/injected") == "joblease.io~1injected"
     assert injection._escape("a~b/c") == "a~0b~1c"
+
+
+def test_on_loss_exit_shares_the_process_namespace_and_warns_that_exit_ends_nothing() -> None:
+    """A native sidecar's exit does not end the pod (the kubelet restarts it): with
+    on-loss exit only the SIGTERM the sidecar sends first stops the worker, so the
+    pod gets the shared process namespace that signal needs, and a warning."""
+    pod, warnings = _inject(_bare_pod(**{"joblease.io/on-loss": "exit"}))
+    assert pod["spec"]["shareProcessNamespace"] is True
+    env = _env(pod["spec"]["initContainers"][0])
+    assert env["JOBLEASE_SIDECAR_ON_LOSS"] == "exit"
+    assert env["JOBLEASE_WORKER_PID_FILE"] == "/run/joblease/worker.pid"
+    (warning,) = warnings
+    assert warning.startswith("joblease.io/on-loss: exit: the injected sidecar is a native "
+                              "sidecar, whose exit does not end the pod")
+    shown = review_response(_review(_bare_pod(**{"joblease.io/on-loss": "exit"})),
+                            SETTINGS, exists=True)["response"]["warnings"]
+    assert shown == [f"joblease: {warning}"]  # what kubectl prints after "Warning: "
+
+
+def test_on_loss_exit_without_a_shared_process_namespace_is_refused() -> None:
+    pod = _bare_pod(**{"joblease.io/on-loss": "exit"})
+    pod["spec"]["shareProcessNamespace"] = False
+    with pytest.raises(InjectionRefused, match=r"on-loss: exit needs spec\.shareProcessNamespace"):
+        plan(pod, SETTINGS, namespace=NS)
+
+
+def test_on_loss_exit_warns_about_a_worker_the_sidecar_cannot_signal() -> None:
+    pod = _bare_pod(**{"joblease.io/on-loss": "exit"})
+    pod["spec"]["containers"][0]["securityContext"]["runAsUser"] = 1000
+    _, warnings = _inject(pod)
+    assert any("exit: container 'worker' runs as uid 1000" in w for w in warnings), warnings
+
+
+def test_a_host_network_pod_is_refused_its_lease_api_would_be_the_nodes() -> None:
+    pod = _bare_pod()
+    pod["spec"]["hostNetwork"] = True
+    with pytest.raises(InjectionRefused, match=r"spec\.hostNetwork is true: the "
+                                               r"sidecar's lease API"):
+        plan(pod, SETTINGS, namespace=NS)
+
+
+def test_a_missing_etcd_client_secret_is_warned_about_naming_what_provides_it() -> None:
+    """The kubelet cannot mount a missing Secret: the pod would stay Pending
+    (FailedMount) with nothing saying why. The warning names the Secret and the
+    chart value that puts it in the namespace."""
+    result = plan(_bare_pod(), SETTINGS, namespace=NS, joblease_exists=True,
+                  missing_secrets={"joblease-etcd-client"})
+    assert result.patch
+    (warning,) = result.warnings
+    assert warning.startswith("Secret team-a/joblease-etcd-client does not exist: the pod "
+                              "cannot start (Pending, FailedMount) until it does")
+    assert "--set 'etcd.workerSecret.namespaces[0]=team-a'" in warning
+    assert "webhook.sidecar.etcdClientSecret" in warning
+    tenant = SidecarSettings(tenant_credentials=True)
+    (warning,) = plan(_bare_pod(), tenant, namespace=NS, joblease_exists=True,
+                      missing_secrets={"joblease-etcd-credentials"}).warnings
+    assert warning.startswith("Secret team-a/joblease-etcd-credentials does not exist")
+    assert "the operator creates it when the namespace's first JobLease" in warning
+    # only the installation's Secrets are looked up, and only missing ones warned about
+    assert injection.installation_secrets(SETTINGS) == ["joblease-etcd-client"]
+    assert injection.installation_secrets(tenant) == ["joblease-etcd-client",
+                                                      "joblease-etcd-credentials"]
+    assert not plan(_bare_pod(), SETTINGS, namespace=NS, joblease_exists=True,
+                    missing_secrets={"joblease-etcd-credentials"}).warnings
