@@ -64,7 +64,12 @@ from joblease.operator.tenants import (
     supervise,
     warn_if_auth_disabled,
 )
-from joblease.operator.webhook import WebhookConfig, kube_lookup, serve_webhook
+from joblease.operator.webhook import (
+    WebhookConfig,
+    kube_lookup,
+    kube_secret_lookup,
+    serve_webhook,
+)
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +312,8 @@ async def run_operator(config: OperatorConfig) -> None:
     # -- always-on parts: every replica, leader or not ----------------------------------
     # The webhook first, independent of kopf and etcd: every replica answers admissions.
     # Start each always-on part here (the probes just below) and stop it on the way out.
-    async with serve_webhook(config.webhook, kube_lookup(kube.get)), \
+    async with serve_webhook(config.webhook, kube_lookup(kube.get),
+                             kube_secret_lookup(kube.get_secret)), \
             JobLeaseClient(etcd) as client:
         runner = await _serve_probes(config, metrics, client, replica)
         log.info("joblease operator %s: etcd %s root %s, %s%s", identity,
