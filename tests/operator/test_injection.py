@@ -380,3 +380,38 @@ def test_a_missing_etcd_client_secret_is_warned_about_naming_what_provides_it() 
                                                       "joblease-etcd-credentials"]
     assert not plan(_bare_pod(), SETTINGS, namespace=NS, joblease_exists=True,
                     missing_secrets={"joblease-etcd-credentials"}).warnings
+
+
+def _docs_job() -> dict[str, Any]:
+    """The Job of docs/sidecar.md's "Injection" section, as written."""
+    text = (REPO_ROOT / "docs" / "sidecar.md").read_text()
+    section = text.split("\n## Injection\n", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    job: dict[str, Any] = yaml.safe_load(block)
+    return job
+
+
+def test_the_docs_injection_job_as_written_runs_the_examples_worker_script() -> None:
+    job = _docs_job()
+    assert job["kind"] == "Job"
+    template = job["spec"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"],
+           "spec": template["spec"]}
+    patched, _ = _inject(pod)
+    spec = patched["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for c in spec["containers"] + spec["initContainers"]:
+        for m in c.get("volumeMounts", []):
+            assert m["name"] in volumes, f"{c['name']} mounts {m['name']}, which has no volume"
+    (worker,) = spec["containers"]
+    (example,) = _inject(_bare_pod())[0]["spec"]["containers"]
+    assert worker["command"] == example["command"] == ["sh", "/opt/worker/worker.sh"]
+    assert worker["volumeMounts"] == example["volumeMounts"]
+    assert _env(worker) == _env(example)
+    (script_mount,) = [m for m in worker["volumeMounts"] if m["mountPath"] == "/opt/worker"]
+    config_map = volumes[script_mount["name"]]["configMap"]["name"]
+    docs = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
+    (example_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert example_map["metadata"]["name"] == config_map and "worker.sh" in example_map["data"]
+    (joblease,) = [d for d in docs if d["kind"] == "JobLease"]
+    assert template["metadata"]["annotations"][JOB_ANNOTATION] == joblease["metadata"]["name"]
