@@ -14,19 +14,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import datetime as dt
 import json
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import kopf
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from joblease.keys import JobRef
@@ -39,28 +35,9 @@ from joblease.operator.webhook import (
     kube_lookup,
     kube_secret_lookup,
 )
+from tests.support.webhook_tls import post_review
+from tests.support.webhook_tls import write_cert as _write_cert
 from tests.waiting import wait_until
-
-
-def _write_cert(directory: Path, common_name: str) -> None:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = dt.datetime.now(dt.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=1))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    (directory / "tls.key.new").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
-    (directory / "tls.crt.new").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    # replaced as the kubelet swaps a Secret volume's files: whole, never half-written
-    (directory / "tls.key.new").rename(directory / "tls.key")
-    (directory / "tls.crt.new").rename(directory / "tls.crt")
 
 
 def _review(annotations: dict[str, str]) -> dict[str, Any]:
@@ -87,15 +64,9 @@ async def server(tmp_path: Path) -> Any:
     await srv.stop()
 
 
-def _client_ssl(directory: Path) -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=str(directory / "tls.crt"))
-
-
 async def _post(srv: WebhookServer, directory: Path, body: Any) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as session, session.post(
-            f"https://localhost:{srv.port}{PATH}", json=body,
-            ssl=_client_ssl(directory)) as resp:
-        return resp.status, await resp.json(content_type=None)
+    assert srv.port is not None
+    return await post_review(srv.port, directory, PATH, body)
 
 
 async def test_annotated_pod_is_answered_with_a_patch_over_tls(server: Any) -> None:
