@@ -12,6 +12,14 @@ answers with the :func:`joblease.operator.injection.plan` patch, a refusal
 (HTTP 200, ``allowed: false``, code 400 and the message saying which annotation
 is wrong) or an unchanged admission. ``GET /healthz`` answers 200.
 
+Before planning, the webhook looks up (through the API server, at most
+``LOOKUP_TIMEOUT`` seconds, all at once) the pod's JobLease and the etcd
+credential Secrets the injected pod will mount; a missing one becomes a
+warning. The lookups are advisory (:func:`advisory`): whatever goes wrong with
+them, the answer is the same admission with a warning saying the check could
+not be made, never an HTTP error (which ``failurePolicy: Fail`` would turn into
+a refused pod).
+
 TLS: the serving certificate and key come from files (a mounted Secret:
 the chart's generated one or cert-manager's); they are re-read when they change
 on disk (checked every ``reload_interval`` seconds), so a renewed certificate is
