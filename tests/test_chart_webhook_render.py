@@ -78,3 +78,19 @@ def test_the_operator_may_read_only_the_etcd_client_secret_injected_pods_mount()
     roles = [d for d in docs if d["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["a", "b"]
     assert secret_rules(roles) == [{**get_only, "resourceNames": ["joblease-etcd-client"]}] * 2
+
+
+def test_helm_template_shows_a_fresh_webhook_certificate_whose_ca_is_the_ca_bundle() -> None:
+    """What docs/helm.md says of ``helm template``: it cannot look the installed
+    Secret up, so each render generates a new certificate (an upgrade keeps the
+    installed one: tests/cluster/test_chart_etcd.py); the webhook trusts its CA."""
+    def webhook_tls() -> tuple[dict[str, str], str]:
+        docs = render({})
+        (secret,) = [d for d in docs if d["kind"] == "Secret"
+                     and d["metadata"]["name"].endswith("-webhook-tls")]
+        (config,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+        return secret["data"], config["webhooks"][0]["clientConfig"]["caBundle"]
+    first, first_bundle = webhook_tls()
+    second, second_bundle = webhook_tls()
+    assert first_bundle == first["ca.crt"] and second_bundle == second["ca.crt"]
+    assert first["tls.crt"] != second["tls.crt"]
