@@ -3,8 +3,7 @@ cluster: ``helm template``).
 
 What is guaranteed: tenant credentials with the bundled etcd (which has no auth,
 so every injected sidecar's claim would fail) are refused at render time naming
-the values; the chart refuses Kubernetes before 1.29 (native sidecars); the
-operator may read the one etcd client Secret name injected pods mount (the
+the values; the operator may read the one etcd client Secret name injected pods mount (the
 webhook warns when it is missing), and no other Secret.
 """
 
@@ -14,7 +13,6 @@ import json
 import subprocess
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.support.binaries import REPO_ROOT, helm_binary
@@ -53,16 +51,6 @@ def test_tenant_credentials_with_the_bundled_etcd_are_refused_naming_the_values(
     assert result.stdout == ""  # nothing rendered
     docs = render({"tenantCredentials.enabled": True, **OWN_ETCD})
     assert any(d["kind"] == "Deployment" for d in docs)
-
-
-@pytest.mark.parametrize(("version", "renders"), [("1.28.9", False), ("1.29.0", True),
-                                                  ("1.31.2-eks-7f9249a", True)])
-def test_the_chart_needs_kubernetes_1_29_for_native_sidecars(version: str,
-                                                             renders: bool) -> None:
-    result = helm_template({}, "--kube-version", version)
-    assert (result.returncode == 0) is renders, result.stderr
-    if not renders:
-        assert "kubeVersion" in result.stderr and ">=1.29.0-0" in result.stderr
 
 
 def test_the_operator_may_read_only_the_etcd_client_secret_injected_pods_mount() -> None:
