@@ -41,7 +41,8 @@ def test_valid_joblease_accepted_with_defaults(crds_installed: ControlPlane,
 @pytest.mark.parametrize(
     ("spec", "field", "why"),
     [
-        ({"leaseDurationSeconds": 1}, "spec.leaseDurationSeconds", "at least 2"),
+        ({"leaseDurationSeconds": 1}, "spec.leaseDurationSeconds",
+         "greater than or equal to 2"),
         ({"leaseDurationSeconds": 86401}, "spec.leaseDurationSeconds", "less than or equal"),
         ({"leaseDurationSeconds": "abc"}, "spec.leaseDurationSeconds", "integer"),
         ({"maxAttempts": 2}, "spec.leaseDurationSeconds", "Required value"),
@@ -83,3 +84,22 @@ def test_status_never_moves_backwards(crds_installed: ControlPlane, namespace: s
     assert f"status.{field}" in refused.stderr and "never decreases" in refused.stderr, (
         refused.stderr
     )
+
+
+@pytest.mark.parametrize(("spec", "error"), [
+    ({"leaseDurationSeconds": -5}, "spec.leaseDurationSeconds: Invalid value: -5: "
+     "spec.leaseDurationSeconds in body should be greater than or equal to 2"),
+    ({"leaseDurationSeconds": 99999999999}, "spec.leaseDurationSeconds: Invalid value: "
+     "99999999999: spec.leaseDurationSeconds in body should be less than or equal to 86400"),
+    ({"leaseDurationSeconds": 10, "maxAttempts": 3000000000}, "spec.maxAttempts: Invalid "
+     "value: 3000000000: spec.maxAttempts in body should be less than or equal to 2147483647"),
+], ids=["ttl-negative", "ttl-huge", "attempts-huge"])
+def test_an_out_of_range_value_gets_one_error_naming_its_field(
+        crds_installed: ControlPlane, namespace: str, spec: dict[str, object],
+        error: str) -> None:
+    """Not the same error twice (an OpenAPI bound and a CEL rule saying the same), nor
+    one under the path ``<nil>`` (the API server's ``format: int32`` check)."""
+    result = crds_installed.kubectl("create", "-n", namespace, "-f", "-",
+                                    input=joblease("bad", spec))
+    assert result.returncode != 0
+    assert result.stderr.strip() == f'The JobLease "bad" is invalid: {error}', result.stderr

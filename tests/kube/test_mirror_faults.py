@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -26,10 +27,13 @@ from joblease.operator.mirror import CONFLICT_RETRIES, Mirror
 from joblease.store import KeyValue, WatchBatch
 from tests.support.controlplane import ControlPlane
 from tests.support.operator import Kube, wait_for
+from tests.support.status_history import StatusWatch, regressions
 
 pytestmark = pytest.mark.kube
 
 SPEC = {"leaseDurationSeconds": 30, "maxAttempts": 3}
+#: A finalizer of the test's, standing in for kopf's on a JobLease being deleted.
+HOLD = "test.joblease.io/hold"
 
 
 @pytest.fixture
@@ -185,3 +189,47 @@ async def test_a_job_removed_while_the_watch_was_down_is_reported_not_registered
             await lease.release()
     finally:
         await mirrored.close()
+
+
+async def test_a_completed_joblease_being_deleted_keeps_its_completed_status(
+        crds_installed: ControlPlane, namespace: str, client: JobLeaseClient,
+        kubeconfig_env: None) -> None:
+    """Deleting a Completed JobLease: its finalizer (here the test, as kopf's handler
+    does: unregister in etcd, then drop the finalizer) removes the etcd keys while
+    the object still exists. The "not registered" state that follows is never
+    written to it, so the last status watchers see is still the completion and the
+    served history never steps back (tests/support/status_history.py)."""
+    kube = Kube(crds_installed, namespace)
+    job = JobRef(namespace, "finished")
+    await kube.apply(job.name, SPEC)
+    await kube.run("patch", "jl", job.name, "--type=merge", "-p",
+                   json.dumps({"metadata": {"finalizers": [HOLD]}}))
+    watch = StatusWatch(crds_installed.kubeconfig, namespace)
+    mirror = Mirror(client, KubeApi(login), OperatorMetrics(), namespaces=(namespace,))
+    try:
+        async with running(mirror):
+            await client.register(job, JobSpec(30, max_attempts=3))
+            lease = await client.claim(job, "worker")
+            await lease.complete({"rows": 3})
+            done = await kube.status_where(job.name, "Completed",
+                                           lambda s: s.get("phase") == "Completed")
+            deleted = await kube.run("delete", "jl", job.name, "--wait=false")
+            assert deleted.returncode == 0, deleted.stderr
+            await client.unregister(job)
+
+            async def settled() -> bool:
+                """The mirror observed the unregistration and finished writing."""
+                return (job not in mirror._previous and job not in mirror._pending
+                        and job not in mirror._writers)
+            await wait_for("the mirror to take the unregistration", settled, timeout=30,
+                           interval=0.05)
+            obj = await kube.get(job.name)
+            assert obj is not None and obj["metadata"].get("deletionTimestamp")
+            kept = {k: obj["status"].get(k) for k in ("phase", "generation", "attempts",
+                                                      "etcdRevision", "fencingToken")}
+            assert kept == {k: done.get(k) for k in kept}
+    finally:
+        await kube.run("patch", "jl", job.name, "--type=merge", "-p",
+                       json.dumps({"metadata": {"finalizers": None}}))
+        watch.stop()
+    assert regressions(watch.snapshot()) == []

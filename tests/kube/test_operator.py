@@ -292,7 +292,7 @@ async def test_delete_while_held_removes_etcd_keys_and_holder_learns_it_lost(
 
 
 INVALID = [
-    ({"leaseDurationSeconds": 1}, "at least 2"),
+    ({"leaseDurationSeconds": 1}, "greater than or equal to 2"),
     ({"maxAttempts": 2}, "spec.leaseDurationSeconds: Required value"),
     ({"leaseDurationSeconds": 10, "maxAttempts": -1}, "greater than or equal to 0"),
 ]

@@ -195,6 +195,8 @@ def test_namespaced_operator_cannot_reach_beyond_its_grants(
         ("patch", "jobleases.joblease.io", "-n", namespace),
         ("update", "jobleases.joblease.io", "--subresource=status", "-n", namespace),
         ("create", "events", "-n", namespace),
+        # the webhook's missing-Secret warning: the one name injected pods mount
+        ("get", "secrets/joblease-etcd-client", "-n", namespace),
         ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
         # kopf matches its namespace list against the cluster's namespaces
         ("list", "namespaces"),
@@ -205,6 +207,8 @@ def test_namespaced_operator_cannot_reach_beyond_its_grants(
     refused = [
         ("list", "secrets", "--all-namespaces"),
         ("get", "secrets", "-n", namespace),
+        ("get", "secrets/other", "-n", namespace),
+        ("get", "secrets/joblease-etcd-client", "-n", "default"),  # not a watched namespace
         ("delete", "pods", "-n", namespace),
         ("create", "deployments.apps", "-n", namespace),
         ("create", "pods", "-n", namespace),
@@ -234,6 +238,8 @@ def test_cluster_scope_rbac_grants_jobleases_everywhere_and_nothing_else(
             assert can_i(cp, sa, "update", "jobleases.joblease.io", "--subresource=status",
                          "-n", ns) == "yes"
             assert can_i(cp, sa, "create", "events", "-n", ns) == "yes"
+            assert can_i(cp, sa, "get", "secrets/joblease-etcd-client", "-n", ns) == "yes"
+            assert can_i(cp, sa, "get", "secrets/other", "-n", ns) == "no"
         assert can_i(cp, sa, "list", "jobleases.joblease.io", "--all-namespaces") == "yes"
         for what in [("list", "secrets", "--all-namespaces"),
                      ("delete", "pods", "-n", namespace),

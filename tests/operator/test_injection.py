@@ -316,3 +316,102 @@ def test_review_response_carries_the_patch_or_the_refusal() -> None:
 def test_json_pointer_escaping_of_the_annotation_key() -> None:
     assert injection._escape("joblease.io/injected") == "joblease.io~1injected"
     assert injection._escape("a~b/c") == "a~0b~1c"
+
+
+def test_on_loss_exit_shares_the_process_namespace_and_warns_that_exit_ends_nothing() -> None:
+    """A native sidecar's exit does not end the pod (the kubelet restarts it): with
+    on-loss exit only the SIGTERM the sidecar sends first stops the worker, so the
+    pod gets the shared process namespace that signal needs, and a warning."""
+    pod, warnings = _inject(_bare_pod(**{"joblease.io/on-loss": "exit"}))
+    assert pod["spec"]["shareProcessNamespace"] is True
+    env = _env(pod["spec"]["initContainers"][0])
+    assert env["JOBLEASE_SIDECAR_ON_LOSS"] == "exit"
+    assert env["JOBLEASE_WORKER_PID_FILE"] == "/run/joblease/worker.pid"
+    (warning,) = warnings
+    assert warning.startswith("joblease.io/on-loss: exit: the injected sidecar is a native "
+                              "sidecar, whose exit does not end the pod")
+    shown = review_response(_review(_bare_pod(**{"joblease.io/on-loss": "exit"})),
+                            SETTINGS, exists=True)["response"]["warnings"]
+    assert shown == [f"joblease: {warning}"]  # what kubectl prints after "Warning: "
+
+
+def test_on_loss_exit_without_a_shared_process_namespace_is_refused() -> None:
+    pod = _bare_pod(**{"joblease.io/on-loss": "exit"})
+    pod["spec"]["shareProcessNamespace"] = False
+    with pytest.raises(InjectionRefused, match=r"on-loss: exit needs spec\.shareProcessNamespace"):
+        plan(pod, SETTINGS, namespace=NS)
+
+
+def test_on_loss_exit_warns_about_a_worker_the_sidecar_cannot_signal() -> None:
+    pod = _bare_pod(**{"joblease.io/on-loss": "exit"})
+    pod["spec"]["containers"][0]["securityContext"]["runAsUser"] = 1000
+    _, warnings = _inject(pod)
+    assert any("exit: container 'worker' runs as uid 1000" in w for w in warnings), warnings
+
+
+def test_a_host_network_pod_is_refused_its_lease_api_would_be_the_nodes() -> None:
+    pod = _bare_pod()
+    pod["spec"]["hostNetwork"] = True
+    with pytest.raises(InjectionRefused, match=r"spec\.hostNetwork is true: the "
+                                               r"sidecar's lease API"):
+        plan(pod, SETTINGS, namespace=NS)
+
+
+def test_a_missing_etcd_client_secret_is_warned_about_naming_what_provides_it() -> None:
+    """The kubelet cannot mount a missing Secret: the pod would stay Pending
+    (FailedMount) with nothing saying why. The warning names the Secret and the
+    chart value that puts it in the namespace."""
+    result = plan(_bare_pod(), SETTINGS, namespace=NS, joblease_exists=True,
+                  missing_secrets={"joblease-etcd-client"})
+    assert result.patch
+    (warning,) = result.warnings
+    assert warning.startswith("Secret team-a/joblease-etcd-client does not exist: the pod "
+                              "cannot start (Pending, FailedMount) until it does")
+    assert "--set 'etcd.workerSecret.namespaces[0]=team-a'" in warning
+    assert "webhook.sidecar.etcdClientSecret" in warning
+    tenant = SidecarSettings(tenant_credentials=True)
+    (warning,) = plan(_bare_pod(), tenant, namespace=NS, joblease_exists=True,
+                      missing_secrets={"joblease-etcd-credentials"}).warnings
+    assert warning.startswith("Secret team-a/joblease-etcd-credentials does not exist")
+    assert "the operator creates it when the namespace's first JobLease" in warning
+    # only the installation's Secrets are looked up, and only missing ones warned about
+    assert injection.installation_secrets(SETTINGS) == ["joblease-etcd-client"]
+    assert injection.installation_secrets(tenant) == ["joblease-etcd-client",
+                                                      "joblease-etcd-credentials"]
+    assert not plan(_bare_pod(), SETTINGS, namespace=NS, joblease_exists=True,
+                    missing_secrets={"joblease-etcd-credentials"}).warnings
+
+
+def _docs_job() -> dict[str, Any]:
+    """The Job of docs/sidecar.md's "Injection" section, as written."""
+    text = (REPO_ROOT / "docs" / "sidecar.md").read_text()
+    section = text.split("\n## Injection\n", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    job: dict[str, Any] = yaml.safe_load(block)
+    return job
+
+
+def test_the_docs_injection_job_as_written_runs_the_examples_worker_script() -> None:
+    job = _docs_job()
+    assert job["kind"] == "Job"
+    template = job["spec"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"],
+           "spec": template["spec"]}
+    patched, _ = _inject(pod)
+    spec = patched["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for c in spec["containers"] + spec["initContainers"]:
+        for m in c.get("volumeMounts", []):
+            assert m["name"] in volumes, f"{c['name']} mounts {m['name']}, which has no volume"
+    (worker,) = spec["containers"]
+    (example,) = _inject(_bare_pod())[0]["spec"]["containers"]
+    assert worker["command"] == example["command"] == ["sh", "/opt/worker/worker.sh"]
+    assert worker["volumeMounts"] == example["volumeMounts"]
+    assert _env(worker) == _env(example)
+    (script_mount,) = [m for m in worker["volumeMounts"] if m["mountPath"] == "/opt/worker"]
+    config_map = volumes[script_mount["name"]]["configMap"]["name"]
+    docs = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
+    (example_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert example_map["metadata"]["name"] == config_map and "worker.sh" in example_map["data"]
+    (joblease,) = [d for d in docs if d["kind"] == "JobLease"]
+    assert template["metadata"]["annotations"][JOB_ANNOTATION] == joblease["metadata"]["name"]

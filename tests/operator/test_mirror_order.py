@@ -75,3 +75,26 @@ async def test_a_refresh_that_fails_unexpectedly_is_counted_not_lost_silently(
     mirror.refresh(job)
     await asyncio.gather(*mirror._background)
     assert metrics.mirror_errors.labels("observe")._value.get() == 1
+
+
+async def test_a_deleted_joblease_keeps_its_last_status_when_its_keys_go() -> None:
+    """The finalizer removes the keys of a Completed JobLease being deleted: the
+    "not registered" state that follows is never written over the completion, even
+    though the mirror's cached object predates the deletion (the API server bumped
+    the resourceVersion when it set ``deletionTimestamp``), so the write it would
+    make conflicts and re-reads an object that is now being deleted."""
+    kube = FakeKube()
+    mirror = Mirror(cast(Any, FakeClient()), cast(Any, kube), OperatorMetrics())
+    mirror.observe(state(9, generation=1, holder=("a", 9)))
+    mirror.observe(state(11, generation=1, result={"rows": 3}))
+    await settle(mirror)
+    assert kube.writes == [11] and kube.obj["status"]["phase"] == "Completed"
+    completed = kube.obj["status"]
+    # kubectl delete: the API server sets deletionTimestamp (a new resourceVersion)
+    kube.obj["metadata"]["deletionTimestamp"] = "2025-01-01T12:01:00Z"
+    kube.obj["metadata"]["resourceVersion"] = str(
+        int(kube.obj["metadata"]["resourceVersion"]) + 1)
+    mirror.observe(state(14, spec=None))  # the finalizer removed the keys
+    await settle(mirror)
+    assert kube.writes == [11]
+    assert kube.obj["status"] == completed

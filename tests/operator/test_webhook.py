@@ -4,50 +4,40 @@ Real: the aiohttp server, TLS with a certificate made here (``cryptography``), a
 aiohttp client verifying it. Faked: the JobLease lookup (a function answering
 from a set) instead of the API server, because these tests are about the HTTP
 and TLS side; tests/cluster/test_injection.py covers the API server calling it.
+The lookup-failure tests put the operator's real API client (``KubeApi``) in
+front of a loopback HTTP server that misbehaves as a real kube-apiserver cannot
+be made to (drops the connection, truncates its answer, answers non-JSON).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import datetime as dt
+import contextlib
 import json
 import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import kopf
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from joblease.keys import JobRef
 from joblease.operator.injection import JOB_ANNOTATION, SidecarSettings
-from joblease.operator.webhook import PATH, WebhookConfig, WebhookServer
+from joblease.operator.kube import KubeApi
+from joblease.operator.webhook import (
+    PATH,
+    WebhookConfig,
+    WebhookServer,
+    kube_lookup,
+    kube_secret_lookup,
+)
+from tests.support.webhook_tls import post_review
+from tests.support.webhook_tls import write_cert as _write_cert
 from tests.waiting import wait_until
-
-
-def _write_cert(directory: Path, common_name: str) -> None:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = dt.datetime.now(dt.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=1))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    (directory / "tls.key.new").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
-    (directory / "tls.crt.new").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    # replaced as the kubelet swaps a Secret volume's files: whole, never half-written
-    (directory / "tls.key.new").rename(directory / "tls.key")
-    (directory / "tls.crt.new").rename(directory / "tls.crt")
 
 
 def _review(annotations: dict[str, str]) -> dict[str, Any]:
@@ -74,15 +64,9 @@ async def server(tmp_path: Path) -> Any:
     await srv.stop()
 
 
-def _client_ssl(directory: Path) -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=str(directory / "tls.crt"))
-
-
 async def _post(srv: WebhookServer, directory: Path, body: Any) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as session, session.post(
-            f"https://localhost:{srv.port}{PATH}", json=body,
-            ssl=_client_ssl(directory)) as resp:
-        return resp.status, await resp.json(content_type=None)
+    assert srv.port is not None
+    return await post_review(srv.port, directory, PATH, body)
 
 
 async def test_annotated_pod_is_answered_with_a_patch_over_tls(server: Any) -> None:
@@ -130,3 +114,60 @@ async def test_a_renewed_certificate_is_served_without_a_restart(server: Any) ->
                             what="the renewed certificate served", interval=0.1)
     status, _ = await _post(srv, directory, _review({JOB_ANNOTATION: "present"}))
     assert status == 200  # verified against the new certificate
+
+
+#: How the fake API server answers every request (see :func:`_bad_api_server`).
+MISBEHAVIOURS = {
+    "disconnect": b"",  # reads the request, closes without a byte
+    "truncated": (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 400\r\n\r\n{\"kind\": \"JobLe"),
+    "not-json": (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 23\r\n"
+                 b"Connection: close\r\n\r\n<html>bad gateway</html"),
+}
+
+
+@contextlib.asynccontextmanager
+async def _bad_api_server(answer: bytes) -> AsyncIterator[int]:
+    """A loopback HTTP server that reads each request's head and sends ``answer``
+    (raw bytes), then closes the connection."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(answer)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("misbehaviour", sorted(MISBEHAVIOURS))
+async def test_a_failing_lookup_only_adds_a_warning(tmp_path: Path, misbehaviour: str) -> None:
+    """Whatever the API server does to the advisory lookups (JobLease and Secret), the
+    pod is admitted with its patch and a warning that the check could not be made:
+    never an HTTP 500, which ``failurePolicy: Fail`` turns into a refused pod."""
+    _write_cert(tmp_path, "webhook")
+    async with _bad_api_server(MISBEHAVIOURS[misbehaviour]) as port:
+        kube = KubeApi(lambda: kopf.ConnectionInfo(server=f"http://127.0.0.1:{port}"))
+        config = WebhookConfig(port=0, host="127.0.0.1", cert_file=str(tmp_path / "tls.crt"),
+                               key_file=str(tmp_path / "tls.key"),
+                               settings=SidecarSettings(tenant_credentials=True))
+        srv = WebhookServer(config, kube_lookup(kube.get), kube_secret_lookup(kube.get_secret))
+        await srv.start()
+        try:
+            status, answer = await _post(srv, tmp_path, _review({JOB_ANNOTATION: "job"}))
+        finally:
+            await srv.stop()
+            await kube.close()
+    assert status == 200, answer
+    response = answer["response"]
+    assert response["allowed"] is True and response["patch"]
+    checks = [w for w in response["warnings"] if "could not check" in w]
+    assert [w.split(" exists")[0] for w in checks] == [
+        "joblease: could not check that JobLease ns/job",
+        "joblease: could not check that Secret ns/joblease-etcd-client",
+        "joblease: could not check that Secret ns/joblease-etcd-credentials"]

@@ -104,6 +104,24 @@ RBAC rules on JobLeases, shared by the ClusterRole (scope cluster) and each Role
   resourceNames: ["joblease-etcd-credentials"]
   verbs: ["get", "update", "delete"]
 {{- end }}
+{{- $workerSecret := include "joblease-operator.sidecarEtcdSecret" . }}
+{{- if and .Values.webhook.enabled $workerSecret }}
+# The injection webhook warns at admission when the etcd client Secret an injected
+# pod mounts is missing (the pod would stay Pending): get on that one name only.
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: [{{ $workerSecret | quote }}]
+  verbs: ["get"]
+{{- end }}
+{{- end }}
+
+{{/* The etcd client Secret injected sidecars mount from their namespace (may be empty). */}}
+{{- define "joblease-operator.sidecarEtcdSecret" -}}
+{{- if .Values.etcd.enabled }}
+{{- default .Values.etcd.workerSecret.name .Values.webhook.sidecar.etcdClientSecret }}
+{{- else }}
+{{- default .Values.etcd.tls.secretName .Values.webhook.sidecar.etcdClientSecret }}
+{{- end }}
 {{- end }}
 
 {{/* The injected sidecar's image: webhook.sidecar.image, or the operator's image. */}}
@@ -122,11 +140,10 @@ RBAC rules on JobLeases, shared by the ClusterRole (scope cluster) and each Role
 {{- define "joblease-operator.sidecarSettings" -}}
 {{- $s := .Values.webhook.sidecar }}
 {{- $endpoints := join "," .Values.etcd.endpoints }}
-{{- $secret := default .Values.etcd.tls.secretName $s.etcdClientSecret }}
+{{- $secret := include "joblease-operator.sidecarEtcdSecret" . }}
 {{- $keys := pick .Values.etcd.tls "caKey" "certKey" "keyKey" }}
 {{- if .Values.etcd.enabled }}
 {{- $endpoints = include "joblease-operator.etcd.clientEndpoints" . }}
-{{- $secret = default .Values.etcd.workerSecret.name $s.etcdClientSecret }}
 {{- $keys = dict "caKey" "ca.crt" "certKey" "tls.crt" "keyKey" "tls.key" }}
 {{- end }}
 {{- $settings := dict

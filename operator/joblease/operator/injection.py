@@ -13,12 +13,13 @@ the sidecar as a native sidecar (first ``initContainers`` entry,
 starts only once the lease is held, or once to read a final answer) and a
 liveness probe on ``/healthz``; the token emptyDir mounted at the same path
 in every container; ``shareProcessNamespace`` when the on-loss action signals
-the worker; the etcd client credentials (the client certificate Secret, and
-the namespace's tenant Secret when tenant credentials are on); a restricted
-security context; resources. Every other container gets
-``JOBLEASE_SIDECAR_URL`` and ``JOBLEASE_TOKEN_FILE`` (plus the pid file and API
-token variables when they apply); variables a container already sets are
-left as they are.
+the worker (``signal``, and ``exit``, which signals before it exits: a native
+sidecar's exit alone ends nothing, the kubelet restarts it); the etcd client
+credentials (the client certificate Secret, and the namespace's tenant Secret
+when tenant credentials are on); a restricted security context; resources.
+Every other container gets ``JOBLEASE_SIDECAR_URL`` and ``JOBLEASE_TOKEN_FILE``
+(plus the pid file and API token variables when they apply); variables a
+container already sets are left as they are.
 
 Idempotent: a pod that already has a container named ``joblease`` is not
 given a second one. If this webhook injected it (annotation
@@ -30,7 +31,7 @@ a sidecar written by hand is left entirely alone.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,8 @@ API_TOKEN_DIR = "/etc/joblease/api-token"
 API_TOKEN_KEY = "token"
 TENANT_SECRET = "joblease-etcd-credentials"  # operator.tenants.SECRET_NAME
 ON_LOSS_ACTIONS = ("signal", "exit", "none")
+#: The on-loss actions that signal the worker, through the shared process namespace.
+SIGNALLING_ACTIONS = ("signal", "exit")
 DEFAULT_API_PORT = 8470
 DEFAULT_PROBE_PORT = 8471
 
@@ -204,7 +207,8 @@ def _port(notes: Mapping[str, str], key: str, default: int) -> int:
 
 
 def plan(pod: Mapping[str, Any], settings: SidecarSettings, *, namespace: str,
-         joblease_exists: bool | None = None) -> Injection:
+         joblease_exists: bool | None = None,
+         missing_secrets: Collection[str] = ()) -> Injection:
     """The patch that injects the sidecar into ``pod`` (see the module docstring).
 
     ``joblease_exists``: whether the JobLease ``namespace/<job>`` exists (None: not
@@ -212,6 +216,11 @@ def plan(pod: Mapping[str, Any], settings: SidecarSettings, *, namespace: str,
     JobLease are often applied together and the pod may come first; the sidecar
     then waits for the registration (``JOBLEASE_SIDECAR_REGISTRATION_WAIT``) and
     the pod fails with "not registered" if it never comes.
+
+    ``missing_secrets``: names of :func:`installation_secrets` known not to exist in
+    ``namespace``. Each is warned about, naming what provides it: the kubelet
+    cannot mount it, so the pod would stay ``Pending`` (``FailedMount``) until it
+    exists, with nothing else saying why.
     """
     notes = pod_annotations(pod)
     if JOB_ANNOTATION not in notes:
@@ -232,22 +241,38 @@ def plan(pod: Mapping[str, Any], settings: SidecarSettings, *, namespace: str,
             f"JobLease {namespace}/{options.job} does not exist (yet): the sidecar waits for "
             "its registration and the pod fails (exit 3, not registered) if it never comes")
     _check_conflicts(spec, containers + inits, options)
-    if options.on_loss == "signal" and spec.get("shareProcessNamespace") is False:
+    signals = options.on_loss in SIGNALLING_ACTIONS
+    if signals and spec.get("shareProcessNamespace") is False:
         raise InjectionRefused(
-            f"{ON_LOSS_ANNOTATION}: signal needs spec.shareProcessNamespace (the sidecar "
-            "signals the worker), but the pod sets it to false; set the annotation to "
-            "exit or none, or drop shareProcessNamespace: false")
+            f"{ON_LOSS_ANNOTATION}: {options.on_loss} needs spec.shareProcessNamespace (the "
+            "sidecar signals the worker), but the pod sets it to false; set the annotation "
+            "to none (the worker must then poll the lease API), or drop "
+            "shareProcessNamespace: false")
+    if options.on_loss == "exit":
+        warnings.append(
+            f"{ON_LOSS_ANNOTATION}: exit: the injected sidecar is a native sidecar, whose exit "
+            "does not end the pod (the kubelet restarts it); what stops the worker is the "
+            "SIGTERM the sidecar sends before exiting, through the shared process namespace "
+            "this webhook turns on; on-loss signal does the same without the restart")
+    if spec.get("hostNetwork"):
+        raise InjectionRefused(
+            "spec.hostNetwork is true: the sidecar's lease API (port "
+            f"{options.api_port} on 127.0.0.1, token and completion) would listen in the "
+            "node's network namespace, reachable by every process and hostNetwork pod on "
+            "the node; run the pod without hostNetwork")
+    warnings += [_missing_secret_warning(name, namespace, settings)
+                 for name in installation_secrets(settings) if name in missing_secrets]
 
     pod_sc = spec.get("securityContext") or {}
     pod_uid = pod_sc.get("runAsUser")
     inherit_uid = isinstance(pod_uid, int) and pod_uid != 0
     sidecar_uid = pod_uid if inherit_uid else settings.run_as_user
-    if options.on_loss == "signal":
+    if signals:
         for c in containers:
             uid = (c.get("securityContext") or {}).get("runAsUser", pod_uid)
             if uid != sidecar_uid:
                 warnings.append(
-                    f"{ON_LOSS_ANNOTATION}: signal: container {c.get('name')!r} runs as "
+                    f"{ON_LOSS_ANNOTATION}: {options.on_loss}: container {c.get('name')!r} runs as "
                     f"{'the image user' if uid is None else f'uid {uid}'} and the sidecar as "
                     f"uid {sidecar_uid}; the sidecar can signal it only if both are the "
                     "same user (set spec.securityContext.runAsUser)")
@@ -265,11 +290,38 @@ def plan(pod: Mapping[str, Any], settings: SidecarSettings, *, namespace: str,
         ops += [{"op": "add", "path": "/spec/volumes/-", "value": v} for v in volumes]
     else:
         ops.append({"op": "add", "path": "/spec/volumes", "value": volumes})
-    if options.on_loss == "signal" and not spec.get("shareProcessNamespace"):
+    if signals and not spec.get("shareProcessNamespace"):
         ops.append({"op": "add", "path": "/spec/shareProcessNamespace", "value": True})
     ops.append({"op": "add", "path": "/metadata/annotations/" + _escape(INJECTED_ANNOTATION),
                 "value": "true"})
     return Injection(ops, warnings)
+
+
+def installation_secrets(settings: SidecarSettings) -> list[str]:
+    """The etcd credential Secrets every injected pod mounts from its namespace (it
+    cannot start without them). The installation provides them, so the chart lets
+    the webhook read these names, and only these (a pod's own
+    ``joblease.io/api-token-secret`` is not looked up)."""
+    names = [settings.etcd_tls_secret] if settings.etcd_tls_secret else []
+    if settings.tenant_credentials:
+        names.append(TENANT_SECRET)
+    return names
+
+
+def _missing_secret_warning(name: str, namespace: str, settings: SidecarSettings) -> str:
+    if name == settings.etcd_tls_secret:
+        provider = (
+            "with the chart's bundled etcd, list the namespace in etcd.workerSecret.namespaces "
+            f"(helm upgrade ... --set 'etcd.workerSecret.namespaces[0]={namespace}', keeping "
+            "the namespaces listed before); with your own etcd, copy its client Secret there "
+            "under that name (webhook.sidecar.etcdClientSecret)")
+    elif name == TENANT_SECRET:
+        provider = ("the operator creates it when the namespace's first JobLease is "
+                    "registered (tenantCredentials.enabled)")
+    else:
+        provider = "create it"
+    return (f"Secret {namespace}/{name} does not exist: the pod cannot start (Pending, "
+            f"FailedMount) until it does; {provider}")
 
 
 def _check_conflicts(spec: Mapping[str, Any], containers: list[dict[str, Any]],

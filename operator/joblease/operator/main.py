@@ -64,7 +64,12 @@ from joblease.operator.tenants import (
     supervise,
     warn_if_auth_disabled,
 )
-from joblease.operator.webhook import WebhookConfig, kube_lookup, serve_webhook
+from joblease.operator.webhook import (
+    WebhookConfig,
+    kube_lookup,
+    kube_secret_lookup,
+    serve_webhook,
+)
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +315,8 @@ async def run_operator(config: OperatorConfig) -> None:
     # The operator builds the etcd store itself (typed: the tenant manager needs its
     # Auth API) and lends it to the client, which closes it.
     store = EtcdStore(etcd)
-    async with serve_webhook(config.webhook, kube_lookup(kube.get)), \
+    async with serve_webhook(config.webhook, kube_lookup(kube.get),
+                             kube_secret_lookup(kube.get_secret)), \
             JobLeaseClient(etcd, store=store) as client:
         runner = await _serve_probes(config, metrics, client, replica)
         log.info("joblease operator %s: etcd %s root %s, %s%s", identity,

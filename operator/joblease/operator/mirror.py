@@ -104,6 +104,18 @@ class _Pending:
         return _Pending(state, self.events + newer.events, min(self.received, newer.received))
 
 
+def _being_deleted(obj: dict[str, Any], state: JobState) -> bool:
+    """True when ``state`` says "not registered" of a JobLease that is being deleted.
+
+    Our finalizer removed its keys; writing that state would replace the last
+    status (e.g. ``Completed``, generation 2) with ``NotRegistered``, generation
+    0: a status going backwards, and the last one watchers see before the object
+    is gone. Checked on every (re)read, since a conflicting write re-reads an
+    object whose ``deletionTimestamp`` may be new.
+    """
+    return not state.registered and bool(obj.get("metadata", {}).get("deletionTimestamp"))
+
+
 class Mirror:
     """Keeps JobLease statuses in step with etcd (see the module docstring)."""
 
@@ -321,12 +333,14 @@ class Mirror:
         state = entry.state
         obj = self._objects.get(job)
         try:
-            if obj is None:
+            if obj is None or not state.registered:
+                # An unregistered job is decided on a fresh read: the cached object
+                # predates a deletion that began since (see _being_deleted).
                 obj = await self.kube.get(job)
-            if not state.registered and obj.get("metadata", {}).get("deletionTimestamp"):
-                self._objects.pop(job, None)  # our finalizer unregistered it; it is going
-                return
             for _ in range(CONFLICT_RETRIES):
+                if _being_deleted(obj, state):
+                    self._objects.pop(job, None)
+                    return
                 previous = obj.get("status") or {}
                 if not should_apply(previous, state):
                     self.metrics.status_patches.labels("stale").inc()

@@ -12,6 +12,14 @@ answers with the :func:`joblease.operator.injection.plan` patch, a refusal
 (HTTP 200, ``allowed: false``, code 400 and the message saying which annotation
 is wrong) or an unchanged admission. ``GET /healthz`` answers 200.
 
+Before planning, the webhook looks up (through the API server, at most
+``LOOKUP_TIMEOUT`` seconds, all at once) the pod's JobLease and the etcd
+credential Secrets the injected pod will mount; a missing one becomes a
+warning. The lookups are advisory (:func:`advisory`): whatever goes wrong with
+them, the answer is the same admission with a warning saying the check could
+not be made, never an HTTP error (which ``failurePolicy: Fail`` would turn into
+a refused pod).
+
 TLS: the serving certificate and key come from files (a mounted Secret:
 the chart's generated one or cert-manager's); they are re-read when they change
 on disk (checked every ``reload_interval`` seconds), so a renewed certificate is
@@ -28,7 +36,7 @@ import json
 import logging
 import os
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,12 +49,14 @@ from joblease.keys import JobRef
 from joblease.operator.injection import (
     JOB_ANNOTATION,
     InjectionRefused,
+    PodOptions,
     SidecarSettings,
+    installation_secrets,
     parse_options,
     plan,
     pod_annotations,
 )
-from joblease.operator.kube import KubeApiError, NotFoundError
+from joblease.operator.kube import NotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +68,9 @@ LOOKUP_TIMEOUT = 2.0
 
 #: ``await exists(JobRef)`` → True / False, or None when it cannot be told.
 JobLeaseLookup = Callable[[JobRef], Awaitable[bool | None]]
+#: ``await exists(namespace, name)`` of a Secret → True / False, or None when it
+#: cannot be told (e.g. no right to read it).
+SecretLookup = Callable[[str, str], Awaitable[bool | None]]
 
 
 #: Where the serving certificate (``tls.crt``) and key (``tls.key``) are mounted.
@@ -129,24 +142,52 @@ class WebhookConfig:
         return SidecarSettings.from_json(data)
 
 
+async def advisory(what: str, lookup: Callable[[], Awaitable[Any]]) -> bool | None:
+    """Whether ``lookup()`` found its object: True, False (404), or None for
+    every other outcome.
+
+    The lookups only ever add a warning, so no failure of theirs may fail the
+    admission (with ``failurePolicy: Fail`` an HTTP 500 refuses the pod): an API
+    error, a refused or dropped connection, a truncated or non-JSON answer, a
+    timeout (``LOOKUP_TIMEOUT``) or anything unforeseen all mean "cannot tell".
+    Only cancellation (the server stopping) propagates.
+    """
+    try:
+        await asyncio.wait_for(lookup(), LOOKUP_TIMEOUT)
+    except NotFoundError:
+        return False
+    except Exception as exc:  # advisory: see the docstring
+        log.info("webhook: cannot look up %s: %s: %s", what, type(exc).__name__, exc)
+        return None
+    return True
+
+
 def kube_lookup(get: Callable[[JobRef], Awaitable[dict[str, Any]]]) -> JobLeaseLookup:
-    """A :data:`JobLeaseLookup` from ``KubeApi.get``: 404 → False, other errors → None."""
+    """A :data:`JobLeaseLookup` from ``KubeApi.get`` (see :func:`advisory`)."""
     async def exists(ref: JobRef) -> bool | None:
-        try:
-            await asyncio.wait_for(get(ref), LOOKUP_TIMEOUT)
-        except NotFoundError:
-            return False
-        except (KubeApiError, OSError, TimeoutError) as exc:
-            log.info("webhook: cannot look up JobLease %s/%s: %s", ref.namespace, ref.name, exc)
-            return None
-        return True
+        return await advisory(f"JobLease {ref.namespace}/{ref.name}", lambda: get(ref))
+    return exists
+
+
+def kube_secret_lookup(get: Callable[[str, str], Awaitable[dict[str, Any] | None]]
+                       ) -> SecretLookup:
+    """A :data:`SecretLookup` from ``KubeApi.get_secret`` (None: not found)."""
+    async def exists(namespace: str, name: str) -> bool | None:
+        async def read() -> None:
+            if await get(namespace, name) is None:
+                raise NotFoundError(404, f"secret {namespace}/{name}")
+        return await advisory(f"Secret {namespace}/{name}", read)
     return exists
 
 
 def review_response(review: Any, settings: SidecarSettings,
-                    exists: bool | None = None) -> dict[str, Any]:
+                    exists: bool | None = None, *,
+                    missing_secrets: Collection[str] = (),
+                    notes: Sequence[str] = ()) -> dict[str, Any]:
     """The AdmissionReview answer to ``review`` (a pure function; the handler adds
-    the JobLease lookup). Raises ValueError for a body that is not a pod review."""
+    the lookups: ``exists`` of the JobLease, the ``missing_secrets`` and
+    ``notes``, further warnings, e.g. that a lookup could not be made). Raises
+    ValueError for a body that is not a pod review."""
     if not isinstance(review, dict) or not isinstance(review.get("request"), dict):
         raise ValueError("not an AdmissionReview with a request")
     request = review["request"]
@@ -157,7 +198,8 @@ def review_response(review: Any, settings: SidecarSettings,
     namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or ""
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     try:
-        injection = plan(pod, settings, namespace=namespace, joblease_exists=exists)
+        injection = plan(pod, settings, namespace=namespace, joblease_exists=exists,
+                         missing_secrets=missing_secrets)
     except InjectionRefused as exc:
         response["allowed"] = False
         response["status"] = {"code": 400, "reason": "BadRequest",
@@ -167,16 +209,19 @@ def review_response(review: Any, settings: SidecarSettings,
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(
                 json.dumps(injection.patch).encode()).decode()
-        if injection.warnings:
-            response["warnings"] = [f"joblease: {w}" for w in injection.warnings]
+        warnings = [*injection.warnings, *notes] if injection.patch else injection.warnings
+        if warnings:
+            response["warnings"] = [f"joblease: {w}" for w in warnings]
     return {"apiVersion": review.get("apiVersion", "admission.k8s.io/v1"),
             "kind": "AdmissionReview", "response": response}
 
 
 class WebhookServer:
-    def __init__(self, config: WebhookConfig, lookup: JobLeaseLookup | None = None) -> None:
+    def __init__(self, config: WebhookConfig, lookup: JobLeaseLookup | None = None,
+                 secret_lookup: SecretLookup | None = None) -> None:
         self.config = config
         self.lookup = lookup
+        self.secret_lookup = secret_lookup
         self._runner: web.AppRunner | None = None
         self._reload: asyncio.Task[None] | None = None
         self._ssl: ssl.SSLContext | None = None
@@ -189,18 +234,23 @@ class WebhookServer:
         except ValueError:
             return web.json_response({"error": "body is not JSON"}, status=400)
         exists: bool | None = None
+        missing: list[str] = []
+        unknown: list[str] = []
         try:
             req = review["request"]
             pod = req["object"]
-            notes = pod_annotations(pod)
-            if self.lookup is not None and JOB_ANNOTATION in notes:
+            annotations = pod_annotations(pod)
+            if JOB_ANNOTATION in annotations:
                 namespace = req.get("namespace") or pod["metadata"].get("namespace", "")
-                options = parse_options(notes)
-                exists = await self.lookup(JobRef(namespace, options.job))
+                options = parse_options(annotations)
+                exists, missing, unknown = await self._look_up(namespace, options)
         except (KeyError, TypeError, AttributeError, InjectionRefused):
             pass  # review_response says what is wrong with it
+        notes = [f"could not check that {what} exists (the webhook's lookup failed, "
+                 "see the operator's log); admitted without that check" for what in unknown]
         try:
-            answer = review_response(review, self.config.settings, exists)
+            answer = review_response(review, self.config.settings, exists,
+                                     missing_secrets=missing, notes=notes)
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400)
         r = answer["response"]
@@ -208,6 +258,25 @@ class WebhookServer:
                  "refused: " + r["status"]["message"] if not r["allowed"]
                  else "injected" if "patch" in r else "unchanged")
         return web.json_response(answer)
+
+    async def _look_up(self, namespace: str, options: PodOptions
+                       ) -> tuple[bool | None, list[str], list[str]]:
+        """The JobLease's existence, the missing Secrets the pod would mount, and what
+        could not be looked up (each lookup :func:`advisory`, all at once)."""
+        secrets = installation_secrets(self.config.settings)
+        jobs = [self.lookup(JobRef(namespace, options.job))] if self.lookup else []
+        finds = ([self.secret_lookup(namespace, name) for name in secrets]
+                 if self.secret_lookup else [])
+        found = await asyncio.gather(*jobs, *finds)
+        exists = found[0] if jobs else None
+        unknown = [f"JobLease {namespace}/{options.job}"] if jobs and exists is None else []
+        missing = []
+        for name, there in zip(secrets, found[len(jobs):], strict=False):
+            if there is False:
+                missing.append(name)
+            elif there is None:
+                unknown.append(f"Secret {namespace}/{name}")
+        return exists, missing, unknown
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -274,13 +343,14 @@ def pod_name(review: Any) -> str:
 
 
 @contextlib.asynccontextmanager
-async def serve_webhook(config: WebhookConfig | None, lookup: JobLeaseLookup | None
+async def serve_webhook(config: WebhookConfig | None, lookup: JobLeaseLookup | None,
+                        secret_lookup: SecretLookup | None = None
                         ) -> AsyncIterator[WebhookServer | None]:
     """Serve while the block runs, if ``config`` is given (the hook ``run_operator`` uses)."""
     if config is None:
         yield None
         return
-    server = WebhookServer(config, lookup)
+    server = WebhookServer(config, lookup, secret_lookup)
     await server.start()
     try:
         yield server

@@ -1,0 +1,84 @@
+"""The chart's refusals and rules around injection, rendered by the real helm (no
+cluster: ``helm template``).
+
+What is guaranteed: tenant credentials with the bundled etcd (which has no auth,
+so every injected sidecar's claim would fail) are refused at render time naming
+the values; the operator may read the one etcd client Secret name injected pods mount (the
+webhook warns when it is missing), and no other Secret.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import yaml
+
+from tests.support.binaries import REPO_ROOT, helm_binary
+
+CHART = REPO_ROOT / "charts" / "joblease-operator"
+NS = "jl-system"
+OWN_ETCD = {"etcd.enabled": False, "etcd.endpoints": ["https://etcd.example:2379"],
+            "etcd.auth.secretName": "etcd-root"}
+
+
+def helm_template(values: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+    sets: list[str] = []
+    for key, value in values.items():
+        sets += ["--set-json", f"{key}={json.dumps(value)}"]
+    return subprocess.run([helm_binary(), "template", "jl", str(CHART), "-n", NS, *sets, *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def render(values: dict[str, Any], *args: str) -> list[dict[str, Any]]:
+    result = helm_template(values, *args)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def secret_rules(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [rule for d in docs if d["kind"] in ("Role", "ClusterRole")
+            for rule in d.get("rules") or [] if "secrets" in rule["resources"]]
+
+
+def test_tenant_credentials_with_the_bundled_etcd_are_refused_naming_the_values() -> None:
+    result = helm_template({"tenantCredentials.enabled": True})
+    assert result.returncode != 0
+    assert ("tenantCredentials.enabled=true needs etcd authentication, which the bundled etcd "
+            "(etcd.enabled=true) does not have") in result.stderr
+    assert "etcd.auth.secretName" in result.stderr
+    assert result.stdout == ""  # nothing rendered
+    docs = render({"tenantCredentials.enabled": True, **OWN_ETCD})
+    assert any(d["kind"] == "Deployment" for d in docs)
+
+
+def test_the_operator_may_read_only_the_etcd_client_secret_injected_pods_mount() -> None:
+    get_only = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
+    assert secret_rules(render({})) == [{**get_only, "resourceNames": ["joblease-etcd-client"]}]
+    own = {**OWN_ETCD, "etcd.tls.secretName": "my-etcd-tls"}
+    assert secret_rules(render(own)) == [{**get_only, "resourceNames": ["my-etcd-tls"]}]
+    assert secret_rules(render({"webhook.sidecar.etcdClientSecret": "worker-tls"})) == [
+        {**get_only, "resourceNames": ["worker-tls"]}]
+    assert secret_rules(render({"webhook.enabled": False})) == []
+    # namespaced scope: the same single name, in each served namespace
+    docs = render({"scope": "namespaced", "watchNamespaces": ["a", "b"]})
+    roles = [d for d in docs if d["kind"] == "Role"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["a", "b"]
+    assert secret_rules(roles) == [{**get_only, "resourceNames": ["joblease-etcd-client"]}] * 2
+
+
+def test_helm_template_shows_a_fresh_webhook_certificate_whose_ca_is_the_ca_bundle() -> None:
+    """What docs/helm.md says of ``helm template``: it cannot look the installed
+    Secret up, so each render generates a new certificate (an upgrade keeps the
+    installed one: tests/cluster/test_chart_etcd.py); the webhook trusts its CA."""
+    def webhook_tls() -> tuple[dict[str, str], str]:
+        docs = render({})
+        (secret,) = [d for d in docs if d["kind"] == "Secret"
+                     and d["metadata"]["name"].endswith("-webhook-tls")]
+        (config,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+        return secret["data"], config["webhooks"][0]["clientConfig"]["caBundle"]
+    first, first_bundle = webhook_tls()
+    second, second_bundle = webhook_tls()
+    assert first_bundle == first["ca.crt"] and second_bundle == second["ca.crt"]
+    assert first["tls.crt"] != second["tls.crt"]
