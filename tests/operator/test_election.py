@@ -14,6 +14,7 @@ import pytest
 from joblease import EtcdConfig
 from joblease.etcd_store import EtcdStore
 from joblease.operator.election import Election, Leadership, check_name, election_key
+from joblease.operator.main import OperatorConfig, election_name
 from joblease.store import Delete
 from tests.support.proxy import LossyProxy
 
@@ -157,6 +158,31 @@ async def test_elections_with_different_names_are_independent(
     assert la.alive and lb.alive
     await la.resign()
     await lb.resign()
+
+
+async def test_operators_serving_different_or_overlapping_namespaces_share_one_election(
+        stores: list[EtcdStore], etcd_config: EtcdConfig) -> None:
+    """The election a running operator joins does not depend on the namespaces it
+    serves: the old pod of a rollout that adds a namespace (``a`` then ``a,b``), an
+    install with a glob over them or a cluster-wide one all contend for one key, so
+    one term fences them all; only a name given on purpose separates installs."""
+    configs = [OperatorConfig(namespaces=("team-a",)),
+               OperatorConfig(namespaces=("team-b", "team-a")),
+               OperatorConfig(namespaces=("team-*",)), OperatorConfig()]
+    assert {election_name(c) for c in configs} == {"all-namespaces"}
+    assert election_name(OperatorConfig(namespaces=("team-a",),
+                                        leader_election_name="blue")) == "blue"
+
+    old, new = (Election(s, etcd_config.root, election_name(c), f"pod-{i}", ttl=TTL)
+                for i, (s, c) in enumerate(zip(stores, configs[:2], strict=True)))
+    first = await asyncio.wait_for(old.campaign(), 10)
+    standby = asyncio.create_task(lead_after(new))
+    await asyncio.sleep(2 * TTL)  # keep-alive rounds: the first keeps leading
+    assert not standby.done(), "the operator with more namespaces led beside the first"
+    await first.resign()
+    second, _ = await asyncio.wait_for(standby, 10)
+    assert second.term > first.term  # a new term: the first's writes are fenced
+    await second.resign()
 
 
 def test_the_key_is_beside_the_jobs_prefix_and_bad_names_are_refused() -> None:

@@ -185,6 +185,7 @@ for endpoint in os.environ["JOBLEASE_ETCD_ENDPOINTS"].split(","):
     try:
         st = call(endpoint, "/v3/maintenance/status")
         out["status"][endpoint] = {"id": st["header"]["member_id"], "leader": st["leader"],
+                                   "cluster": st["header"]["cluster_id"],
                                    "revision": int(st["header"]["revision"]),
                                    "raftIndex": int(st["raftIndex"])}
         if out["members"] is None:
@@ -197,8 +198,8 @@ print(json.dumps(out))
 
 
 def etcd_members(rel: Release, pod: str) -> dict[str, Any]:
-    """``{"members": [{"id", "name"}], "status": {endpoint: {"id", "leader", "revision",
-    "raftIndex"} or {"error"}}}`` as the members report it now."""
+    """``{"members": [{"id", "name"}], "status": {endpoint: {"id", "leader", "cluster",
+    "revision", "raftIndex"} or {"error"}}}`` as the members report it now."""
     result = rel.cluster.kubectl("exec", pod, "-n", rel.namespace, "--", "python", "-c",
                                  _MEMBERS_SCRIPT, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -85,7 +85,44 @@ without the schema could get wrong. */}}
 {{- if ne (empty .Values.etcd.certificates.serverSecretName) (empty .Values.etcd.certificates.clientSecretName) }}
 {{- fail "etcd.certificates: set both serverSecretName and clientSecretName, or neither (the chart generates both)" }}
 {{- end }}
+{{- include "joblease-operator.etcd.keepMembers" . }}
 {{- else if not .Values.etcd.endpoints }}
 {{- fail "etcd.enabled=false needs etcd.endpoints: at least one endpoint of your etcd" }}
+{{- end }}
+{{- end }}
+
+{{/* Refuses to change the member count of a bundled etcd that exists (helm upgrade).
+
+Every member starts with --initial-cluster-state=new and the member list of
+etcd.replicas: a member the StatefulSet adds would bootstrap a second, empty etcd
+cluster beside the one holding the jobs (tokens restarting low, the same job claimed
+in both), and removing members from 3 leaves the rest without quorum. So the count
+the running members were created with (their --initial-cluster; spec.replicas if
+that flag is missing) must equal etcd.replicas. It is read back with lookup, which
+finds nothing on install and under `helm template` or a client-side --dry-run (then
+any count renders); `helm upgrade --dry-run=server` does check it. Comparing the
+created member list, not spec.replicas, lets an upgrade with the same count restore
+a StatefulSet someone scaled by hand. */}}
+{{- define "joblease-operator.etcd.keepMembers" -}}
+{{- $name := include "joblease-operator.etcd.name" . }}
+{{- $sts := lookup "apps/v1" "StatefulSet" .Release.Namespace $name }}
+{{- if $sts }}
+{{- $current := 0 }}
+{{- range $sts.spec.template.spec.containers }}
+{{- if eq .name "etcd" }}
+{{- range .args }}
+{{- if hasPrefix "--initial-cluster=" . }}
+{{- $current = len (splitList "," (trimPrefix "--initial-cluster=" .)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if not $current }}
+{{- $current = int $sts.spec.replicas }}
+{{- end }}
+{{- $wanted := int .Values.etcd.replicas }}
+{{- if ne $current $wanted }}
+{{- fail (printf "etcd.replicas: the bundled etcd %s in namespace %s has %d member(s) and this upgrade asks for %d; the chart does not change the member count of a running etcd (new members would start a second, empty etcd cluster; going from 3 to 1 would leave the last member without quorum). Nothing was changed. Keep etcd.replicas=%d, or reinstall with the count you want: see \"Changing the number of etcd members\" in docs/helm.md" $name .Release.Namespace $current $wanted $current) }}
+{{- end }}
 {{- end }}
 {{- end }}

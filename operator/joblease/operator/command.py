@@ -69,8 +69,9 @@ def _help(text: str, attr: str, default: object) -> str:
                          "partitioned leader is replaced within about this long.",
                          "leader_election_ttl", _DEFAULTS.leader_election_ttl))
 @click.option("--leader-election-name",
-              help=_help("Replicas with the same name elect one leader.",
-                         "leader_election_name", "derived from the namespaces served"))
+              help=_help("Replicas with the same name elect one leader. Give installs "
+                         "separate names only if their namespaces never overlap.",
+                         "leader_election_name", "all-namespaces, one election per key root"))
 @click.option("--webhook-port", type=int,
               help=_help("Serve the sidecar-injection webhook (HTTPS) on this port.",
                          "webhook_port", "0, not served"))

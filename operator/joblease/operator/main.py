@@ -120,7 +120,8 @@ class OperatorConfig:
     #: this process is active whatever others do (tests that force overlapping operators).
     leader_election: bool = True
     leader_election_ttl: int = ELECTION_TTL
-    #: Replicas with the same name elect one leader; None: derived from ``namespaces``.
+    #: Replicas with the same name elect one leader; None: ``DEFAULT_ELECTION_NAME``,
+    #: the one election of every operator on the key root, whatever its namespaces.
     leader_election_name: str | None = None
     #: The sidecar-injection webhook (operator.webhook); None: not served.
     webhook: WebhookConfig | None = None
@@ -266,11 +267,20 @@ class _Replica:
     kopf_ready: asyncio.Event | None = None
 
 
+#: The election of every operator on one etcd key root, unless it is given a name.
+#: Not derived from the namespaces served: a rolling update that changes them, or two
+#: installs whose sets overlap (``a`` and ``a,b``, or globs, which no name comparison
+#: could resolve), would otherwise run one leader per set at once, and their terms
+#: fence nothing across elections. The value is the name cluster-wide operators have
+#: always used, so an upgrade of one stays in a single election through its rollout.
+DEFAULT_ELECTION_NAME = "all-namespaces"
+
+
 def election_name(config: OperatorConfig) -> str:
-    """Replicas serving the same namespaces elect one leader; others are separate."""
-    if config.leader_election_name:
-        return config.leader_election_name
-    return "all-namespaces" if config.clusterwide else ",".join(sorted(config.namespaces))
+    """One election per etcd key root, whatever the namespaces served; a given
+    ``leader_election_name`` makes a separate one (only for installs whose namespace
+    sets never overlap: separate elections do not fence each other)."""
+    return config.leader_election_name or DEFAULT_ELECTION_NAME
 
 
 def _on_signals(stop: asyncio.Event) -> None:
