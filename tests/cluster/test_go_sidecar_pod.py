@@ -94,7 +94,7 @@ def test_the_example_job_with_the_go_sidecar_image_completes_its_joblease(
     assert pod is not None
     owner = owner_of(pod)
     (status,) = [s for s in pod["status"]["initContainerStatuses"] if s["name"] == SIDECAR]
-    assert status["image"] == GO_IMAGE, status  # the Go sidecar runs, not the Python one
+    assert status["image"] == GO_IMAGE, status  # the sidecar's own image runs
     held = wait_status(cluster, ns, NAME, "the pod's claim",
                        lambda s: s.get("holderIdentity") == owner)
 
