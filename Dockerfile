@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
-# One image, two roles: `joblease operator` (the chart's Deployment) and
-# `joblease sidecar` (beside worker containers). Non-root, no build tools,
+# The project image: `joblease operator` (the chart's Deployment), the CLI and
+# `joblease run`; the sidecar has its own image (sidecar-go/Dockerfile). Non-root, no build tools,
 # read-only root filesystem friendly (writes only to /tmp).
 #
 # The base is pinned by tag and digest (the multi-arch index of

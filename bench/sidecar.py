@@ -1,9 +1,10 @@
-"""The sidecar's cost per pod, for every implementation side by side, in one run.
+"""The sidecar's cost per pod, in one run.
 
 Every worker pod carries one sidecar (issue 19), so its footprint is multiplied
-by the number of running jobs. For each implementation (``python -m
-joblease.sidecar``; the Go binary built from ``sidecar-go/`` by
-``hack/build-sidecar``, or ``$JOBLEASE_SIDECAR_GO``), on the same etcd:
+by the number of running jobs. The sidecar is the Go binary built from
+``sidecar-go/`` by ``hack/build-sidecar`` (or ``$JOBLEASE_SIDECAR_GO``); the
+retired Python sidecar's figures stay in docs/sidecar-go.md for comparison.
+On one etcd:
 
 - **cycles**: start the process → it claims → the worker reads
   ``GET /v1/lease`` → ``POST /v1/complete`` → SIGTERM. Reported: process start
@@ -15,14 +16,13 @@ joblease.sidecar``; the Go binary built from ``sidecar-go/`` by
   CPU in millicores (renewals only) and memory at the end;
 - **image**: the size of the image that carries the sidecar (the archive
   ``hack/build-images`` wrote, listed in ``${JOBLEASE_CACHE}/images/index.json``;
-  or ``--image-python``/``--image-go``), and the Go binary's size.
+  or ``--image-go``), and the binary's size.
 
-Then a table with both columns and the ratio python/go. An implementation that
-is not available (no Go binary, no image built) is reported as such, with the
-reason, never left out silently. The library baseline is one ``claim`` +
-``complete`` in-process on the same etcd.
+Then a table. A sidecar that is not available (no binary, no image built) is
+reported as such, with the reason, never left out silently. The library
+baseline is one ``claim`` + ``complete`` in-process on the same etcd.
 
-    python bench/sidecar.py [--impl python,go] [--cycles 24] [--concurrency 1,8] [--hold 10]
+    python bench/sidecar.py [--cycles 24] [--concurrency 1,8] [--hold 10]
 """
 
 from __future__ import annotations
@@ -216,10 +216,8 @@ def image(impl: str, override: str | None) -> dict[str, Any]:
         except (OSError, ValueError):
             return {"missing": f"no image index at {cache / 'images' / 'index.json'} "
                                "(run hack/build-images)"}
-        # python: the one image that serves operator and sidecar; go: its own image
         names = [e.get("name", "") for e in index]
-        wanted = [n for n in names if (n == "joblease" if impl == "python" else
-                                       "sidecar" in n)]
+        wanted = [n for n in names if "sidecar" in n]
         if not wanted:
             return {"missing": f"no {impl} sidecar image in the index (has {names})"}
         entry = next(e for e in index if e.get("name") == wanted[0])
@@ -316,14 +314,13 @@ def print_report(report: dict[str, Any], concurrency: list[int]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--impl", type=lambda s: sidecar_impls.selected(s),
-                        default=sidecar_impls.selected("python,go"),
-                        help="implementations to compare (default python,go)")
+                        default=sidecar_impls.selected("go"),
+                        help="implementations (go, the only one)")
     parser.add_argument("--cycles", type=int, default=24)
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                         default=[1, 8])
     parser.add_argument("--hold", type=float, default=10.0,
                         help="seconds one sidecar holds a lease (TTL 10 s) for the CPU figure")
-    parser.add_argument("--image-python", default=None, help="image archive (default: index)")
     parser.add_argument("--image-go", default=None, help="image archive (default: index)")
     parser.add_argument("--json", default=str(HERE / "results" / "sidecar.json"))
     args = parser.parse_args()

@@ -25,7 +25,7 @@ from tests.support.failure_logs import attach_on_failure
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support.* and examples.* importable
 
-# --sidecar-impl and the [python]/[go] parametrization of the sidecar conformance
+# --sidecar-impl and the [go] parametrization of the sidecar
 # suite (tests/sidecar, the chaos suite's sidecar pairs)
 #: Fixtures shared by several test directories, from the harness in tests/support/.
 pytest_plugins = ["tests.support.postgres", "tests.support.secure_etcd",

@@ -8,8 +8,8 @@ What is guaranteed:
   labels and annotations, and keeps it silent on healthy series;
 - every alert in the chart has a unit test there;
 - every metric name the rules and the dashboard use is one the operator and the
-  sidecar really export. Both are scraped over HTTP for real: a ``joblease
-  sidecar`` process holding a job on the test's etcd (its ``/metrics``), and the
+  sidecar really export. Both are scraped over HTTP for real: a sidecar process
+  (the Go binary) holding a job on the test's etcd (its ``/metrics``), and the
   operator's metrics server (``joblease.operator.metrics.serve``, the code the
   operator runs) on a loopback port -- the operator itself (kopf) is not started:
   its metric names do not depend on a Kubernetes API being there;
@@ -29,7 +29,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -226,8 +225,9 @@ async def _scrape_operator() -> str:
 
 
 @pytest.fixture
-def sidecar_metrics(etcd_config: EtcdConfig, tmp_path: Path) -> Iterator[str]:
-    """``/metrics`` of a real ``joblease sidecar`` process that holds a job."""
+def sidecar_metrics(etcd_config: EtcdConfig, tmp_path: Path, sidecar_argv: list[str]
+                    ) -> Iterator[str]:
+    """``/metrics`` of a real sidecar process that holds a job."""
     job = JobRef("default", "alerts-" + uuid.uuid4().hex[:8])
 
     async def register() -> None:
@@ -246,7 +246,7 @@ def sidecar_metrics(etcd_config: EtcdConfig, tmp_path: Path) -> Iterator[str]:
         "JOBLEASE_SIDECAR_ON_LOSS": "none",
     })
     log = (tmp_path / "sidecar.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "joblease.sidecar"], env=env, stdout=log,
+    proc = subprocess.Popen(sidecar_argv, env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     try:
         def port() -> int | None:
@@ -259,7 +259,8 @@ def sidecar_metrics(etcd_config: EtcdConfig, tmp_path: Path) -> Iterator[str]:
 
         def held() -> str | None:
             text = httpx.get(url, timeout=10).text
-            return text if 'joblease_sidecar_state{state="held"} 1.0' in text else None
+            held = re.search(r'^joblease_sidecar_state\{state="held"\} 1(\.0)?$', text, re.M)
+            return text if held else None
         yield wait_until(held, 60, "the sidecar to hold the job", interval=0.2)
     finally:
         proc.terminate()

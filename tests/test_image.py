@@ -99,9 +99,9 @@ def test_installed_package_is_the_wheel_not_the_checkout(image_venv: Path) -> No
     assert str(image_venv) in out.stdout and str(ROOT / "operator") not in out.stdout
 
 
-@pytest.mark.parametrize("args", [["--help"], ["operator", "--help"], ["sidecar", "--help"],
+@pytest.mark.parametrize("args", [["--help"], ["operator", "--help"], ["run", "--help"],
                                   ["ledger", "--help"]],
-                         ids=["main", "operator", "sidecar", "ledger"])
+                         ids=["main", "operator", "run", "ledger"])
 def test_image_entrypoints_answer_help(image_venv: Path, args: list[str]) -> None:
     result = run_in(image_venv, *args)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -135,8 +135,8 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-@pytest.mark.parametrize("args", [[], ["operator", "--help"], ["sidecar", "--help"]],
-                         ids=["default-cmd", "operator", "sidecar"])
+@pytest.mark.parametrize("args", [[], ["operator", "--help"], ["run", "--help"]],
+                         ids=["default-cmd", "operator", "run"])
 def test_entrypoint_answers_help_as_65532_on_a_read_only_root(
         image: ImageArchive, rootfs: Path, args: list[str]) -> None:
     assert os.geteuid() == 0, "chroot and mounts need root"

@@ -538,7 +538,6 @@ def _register_optional_commands() -> None:
     import importlib
 
     for module, attr in (("joblease.demo", "demo_command"),
-                         ("joblease.sidecar.command", "sidecar_command"),
                          ("joblease.fencing.command", "ledger_command"),
                          ("joblease.operator.command", "operator_command")):
         try:

@@ -20,20 +20,13 @@ from tests.chaos.verdict import judge as _judge
 from tests.chaos.verdict import run_dir as _run_dir
 
 
-def _sidecars(impl: str, argv: list[str], shorter: float | None = None) -> dict[str, Any]:
-    """The sidecar pairs' settings per implementation (tests/support/sidecar_impls.py).
+def _sidecars(argv: list[str], shorter: float | None = None) -> dict[str, Any]:
+    """The sidecar pairs' settings (the Go sidecar: tests/support/sidecar_impls.py).
 
-    ``[python]`` keeps the original run. ``[go]`` has two pairs, so that more
-    claims go through the sidecar; ``shorter`` (the bounded run: the library
-    workers beside the pairs were judged under the same faults by ``[python]``,
-    and ``--soak`` runs the Go pairs full length) cuts its duration; and it runs
-    without the sidecars' clock skew:
-    libfaketime interposes libc's clock functions and a Go binary reads the clock
-    through the vDSO, so the skew would be logged as a fault but never happen
-    (the library workers' skewed clocks still are).
+    Two pairs, so that more claims go through the sidecar; ``shorter`` (the bounded
+    run) cuts its duration, and ``--soak`` runs them full length. No clock skew for
+    the sidecars (see ``ChaosConfig.sidecar_clock``).
     """
-    if impl == "python":
-        return {}
     return {"sidecar_argv": tuple(argv), "sidecar_clock": None, "sidecar_pairs": 2,
             **({} if shorter is None else {"duration": shorter})}
 
@@ -44,7 +37,7 @@ async def test_bounded_chaos_run_has_no_violations(tmp_path: Path, pg_dsn: str,
                                                    ) -> None:
     cfg = replace(ChaosConfig(workers=4, sidecar_pairs=1, open_jobs=6, ttl=2,
                               fault_interval=1.0, duration=60.0, liveness_bound=60.0,
-                              pg_dsn=pg_dsn), **_sidecars(sidecar_impl, sidecar_argv, 30.0))
+                              pg_dsn=pg_dsn), **_sidecars(sidecar_argv, 30.0))
     _judge(await run(cfg, _run_dir(tmp_path, f"bounded-{sidecar_impl}")))
 
 
@@ -57,13 +50,13 @@ async def test_etcd_restarts_with_auth_on_cost_no_lease(tmp_path: Path, pg_dsn: 
     be lost because etcd refused a token (``auth-loss``): a restarted member has
     forgotten every simple auth token, and the client must log in again on its
     streams (keep-alive, watch) as it does on unary calls (issue 20 item 15). Full
-    length for ``[go]`` too: its etcd client is its own code (and at 30 s the two
-    member kills are not reliably both injected on a loaded machine)."""
+    length: the sidecar's etcd client is its own code (and at 30 s the two member
+    kills are not reliably both injected on a loaded machine)."""
     cfg = replace(ChaosConfig(workers=3, sidecar_pairs=1, open_jobs=5, ttl=2,
                               fault_interval=1.0, duration=60.0, liveness_bound=60.0,
                               pg_dsn=pg_dsn, auth=True,
                               fault_types=("etcd-kill-leader", "etcd-kill-follower")),
-                  **_sidecars(sidecar_impl, sidecar_argv))
+                  **_sidecars(sidecar_argv))
     _judge(await run(cfg, _run_dir(tmp_path, f"auth-etcd-kill-{sidecar_impl}")))
 
 
@@ -75,7 +68,7 @@ async def test_soak(soak: bool, tmp_path: Path, pg_dsn: str, sidecar_impl: str,
     cfg = replace(ChaosConfig(workers=5, sidecar_pairs=1, open_jobs=8, ttl=2,
                               fault_interval=1.0, duration=3 * 3600.0, trials=1000,
                               liveness_bound=90.0, pg_dsn=pg_dsn),
-                  **_sidecars(sidecar_impl, sidecar_argv))
+                  **_sidecars(sidecar_argv))
     report = await run(cfg, _run_dir(tmp_path, f"soak-{sidecar_impl}"))
     _judge(report)
     assert report.trials >= 1000

@@ -20,7 +20,7 @@ one with ``--resend-ok`` (a duplicate delivery); the re-send's invoke carries
 ``extra.resend`` = the first copy's op id. Each key must be applied once.
 
 * ``--mode worker``: the core library (``JobLeaseClient``) in this process.
-* ``--mode sidecar``: ``python -m joblease.sidecar`` per claim (its pid in
+* ``--mode sidecar``: the sidecar (``--sidecar-cmd``, the Go binary) per claim (its pid in
   ``RUNDIR/<id>.sidecar.pid`` so the nemesis can pause or kill it) and this
   process talks to its HTTP API, as a worker in any language would.
 
@@ -472,9 +472,8 @@ class Worker:
         env.pop("LD_PRELOAD", None)
         env.update(json.loads(self.args.sidecar_env or "{}"))
         log = open(self.run / f"{self.args.id}.sidecar.log", "ab")
-        # the implementation under test (--sidecar-cmd; default the Python one)
-        sidecar = json.loads(self.args.sidecar_cmd) if self.args.sidecar_cmd else [
-            sys.executable, "-m", "joblease.sidecar"]
+        # the sidecar under test (--sidecar-cmd: the Go binary, passed by the runner)
+        sidecar = json.loads(self.args.sidecar_cmd)
         proc = subprocess.Popen(
             [*sidecar, "--job", job,
              "--owner", self.sidecar_owner(n), "--port", "0",
@@ -609,7 +608,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--request-timeout", type=float, default=1.5)
     p.add_argument("--sidecar-claim-wait", type=float, default=4.0)
     p.add_argument("--sidecar-env", default="")
-    p.add_argument("--sidecar-cmd", default="", help="JSON list: the sidecar's command line")
+    p.add_argument("--sidecar-cmd", default="",
+                   help="JSON list: the sidecar's command line (needed with --mode sidecar)")
     p.add_argument("--resend-unknown", type=float, default=0.7)
     p.add_argument("--resend-ok", type=float, default=0.1)
     p.add_argument("--etcd-user", default="")

@@ -8,10 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from joblease import EtcdConfig
+from joblease.cli import main
 from tests.support.cli import LONG_TTL, as_json, jl
 from tests.waiting import wait_until
 
@@ -200,3 +203,16 @@ def test_completion_script_is_printed() -> None:
     done = subprocess.run([sys.executable, "-m", "joblease.cli", "completion", "bash"],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and "_JOBLEASE_COMPLETE" in done.stdout
+
+
+def test_the_retired_sidecar_command_is_gone_and_names_its_replacement() -> None:
+    """``joblease sidecar`` was retired with the Python sidecar (issue 25): a usage
+    error (exit 2), and ``joblease --help`` no longer lists it; docs/cli.md points
+    to the ``joblease-sidecar`` binary instead."""
+    r = CliRunner().invoke(main, ["sidecar", "--help"])
+    assert r.exit_code == 2 and "No such command 'sidecar'" in r.output, r.output
+    listed = CliRunner().invoke(main, ["--help"]).output
+    assert not any(line.split()[:1] == ["sidecar"] for line in listed.splitlines()
+                   if line.startswith("  ")), listed
+    cli_doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    assert "`joblease-sidecar`" in cli_doc

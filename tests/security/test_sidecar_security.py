@@ -1,4 +1,4 @@
-"""The sidecar as a real process (each implementation: [python], [go]) with a tenant's
+"""The sidecar as a real process (the Go binary) with a tenant's
 etcd credentials over TLS: it works on its namespace's job, exits with a clear
 permission error on another namespace's job, and never logs a secret."""
 
@@ -61,7 +61,7 @@ class Sidecars:
 @pytest.fixture
 def sidecars(tmp_path: Path, tenants: Tenants, request: pytest.FixtureRequest,
              sidecar_argv: list[str]) -> Iterator[Sidecars]:
-    """Sidecar processes of each implementation (``sidecar_impl``: [python], [go])."""
+    """Sidecar processes (the Go binary, ``sidecar_argv``)."""
     s = Sidecars(tmp_path, tenants, sidecar_argv)
     yield s
     for p in s.started:

@@ -1,13 +1,10 @@
-"""Fixtures for the sidecar conformance suite: real sidecar processes, of each
-implementation, against the session's real etcd.
+"""Fixtures for the sidecar suite: real processes of the Go sidecar (the product's
+one sidecar), against the session's real etcd.
 
-Every test that takes ``env`` (or ``registered``) runs once per selected
-implementation, ``[python]`` and ``[go]`` (``--sidecar-impl``; the
-parametrization, ``sidecar_argv`` and why a missing Go binary fails rather than
-skips: tests/support/sidecar_impls.py). The harness itself lives in
-tests/support/sidecar_process.py. Tests that drive the Python sidecar's
-internals in-process carry the ``python_sidecar_only`` marker with the reason,
-and run for ``[python]`` alone.
+Every test that takes ``env`` (or ``registered``) runs against the binary built
+from ``sidecar-go/`` (test id ``[go]``; ``sidecar_argv`` and why a missing
+binary fails rather than skips: tests/support/sidecar_impls.py). The harness
+itself lives in tests/support/sidecar_process.py.
 """
 
 from __future__ import annotations

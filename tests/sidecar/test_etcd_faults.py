@@ -1,12 +1,13 @@
-"""etcd faults under a sidecar process, for every implementation: a lost answer is read
-back, an unreachable etcd ends the lease by the local deadline.
+"""etcd faults under a sidecar process: a lost answer is read back, a completion
+answered 503 is retried to the committed record, an unreachable etcd ends the lease
+by the local deadline.
 
 The sidecar's only etcd endpoint is a TCP proxy (tests/support/sidecar_proxy.py)
 that loses answers or requests on purpose, then cuts the connections so the
 sidecar's client reconnects; etcd, the sidecar and the worker it would signal
-are real. These are the process-level counterparts of the in-process tests in
-test_completion_outcomes.py (Python only: faults at exact steps inside the
-Python client), so the Go sidecar faces the same faults.
+are real. Only the network is faulted (the retired Python sidecar's in-process
+tests faulted its client at exact steps; these judge the same guarantees from
+outside, invariant `read-back`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,7 +24,7 @@ import httpx
 import pytest
 
 from joblease import JobLeaseClient
-from tests.support.sidecar_process import Env, Proc
+from tests.support.sidecar_process import WORKER_PY, Env, Proc
 from tests.support.sidecar_proxy import SeverableProxy
 from tests.waiting import claim_when_free, poll
 
@@ -89,6 +91,64 @@ async def test_a_completion_whose_answer_is_lost_is_read_back_not_taken_for_loss
     assert not sidecar.logged("lease lost")
     final = await client.get(env.job)
     assert final.result == stored and final.holder is None
+
+
+async def test_retry_of_a_completion_answered_503_returns_the_committed_result(
+        env: Env, client: JobLeaseClient, proxy: SeverableProxy) -> None:
+    """The completion commits, then etcd stays unreachable: its answer is lost and the
+    read-back fails, so the worker gets 503 and (as documented) retries. Once etcd is
+    back the retry answers 200 with the committed record, never ``409 stale`` naming
+    the worker's own token; and the lease's end meanwhile is not a loss."""
+    await env.register(client, ttl=10)
+    worker, extra = _worker(env)
+    sidecar = env.sidecar("a", JOBLEASE_ETCD_ENDPOINTS=proxy.endpoint, **extra)
+    lease = await (await sidecar.started()).held()
+    body = {"token": lease["token"], "result": {"n": 1}}
+
+    proxy.mode = "drop_responses"  # etcd hears everything, the sidecar hears nothing
+    first = await sidecar.request("POST", "/v1/complete", json=body, timeout=120)
+    assert first.status_code == 503, first.text
+    assert first.json()["error"] and first.json()["message"]
+    stored = (await client.get(env.job)).result
+    assert stored is not None and stored.token == lease["token"]  # it did commit
+    assert not sidecar.token_file.exists()  # no token handed out while undecided
+
+    await proxy.sever()  # etcd is back (the sidecar's client reconnects: 503s meanwhile)
+    answers = []
+    deadline = time.monotonic() + 90
+    while True:
+        retry = await sidecar.request("POST", "/v1/complete", json=body, timeout=120)
+        answers.append(retry.status_code)
+        if retry.status_code != 503 or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)  # the worker's retry pace, not a synchronisation
+    assert retry.status_code == 200, (answers, retry.text)
+    record = retry.json()
+    assert record["token"] == lease["token"] and record["result"] == {"n": 1}
+    assert (record["claimId"], record["revision"]) == (stored.claim_id, stored.revision)
+    assert (await sidecar.lease())["error"] == "completed"
+    assert worker.returncode() is None, "the sidecar took its own completion for a loss"
+    assert not sidecar.logged("lease lost")
+
+
+async def test_example_worker_retries_a_completion_whose_outcome_is_unknown(
+        env: Env, client: JobLeaseClient, proxy: SeverableProxy) -> None:
+    """examples/workers/worker.py follows the documented contract: a completion that
+    gets a 503 (or no answer) is retried with the same request, and ends with 200."""
+    await env.register(client, ttl=10)
+    sidecar = env.sidecar("a", JOBLEASE_ETCD_ENDPOINTS=proxy.endpoint)
+    await (await sidecar.started()).held()
+    proxy.mode = "drop_responses"
+    worker = env.spawn_with("worker", [sys.executable, str(WORKER_PY)], {
+        "JOBLEASE_SIDECAR_URL": sidecar.url, "JOBLEASE_TOKEN_FILE": str(sidecar.token_file),
+        "JOBLEASE_WAIT_SECONDS": "30"})
+    await poll(lambda: "complete_retry" in worker.output(), 120, "the worker to retry")
+    assert (await client.get(env.job)).result is not None  # committed meanwhile
+    await proxy.sever()  # etcd is back
+    assert await worker.wait_exit(120) == 0, worker.output()
+    assert '"status": 200' in worker.output().splitlines()[-1]
+    state = await client.get(env.job)
+    assert state.result is not None and state.result.result["items"] == 3
 
 
 async def test_etcd_unreachable_ends_the_lease_before_anyone_else_can_claim(

@@ -31,8 +31,9 @@ def test_sidecar_is_a_native_sidecar_with_a_startup_probe() -> None:
     spec = _pod_spec()
     (sidecar,) = spec["initContainers"]
     assert sidecar["restartPolicy"] == "Always"
-    assert sidecar["image"] == "ghcr.io/joblease/joblease:0.1.0"
-    assert sidecar["args"] == ["sidecar"]
+    # the product's one sidecar: the Go binary's image, run by its own entrypoint
+    assert sidecar["image"] == "ghcr.io/joblease/joblease-sidecar:0.1.0"
+    assert "args" not in sidecar and "command" not in sidecar
     probe = sidecar["startupProbe"]["httpGet"]
     assert probe["path"] == "/readyz"
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}

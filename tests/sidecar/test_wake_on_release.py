@@ -1,6 +1,6 @@
 """A sidecar refused because another sidecar holds the job claims as soon as the
-holder goes (it watches the holder key), not up to a backoff later: for both
-implementations (Python ``python -m joblease.sidecar`` and the Go binary).
+holder goes (it watches the holder key), not up to a backoff later (the Go
+sidecar, as real processes).
 
 Real processes against the session's real etcd; nothing is faked. Each test
 starts two sidecars on one job (TTL 3 s, the default claim backoff: 0.2 s

@@ -238,8 +238,7 @@ def go_sidecar_binary() -> str:
     if not GO_SIDECAR_BUILD.is_file():
         raise BinaryNotFound(
             f"the Go sidecar cannot be built: {GO_SIDECAR_BUILD} is missing "
-            "(set JOBLEASE_SIDECAR_GO to a binary, or run the Python one only: "
-            "--sidecar-impl=python)")
+            "(set JOBLEASE_SIDECAR_GO to a binary)")
     try:
         built = subprocess.run([str(GO_SIDECAR_BUILD)], cwd=REPO_ROOT, capture_output=True,
                                text=True, timeout=1800, check=False)

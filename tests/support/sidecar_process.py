@@ -1,14 +1,14 @@
-"""Sidecars and workers as real processes against a real etcd, for either implementation.
+"""Sidecars and workers as real processes against a real etcd.
 
-Each sidecar is started as a separate process (``python -m joblease.sidecar``,
-or the Go binary built from ``sidecar-go/``: see :mod:`tests.support.sidecar_impls`),
+Each sidecar is started as a separate process (the Go binary built from
+``sidecar-go/``: see :mod:`tests.support.sidecar_impls`),
 configured through its environment, listening on port 0 and reporting the
 bound port in a port file. Logs go to files that the fixtures attach to the
 report when a test fails. Waits are polls with deadlines, never bare sleeps.
 
 Everything here talks to a sidecar the way a worker does (HTTP, the token
-file, signals, exit codes, JSON log lines on stdout/stderr), so the same test
-judges both implementations; nothing reaches into a sidecar's internals.
+file, signals, exit codes, JSON log lines on stdout/stderr); nothing reaches
+into a sidecar's internals.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from tests.waiting import poll
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_PY = ROOT / "examples" / "workers" / "worker.py"
 WORKER_SH = ROOT / "examples" / "workers" / "worker.sh"
-PYTHON_SIDECAR = (sys.executable, "-m", "joblease.sidecar")
 
 
 class Proc:
@@ -79,16 +78,16 @@ class Proc:
 class Sidecar(Proc):
     """A running sidecar process and an HTTP client for its API.
 
-    ``argv`` is the implementation's command line (default: the Python sidecar).
+    ``argv`` is the sidecar's command line (``sidecar_argv``: the Go binary).
     """
 
     def __init__(self, name: str, workdir: Path, env: dict[str, str],
-                 argv: list[str] | None = None) -> None:
+                 argv: list[str]) -> None:
         self.workdir = workdir
         self.port_file = workdir / "port"
         self.token_file = workdir / "token"
         self.api_token: str | None = None
-        super().__init__(name, list(argv or PYTHON_SIDECAR), env, workdir / "sidecar.log")
+        super().__init__(name, list(argv), env, workdir / "sidecar.log")
         self.url = ""
 
     async def started(self, timeout: float = 30) -> Sidecar:
@@ -152,8 +151,7 @@ class Sidecar(Proc):
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text exposition -> ``{'name{label="v"}': value}`` (labels sorted).
 
-    Compared by value, not by spelling: the Python client writes ``1.0`` where
-    Go's writes ``1``, and both are the same sample.
+    Compared by value, not by spelling (``1`` and ``1.0`` are the same sample).
     """
     samples: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
@@ -164,15 +162,14 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 class Env:
-    """Starts sidecars (of one implementation) and workers for one test; the
-    fixture stops them all afterwards."""
+    """Starts sidecars and workers for one test; the fixture stops them all afterwards."""
 
     def __init__(self, tmp_path: Path, etcd_config: EtcdConfig,
-                 sidecar_argv: list[str] | None = None, impl: str = "python") -> None:
+                 sidecar_argv: list[str], impl: str = "go") -> None:
         self.tmp = tmp_path
         self.etcd_config = etcd_config
         self.impl = impl
-        self.sidecar_argv = list(sidecar_argv or PYTHON_SIDECAR)
+        self.sidecar_argv = list(sidecar_argv)
         self.procs: list[Proc] = []
         self.job = JobRef("default", "job-" + uuid.uuid4().hex[:8])
 

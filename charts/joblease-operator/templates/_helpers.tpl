@@ -124,11 +124,11 @@ RBAC rules on JobLeases, shared by the ClusterRole (scope cluster) and each Role
 {{- end }}
 {{- end }}
 
-{{/* The injected sidecar's image: webhook.sidecar.image, or the operator's image. */}}
+{{/* The injected sidecar's image: webhook.sidecar.image (its tag defaults to appVersion). */}}
 {{- define "joblease-operator.sidecarImage" -}}
 {{- $img := .Values.webhook.sidecar.image }}
-{{- $repo := default .Values.image.repository $img.repository }}
-{{- $tag := default (default .Chart.AppVersion .Values.image.tag) $img.tag }}
+{{- $repo := $img.repository }}
+{{- $tag := default .Chart.AppVersion $img.tag }}
 {{- if $img.digest }}
 {{- printf "%s@%s" $repo $img.digest }}
 {{- else }}

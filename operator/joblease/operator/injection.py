@@ -90,8 +90,8 @@ class SidecarSettings:
     ``joblease-etcd-credentials`` (username + password file).
     """
 
-    image: str = "ghcr.io/joblease/joblease:0.1.0"
-    args: tuple[str, ...] = ("sidecar",)
+    image: str = "ghcr.io/joblease/joblease-sidecar:0.1.0"
+    args: tuple[str, ...] = ()
     image_pull_policy: str = "IfNotPresent"
     etcd_endpoints: str = "https://joblease-etcd.joblease-system.svc:2379"
     etcd_root: str = "/joblease/v1"
@@ -104,7 +104,7 @@ class SidecarSettings:
     run_as_user: int = 65532
     run_as_group: int = 65532
     resources: Mapping[str, Any] = field(default_factory=lambda: {
-        "requests": {"cpu": "10m", "memory": "48Mi"}, "limits": {"memory": "128Mi"}})
+        "requests": {"cpu": "5m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}})
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SidecarSettings:
@@ -449,7 +449,7 @@ def _sidecar(settings: SidecarSettings, options: PodOptions, namespace: str, *,
         "name": SIDECAR_NAME,
         "image": settings.image,
         "imagePullPolicy": settings.image_pull_policy,
-        "args": list(settings.args),
+        **({"args": list(settings.args)} if settings.args else {}),  # none: the entrypoint
         "restartPolicy": "Always",
         "env": env,
         "ports": [{"name": "joblease-probe", "containerPort": options.probe_port}],
