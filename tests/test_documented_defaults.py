@@ -201,3 +201,30 @@ def test_go_sidecar_help_states_the_documented_flags_and_defaults() -> None:
             if re.fullmatch(r"[\w./:-]+", want) and want != "(required)" and helped[1] != want:
                 bad.append(f"--{name}: --help's default {helped[1]!r}, the table's {want!r}")
     assert not bad, "\n".join(bad)
+
+
+def test_no_cli_option_reads_the_environment_through_click() -> None:
+    """Every variable the CLI honours is read one way (joblease.envvars / from_env),
+    so no option of any verb carries a click ``envvar=`` (issue 31)."""
+    assert isinstance(cli_main, click.Group)
+    with_envvar = [f"{name} {p.name}" for name, command in cli_main.commands.items()
+                   for p in command.params if getattr(p, "envvar", None)]
+    assert with_envvar == []
+
+
+def test_cli_owner_comes_from_the_flag_then_the_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--owner`` beats ``JOBLEASE_OWNER``; an empty variable is unset, and a verb
+    that needs an owner without either is a usage error (exit 2) naming both."""
+    from click.testing import CliRunner
+
+    from joblease.cli import owner_of, required_owner
+
+    monkeypatch.setenv("JOBLEASE_OWNER", "from-env")
+    assert (owner_of("flag"), owner_of(None)) == ("flag", "from-env")
+    monkeypatch.setenv("JOBLEASE_OWNER", "")
+    assert owner_of(None) is None
+    with pytest.raises(click.UsageError, match="JOBLEASE_OWNER"):
+        required_owner(None)
+    done = CliRunner().invoke(cli_main, ["release", "j", "--token", "1"])
+    assert done.exit_code == 2 and "JOBLEASE_OWNER" in done.output

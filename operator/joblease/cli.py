@@ -26,6 +26,7 @@ from joblease.errors import (
     CorruptRecordError,
     InvalidInputError,
     JobLeaseError,
+    LeaseLostError,
     NotRegisteredError,
     StoreUnavailableError,
 )
@@ -163,6 +164,22 @@ def job_argument(fn: F) -> F:
 
 #: Where the job's namespace comes from when ``-n`` is not given (a pod's own namespace).
 NAMESPACE_VARIABLE = "JOBLEASE_JOB_NAMESPACE"
+#: Where the owner comes from when ``--owner`` is not given.
+OWNER_VARIABLE = "JOBLEASE_OWNER"
+
+
+def owner_of(owner: str | None) -> str | None:
+    """``--owner`` if given, else ``JOBLEASE_OWNER`` (empty is unset, as in
+    joblease.envvars), else None."""
+    return owner or read_str(os.environ, OWNER_VARIABLE)
+
+
+def required_owner(owner: str | None) -> str:
+    """:func:`owner_of`, or a usage error (exit 2) naming both ways to give it."""
+    found = owner_of(owner)
+    if found is None:
+        raise click.UsageError(f"Missing option '--owner' (or {OWNER_VARIABLE}).")
+    return found
 
 
 def job_ref(job: str, namespace: str | None) -> JobRef:
@@ -252,7 +269,7 @@ def lease_rows(d: dict[str, Any]) -> list[list[Any]]:
 
 @main.command()
 @job_argument
-@click.option("--owner", required=True, envvar="JOBLEASE_OWNER", help="Who claims.")
+@click.option("--owner", default=None, help=f"Who claims [{OWNER_VARIABLE}; required].")
 @click.option("--hold", is_flag=True,
               help="Keep the lease alive until interrupted (Ctrl-C releases it).")
 @click.option("--wait", "wait_seconds", type=float, default=0.0, show_default=True,
@@ -261,13 +278,14 @@ def lease_rows(d: dict[str, Any]) -> list[list[Any]]:
                    "while waiting.")
 @etcd_options
 @output_option
-def claim(job: str, namespace: str, owner: str, hold: bool, wait_seconds: float, output: str,
+def claim(job: str, namespace: str, owner: str | None, hold: bool, wait_seconds: float, output: str,
           **kw: Any) -> None:
     """Claim JOB for OWNER and print the generation and fencing token.
 
     Without --hold the lease is not renewed: it expires after its TTL unless
     completed or released first (joblease complete/release --token).
     """
+    owner = required_owner(owner)
     config, ref = split_etcd(kw), job_ref(job, namespace)
 
     async def go() -> None:
@@ -296,9 +314,9 @@ def claim(job: str, namespace: str, owner: str, hold: bool, wait_seconds: float,
                 await lease.release()
                 click.echo(f"released {ref} (token {lease.token})", err=True)
             elif lease.state is LeaseState.LOST:
-                click.echo(f"joblease: lost: {lease.lost_reason}", err=True)
+                click.echo(f"joblease: {LeaseLostError.reason}: {lease.lost_reason}", err=True)
                 await client.close()
-                sys.exit(8)
+                sys.exit(LeaseLostError.exit_code)
             await client.close()
         except BaseException:
             await client.close(revoke=not isinstance(sys.exc_info()[1], JobLeaseError))
@@ -309,8 +327,8 @@ def claim(job: str, namespace: str, owner: str, hold: bool, wait_seconds: float,
 
 def _on_behalf(verb: str) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
-        fn = click.option("--owner", required=True, envvar="JOBLEASE_OWNER",
-                          help="The holder's owner identity.")(fn)
+        fn = click.option("--owner", default=None,
+                          help=f"The holder's owner identity [{OWNER_VARIABLE}; required].")(fn)
         fn = click.option("--token", type=int, required=True,
                           help=f"The fencing token of the claim to {verb}.")(fn)
         return fn
@@ -323,9 +341,11 @@ def _on_behalf(verb: str) -> Callable[[F], F]:
 @click.option("--result", default="null", help="The result as JSON.")
 @etcd_options
 @output_option
-def complete(job: str, namespace: str | None, owner: str, token: int, result: str, output: str,
+def complete(job: str, namespace: str | None, owner: str | None, token: int, result: str,
+             output: str,
              **kw: Any) -> None:
     """Complete JOB under OWNER's claim with TOKEN (same condition as the holder's)."""
+    owner = required_owner(owner)
     config, ref = split_etcd(kw), job_ref(job, namespace)
     value = _json_option(result, "--result", "result", validation.MAX_RESULT_BYTES)
 
@@ -346,10 +366,12 @@ def complete(job: str, namespace: str | None, owner: str, token: int, result: st
 @click.option("--data", required=True, help="The checkpoint as JSON.")
 @etcd_options
 @output_option
-def checkpoint(job: str, namespace: str | None, owner: str, token: int, data: str, output: str,
+def checkpoint(job: str, namespace: str | None, owner: str | None, token: int, data: str,
+               output: str,
                **kw: Any) -> None:
     """Store DATA as JOB's checkpoint under OWNER's claim with TOKEN (refused as
     stale, exit 7, unless that claim holds the job now)."""
+    owner = required_owner(owner)
     config, ref = split_etcd(kw), job_ref(job, namespace)
     value = _json_option(data, "--data", "checkpoint", validation.MAX_CHECKPOINT_BYTES)
 
@@ -369,9 +391,10 @@ def checkpoint(job: str, namespace: str | None, owner: str, token: int, data: st
 @_on_behalf("release")
 @etcd_options
 @output_option
-def release(job: str, namespace: str | None, owner: str, token: int, output: str,
+def release(job: str, namespace: str | None, owner: str | None, token: int, output: str,
             **kw: Any) -> None:
     """Release JOB held by OWNER with TOKEN; it becomes claimable at once."""
+    owner = required_owner(owner)
     config, ref = split_etcd(kw), job_ref(job, namespace)
 
     async def go() -> dict[str, Any]:
@@ -385,8 +408,8 @@ def release(job: str, namespace: str | None, owner: str, token: int, output: str
 
 @main.command("run")
 @job_argument
-@click.option("--owner", envvar="JOBLEASE_OWNER", default=None,
-              help="Who claims (default: HOSTNAME:PID).")
+@click.option("--owner", default=None,
+              help=f"Who claims [{OWNER_VARIABLE}; default: HOSTNAME:PID].")
 @click.option("--wait", "wait_seconds", type=float, default=0.0, show_default=True,
               help="Retry for up to this many seconds while someone else holds the job "
                    "('inf': forever). Gives up with exit 9 if the wrapper's own session "
@@ -416,7 +439,7 @@ def run_(job: str, namespace: str, owner: str | None, wait_seconds: float, grace
     from joblease.run import RunOptions, run_with_config
 
     config, ref = split_etcd(kw), job_ref(job, namespace)
-    opts = RunOptions(job=ref, owner=owner or f"{socket.gethostname()}:{os.getpid()}",
+    opts = RunOptions(job=ref, owner=owner_of(owner) or f"{socket.gethostname()}:{os.getpid()}",
                       command=command, wait=wait_seconds, grace=grace,
                       result_file=Path(result_file) if result_file else None)
     sys.exit(run(run_with_config(lambda: JobLeaseClient(config, revoke_on_loss=False), opts)))
@@ -532,18 +555,34 @@ def completion(shell: str) -> None:
     click.echo(cls(main, {}, "joblease", "_JOBLEASE_COMPLETE").source())
 
 
+def _demo_command() -> click.Command:
+    from joblease.demo import demo_command
+
+    return demo_command
+
+
+def _ledger_command() -> click.Command:
+    from joblease.fencing.command import ledger_command
+
+    return ledger_command
+
+
+def _operator_command() -> click.Command:
+    from joblease.operator.command import operator_command
+
+    return operator_command
+
+
 def _register_optional_commands() -> None:
     """Commands with heavier dependencies, imported only if installed (the
-    operator needs the ``operator`` extra: kopf)."""
-    import importlib
-
-    for module, attr in (("joblease.demo", "demo_command"),
-                         ("joblease.fencing.command", "ledger_command"),
-                         ("joblease.operator.command", "operator_command")):
+    operator needs the ``operator`` extra: kopf). Plain imports inside functions,
+    not ``importlib``, so the import contracts (``.importlinter``: ``cli`` on top)
+    see what the CLI loads."""
+    for name, load in (("demo", _demo_command), ("ledger", _ledger_command),
+                       ("operator", _operator_command)):
         try:
-            command = getattr(importlib.import_module(module), attr)
+            command = load()
         except ImportError as e:
-            name = attr.removesuffix("_command")
             missing = f"{e} (pip install 'joblease[operator]')"
 
             @main.command(name, context_settings={"ignore_unknown_options": True},
@@ -553,7 +592,7 @@ def _register_optional_commands() -> None:
                             _name: str = name) -> None:
                 click.echo(f"joblease: {_name} needs an optional dependency: {_missing}",
                            err=True)
-                sys.exit(1)
+                sys.exit(JobLeaseError.exit_code)
         else:
             main.add_command(command)
 
