@@ -13,6 +13,7 @@ processes, or start a cluster of their own) are skipped, saying why.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,7 +76,11 @@ def _make_namespace(cluster: Cluster, name: str) -> None:
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace per test (deleted afterwards, without waiting). Waits for
     its ``default`` ServiceAccount: pods are refused until the controller made it."""
-    name = "t-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    # Truncated names can collide (the ids of a parametrized test come last, and the
+    # namespace of the previous case may still be terminating): a short hash of the
+    # whole node id keeps each test's namespace its own.
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]
+    name = "t-" + request.node.name.lower().replace("_", "-")[:40].strip("-") + "-" + digest
     _make_namespace(cluster, name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false")

@@ -64,7 +64,7 @@ def test_install_with_defaults_runs_etcd_and_the_operator_over_tls(release: Rele
     assert spec["serviceAccountName"] == rel.fullname
     (container,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "operator"]
     assert container["ready"] is True
-    assert container["image"].endswith(image_ref("ghcr.io/joblease/joblease"))
+    assert container["image"].endswith(image_ref("ghcr.io/joblease/joblease:"))
     # the process itself: UID 65532 (not root), and the root filesystem refuses writes
     out = rel.cluster.kubectl("exec", pod["metadata"]["name"], "-n", rel.namespace, "-c",
                               "operator", "--", "sh", "-c",

@@ -198,23 +198,27 @@ def test_pod_reaches_api_server_with_projected_service_account_token(
 
 def test_project_image_runs_as_non_root_with_read_only_root(
         cluster: Cluster, namespace: str) -> None:
-    image = image_ref("ghcr.io/joblease/joblease")
+    """The project image (CLI, operator) and the sidecar image (the Go binary, the one
+    sidecar) both run as 65532 with a read-only root and no capabilities."""
+    project = image_ref("ghcr.io/joblease/joblease:")
+    sidecar = image_ref("ghcr.io/joblease/joblease-sidecar")
     security = {"runAsUser": 65532, "runAsGroup": 65532, "runAsNonRoot": True,
                 "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
                 "capabilities": {"drop": ["ALL"]}}
-    commands = {"cli": ["joblease", "--help"],
-                "operator": ["joblease", "operator", "--help"],
-                "sidecar": ["joblease", "sidecar", "--help"]}
+    commands = {"cli": (project, ["joblease", "--help"], "Usage: joblease "),
+                "operator": (project, ["joblease", "operator", "--help"], "Usage: joblease "),
+                "sidecar": (sidecar, ["/joblease-sidecar", "--help"],
+                            "Usage: joblease-sidecar")}
     run_pod(cluster, namespace, {
         "metadata": {"name": "image"},
         "spec": {"containers": [
             {"name": name, "image": image, "imagePullPolicy": "Never", "command": argv,
              "securityContext": security}
-            for name, argv in commands.items()]},
+            for name, (image, argv, _usage) in commands.items()]},
     })
-    for name, _argv in commands.items():
+    for name, (_image, _argv, usage) in commands.items():
         out = logs(cluster, namespace, "image", name)
-        assert "Usage: joblease" in out, (name, out)
+        assert usage in out, (name, out)
     # it really ran as 65532 with a read-only root: the API recorded the context
     pod = cluster.pod("image", namespace)
     assert pod is not None

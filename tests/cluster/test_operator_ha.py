@@ -105,7 +105,7 @@ def load_pod(release: Release) -> str:
         "metadata": {"name": "load", "namespace": release.namespace},
         "spec": {"restartPolicy": "Never", "securityContext": spec["securityContext"],
                  "volumes": volumes, "containers": [{
-                     "name": "load", "image": image_ref("ghcr.io/joblease/joblease"),
+                     "name": "load", "image": image_ref("ghcr.io/joblease/joblease:"),
                      "imagePullPolicy": "Never",
                      "command": ["python", "-c", LOAD, release.namespace, str(JOBS)],
                      "env": env, "volumeMounts": mounts,

@@ -72,7 +72,7 @@ def start_tools_pod(rel: Release, name: str = "tools") -> str:
             "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
                                 "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
-                "name": "tools", "image": image_ref("ghcr.io/joblease/joblease"),
+                "name": "tools", "image": image_ref("ghcr.io/joblease/joblease:"),
                 "imagePullPolicy": "Never", "command": ["sleep", "3600"], "env": env,
                 "securityContext": {"allowPrivilegeEscalation": False,
                                     "capabilities": {"drop": ["ALL"]}},

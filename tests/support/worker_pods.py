@@ -110,20 +110,41 @@ def _running(pod: dict[str, Any], container: str) -> bool:
                for s in statuses)
 
 
+def operator_pod(cluster: Cluster) -> tuple[str, str]:
+    """``(namespace, name)`` of a running operator pod of the installed release (one
+    release at a time on the test cluster: the ``release`` fixture refuses a second)."""
+    r = cluster.kubectl("get", "pods", "-A", "-l", "app.kubernetes.io/name=joblease-operator",
+                        "-o", "json", timeout=60)
+    pods = json.loads(r.stdout)["items"] if r.returncode == 0 else []
+    for pod in pods:
+        if pod["status"].get("phase") == "Running" and not pod["metadata"].get(
+                "deletionTimestamp"):
+            return pod["metadata"]["namespace"], pod["metadata"]["name"]
+    raise AssertionError(f"no running operator pod: {r.stdout}{r.stderr}")
+
+
 def joblease_cli(cluster: Cluster, namespace: str, pod: str, *args: str,
                  timeout: float = 120) -> dict[str, Any]:
-    """``joblease ARGS -n NAMESPACE -o json`` in ``pod``'s sidecar container: it has the
-    CLI and the etcd endpoint and TLS files in its environment, so reading etcd
-    needs no pod of its own. Retried while etcd is unreachable (exit 10)."""
+    """``joblease ARGS -n NAMESPACE -o json`` as etcd holds it, for a test about worker
+    pod ``pod``: run in the release's operator pod, whose image has the CLI and whose
+    environment has the etcd endpoint and TLS files (the sidecar image is the Go
+    binary alone). Retried while etcd (or the operator pod) is unreachable."""
     deadline = time.monotonic() + timeout
     while True:
-        r = cluster.kubectl("exec", pod, "-n", namespace, "-c", SIDECAR, "--", "joblease",
-                            *args, "-n", namespace, "-o", "json", timeout=90)
+        try:
+            op_namespace, op_pod = operator_pod(cluster)
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)  # poll interval; the deadline bounds the wait
+            continue
+        r = cluster.kubectl("exec", op_pod, "-n", op_namespace, "-c", "operator", "--",
+                            "joblease", *args, "-n", namespace, "-o", "json", timeout=90)
         if r.returncode == 0:
             out: dict[str, Any] = json.loads(r.stdout)
             return out
         if r.returncode != 10 or time.monotonic() > deadline:
-            raise AssertionError(f"joblease {' '.join(args)} in {pod} -> {r.returncode}: "
+            raise AssertionError(f"joblease {' '.join(args)} (for {pod}) -> {r.returncode}: "
                                  f"{r.stdout}{r.stderr}")
         time.sleep(1)  # poll interval; the deadline bounds the wait
 
