@@ -35,6 +35,7 @@ import pytest
 from joblease import EtcdConfig, JobLeaseClient, JobRef
 from joblease.errors import JobLeaseError, NotRegisteredError
 from joblease.operator.election import Election
+from joblease.operator.main import OperatorConfig, election_name
 from tests.support.controlplane import ControlPlane
 from tests.support.operator import Kube, OperatorProcess, running_operator, wait_for
 from tests.support.proxy import DelayingProxy, LossyProxy
@@ -162,7 +163,8 @@ async def test_the_standby_takes_over_and_nothing_created_during_the_switch_is_l
     watch = StatusWatch(cp.kubeconfig, namespace)
     async with (JobLeaseClient(etcd_config) as client,
                 running_operator(a, request), running_operator(b, request)):
-        election = Election(client.store, etcd_config.root, namespace, "test")
+        election = Election(client.store, etcd_config.root,
+                            election_name(OperatorConfig(namespaces=(namespace,))), "test")
         first = await leader_of(election, [a, b])
         standby = b if first is a else a
         # Both ready (readiness is "serving", not "leading"); one leads.
@@ -236,7 +238,8 @@ async def test_a_leader_cut_off_from_etcd_steps_down_before_the_standby_leads(
     b = Replica(cp, etcd_config, namespace, tmp_path / "b.log")
     try:
         async with JobLeaseClient(etcd_config) as client, running_operator(a, request):
-            election = Election(client.store, etcd_config.root, namespace, "test")
+            election = Election(client.store, etcd_config.root,
+                                election_name(OperatorConfig(namespaces=(namespace,))), "test")
             assert await leader_of(election, [a]) is a
             async with running_operator(b, request):
                 assert not b.leads()
