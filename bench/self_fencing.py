@@ -37,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.claims import pct
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from joblease.embedded import EtcdCluster
 from joblease.errors import StoreUnavailableError
@@ -52,11 +53,6 @@ open(sys.argv[1], "w").close()
 while True:
     time.sleep(0.05)
 """
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 async def _frozen(stream: KeepAlive, timeout: float) -> int:
