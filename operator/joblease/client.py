@@ -27,6 +27,7 @@ import time
 import uuid
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from joblease import validation
@@ -44,14 +45,23 @@ from joblease.errors import (
     LeaseNotFoundError,
     NotRegisteredError,
     OutcomeUnknownError,
+    QueueNotFoundError,
     StaleTokenError,
     StoreUnavailableError,
     WaitSessionLostError,
 )
 from joblease.etcd_store import EtcdConfig, EtcdStore
-from joblease.keys import JobKeys, JobRef, KeySpace
+from joblease.keys import ItemKeys, ItemRef, JobKeys, JobRef, KeySpace
 from joblease.lease import Lease
-from joblease.records import CheckpointRecord, Holder, JobSpec, JobState, ResultRecord, decoding
+from joblease.records import (
+    CheckpointRecord,
+    Holder,
+    ItemRecord,
+    JobSpec,
+    JobState,
+    ResultRecord,
+    decoding,
+)
 from joblease.session import Session
 from joblease.store import (
     Compare,
@@ -68,6 +78,14 @@ from joblease.store import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ItemClaim:
+    """What a claim of a queue item compares besides a job's conditions: the
+    item's pending key as read (docs/queues.md, "Claim an item")."""
+
+    pending_revision: int
 
 
 def assemble(job: JobRef, fields: dict[str, KeyValue], revision: int) -> JobState:
@@ -127,6 +145,10 @@ def assemble(job: JobRef, fields: dict[str, KeyValue], revision: int) -> JobStat
         corrupt="; ".join(problems) or None,
         checkpoint=checkpoint,
     )
+
+
+def _item_of(kv: KeyValue | None) -> ItemRecord | None:
+    return None if kv is None else ItemRecord.decode(kv.value, kv.create_revision)
 
 
 class JobLeaseClient:
@@ -481,11 +503,16 @@ class JobLeaseClient:
                 f"settled their unknown outcome (each used an attempt)")
         raise StoreUnavailableError(f"claim of {job} did not settle after several attempts")
 
-    async def _claim_on(self, job: JobRef, keys: JobKeys, owner: str, spec_revision: int,
-                        spec: JobSpec, session: Session, revoked: list[int]) -> Lease | bool:
+    async def _claim_on(self, job: JobRef | ItemRef, keys: JobKeys | ItemKeys, owner: str,
+                        spec_revision: int, spec: JobSpec, session: Session,
+                        revoked: list[int], item: ItemClaim | None = None) -> Lease | bool:
         """One claim transaction bound to ``session``: the lease, or whether to
         re-read the spec before trying again (``revoked`` collects the tokens
-        of our claims ended while settling an unknown outcome)."""
+        of our claims ended while settling an unknown outcome).
+
+        For a queue item (``item``, with ``ItemKeys``), ``spec`` is its queue's
+        (``max_attempts`` counted from the round's ``attempts_from``) and the
+        item's pending key must be unchanged too (docs/queues.md, "Claim an item")."""
         claim_id = uuid.uuid4().hex
         holder_value = Holder.encode_value(owner, claim_id, spec.lease_duration_seconds,
                                            time.time())
@@ -498,13 +525,17 @@ class JobLeaseClient:
         ]
         if spec.max_attempts > 0:
             compares.append(Compare(keys.claims, "version", "<", spec.max_attempts))
+        success: list[Put | Get] = [Put(keys.holder, holder_value, lease=session.lease_id),
+                                    Put(keys.claims, claim_value), Get(keys.claims),
+                                    Get(keys.checkpoint)]
+        failure = [Get(keys.spec), Get(keys.holder), Get(keys.result), Get(keys.claims)]
+        if item is not None:
+            assert isinstance(keys, ItemKeys)
+            compares.append(Compare(keys.pending, "mod", "==", item.pending_revision))
+            success.append(Get(keys.item))
+            failure.append(Get(keys.pending))
         try:
-            r = await self.store.txn(
-                compares,
-                [Put(keys.holder, holder_value, lease=session.lease_id),
-                 Put(keys.claims, claim_value), Get(keys.claims), Get(keys.checkpoint)],
-                [Get(keys.spec), Get(keys.holder), Get(keys.result), Get(keys.claims)],
-            )
+            r = await self.store.txn(compares, success, failure)
         except LeaseNotFoundError:
             # etcd expired our session lease before we noticed; start a new one.
             self._drop_session(session, "etcd no longer knows the lease")
@@ -522,18 +553,26 @@ class JobLeaseClient:
         if r.succeeded:
             claims = r.kv(2)
             assert claims is not None
+            record = None
+            if item is not None:
+                item_kv = r.kv(4)
+                assert item_kv is not None  # a pending key is only ever written with its item
+                record = ItemRecord.decode(item_kv.value, item_kv.create_revision)
             return Lease(store=self.store, session=session, job=job, keys=keys,
                          owner=owner, claim_id=claim_id, token=r.revision,
                          generation=claims.version, ttl=spec.lease_duration_seconds,
-                         holder_value=holder_value, checkpoint=r.kv(3))
+                         holder_value=holder_value, checkpoint=r.kv(3), item=record)
+        if item is not None:
+            return self._item_refused(job, r, spec_revision, spec, item)
         return self._refused(job, r, spec_revision)
 
-    def _refused(self, job: JobRef, r: TxnResult, spec_revision: int) -> bool:
+    def _refused(self, job: JobRef | ItemRef, r: TxnResult, spec_revision: int) -> bool:
         """Raise the error that explains a failed claim; return True if the spec
         merely changed (re-read it and try again)."""
         spec_kv, holder_kv, result_kv, claims_kv = r.kv(0), r.kv(1), r.kv(2), r.kv(3)
         if spec_kv is None:
-            self._specs.pop(job, None)
+            if isinstance(job, JobRef):
+                self._specs.pop(job, None)
             raise NotRegisteredError(str(job))
         generation = claims_kv.version if claims_kv else 0
         if result_kv is not None:
@@ -549,9 +588,36 @@ class JobLeaseClient:
             raise AttemptsExhaustedError(str(job), generation, spec.max_attempts)
         return True  # raced with a change that is gone again; just retry
 
+    @staticmethod
+    def _item_refused(item_ref: JobRef | ItemRef, r: TxnResult, spec_revision: int,
+                      spec: JobSpec, item: ItemClaim) -> bool:
+        """Raise why a claim of a queue item failed; True if the queue's spec or
+        the item's pending key merely changed (read them again and retry)."""
+        spec_kv, holder_kv, result_kv, claims_kv, pending_kv = (r.kv(i) for i in range(5))
+        name = str(item_ref)
+        if spec_kv is None:
+            queue = item_ref.queue if isinstance(item_ref, ItemRef) else item_ref
+            raise QueueNotFoundError(str(queue))
+        generation = claims_kv.version if claims_kv else 0
+        if result_kv is not None:
+            rec = ResultRecord.decode(result_kv.value)
+            raise AlreadyCompletedError(name, rec.owner, rec.token, rec.generation)
+        if holder_kv is not None:
+            owner = str(Holder.decode_value(holder_kv.value).get("owner"))
+            raise HeldError(name, owner, holder_kv.create_revision, generation, r.revision)
+        if spec_kv.mod_revision != spec_revision:
+            return True
+        if pending_kv is None:  # neither completed nor pending: failed (or never enqueued)
+            raise AttemptsExhaustedError(name, generation, spec.max_attempts)
+        if pending_kv.mod_revision != item.pending_revision:
+            return True
+        if spec.max_attempts and generation >= spec.max_attempts:
+            raise AttemptsExhaustedError(name, generation, spec.max_attempts)
+        return True
+
     async def _resolve_ambiguous_claim(
-        self, job: JobRef, keys: JobKeys, owner: str, claim_id: str, holder_value: bytes,
-        session: Session, spec: JobSpec, revoked: list[int],
+        self, job: JobRef | ItemRef, keys: JobKeys | ItemKeys, owner: str, claim_id: str,
+        holder_value: bytes, session: Session, spec: JobSpec, revoked: list[int],
     ) -> Lease | None:
         """Invariant ``read-back``: a claim whose response was lost is resolved by reading back.
 
@@ -585,7 +651,8 @@ class JobLeaseClient:
                          claim_id=claim_id, token=holder.create_revision,
                          generation=claims.version if claims else 0,
                          ttl=session.ttl, holder_value=holder_value,
-                         checkpoint=fields.get("checkpoint"))
+                         checkpoint=fields.get("checkpoint"),
+                         item=_item_of(fields.get("item")))
         log.info("ambiguous claim of %s not visible; revoking lease %x so it cannot commit late",
                  job, session.lease_id)
         if not await self._end_session(session, "revoked to settle an ambiguous claim"):
@@ -620,7 +687,7 @@ class JobLeaseClient:
         claim_id = value.get("claimId") if isinstance(value, dict) else None
         return claim_id if isinstance(claim_id, str) else None
 
-    async def _unresolved(self, job: JobRef, claim_id: str, session: Session, why: str
+    async def _unresolved(self, job: JobRef | ItemRef, claim_id: str, session: Session, why: str
                           ) -> ClaimOutcomeUnknownError:
         """End ``session`` (a holder of the unsettled claim must not be renewed)
         and say truthfully what is known."""
@@ -628,10 +695,14 @@ class JobLeaseClient:
         return ClaimOutcomeUnknownError(str(job), claim_id, session.lease_id,
                                         lease_revoked=revoked, ttl=session.ttl, why=why)
 
-    async def _read_back(self, keys: JobKeys) -> dict[str, KeyValue]:
-        """The job's raw keys, read back (nothing decoded: a malformed value
-        elsewhere in the job must not stop an ambiguity from being settled)."""
+    async def _read_back(self, keys: JobKeys | ItemKeys) -> dict[str, KeyValue]:
+        """The job's (or item's) raw keys, read back (nothing decoded: a malformed
+        value elsewhere in the job must not stop an ambiguity from being settled)."""
         async def read() -> dict[str, KeyValue]:
+            if isinstance(keys, ItemKeys):
+                fields = keys.fields()
+                r = await self.store.txn([], [Get(key) for key in fields.values()])
+                return {name: kv for i, name in enumerate(fields) if (kv := r.kv(i)) is not None}
             _, kvs = await self.store.get(keys.prefix, prefix=True)
             return {kv.key[len(keys.prefix):].decode(): kv for kv in kvs}
         return await self._retry_read(read)

@@ -57,6 +57,28 @@ class NotRegisteredError(JobLeaseError, LookupError):
         return {"job": self.job}
 
 
+class QueueNotFoundError(NotRegisteredError):
+    """The queue has no spec in etcd."""
+
+    def __init__(self, queue: str) -> None:
+        JobLeaseError.__init__(self, f"queue {queue} does not exist")
+        self.job = self.queue = queue
+
+    def details(self) -> dict[str, Any]:
+        return {"queue": self.queue}
+
+
+class ItemNotFoundError(NotRegisteredError):
+    """The queue has no item with that id."""
+
+    def __init__(self, item: str) -> None:
+        JobLeaseError.__init__(self, f"item {item} was never enqueued (or its queue was deleted)")
+        self.job = self.item = item
+
+    def details(self) -> dict[str, Any]:
+        return {"item": self.item}
+
+
 class HeldError(JobLeaseError):
     """Someone else holds a live lease on the job."""
 
@@ -329,3 +351,37 @@ class ClaimRevokedError(AttemptsExhaustedError):
     def details(self) -> dict[str, Any]:
         return {**super().details(), "token": self.token, "generation": self.generation,
                 "revokedWhileSettling": True}
+
+
+class ConflictError(JobLeaseError):
+    """An enqueue named an item id already stored with another payload: ids are
+    the caller's idempotency keys, so the batch is refused and nothing of it is
+    written (docs/queues.md, "Enqueue")."""
+
+    reason = "conflict"
+    exit_code = 16
+    http_status = 409
+
+    def __init__(self, queue: str, item: str) -> None:
+        super().__init__(f"item {item!r} of queue {queue} is already enqueued with another "
+                         "payload; re-enqueueing an id must repeat its payload (nothing of "
+                         "this batch was written)")
+        self.queue, self.item = queue, item
+
+    def details(self) -> dict[str, Any]:
+        return {"queue": self.queue, "item": self.item}
+
+
+class QueueSuspendedError(JobLeaseError):
+    """The queue's spec says ``suspend: true``: no item is claimed until it is resumed."""
+
+    reason = "suspended"
+    exit_code = 17
+    http_status = 409
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(f"queue {queue} is suspended: no item is claimed until it is resumed")
+        self.queue = queue
+
+    def details(self) -> dict[str, Any]:
+        return {"queue": self.queue}

@@ -191,7 +191,12 @@ def _request_op(op: TxnOp) -> Any:
                                                                  lease=op.lease))
     if isinstance(op, Get):
         return rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(
-            key=op.key, range_end=prefix_end(op.key) if op.prefix else b""))
+            key=op.key, range_end=prefix_end(op.key) if op.prefix else b"", limit=op.limit,
+            keys_only=op.keys_only, count_only=op.count_only,
+            sort_target=(rpc_pb2.RangeRequest.CREATE if op.oldest_first
+                         else rpc_pb2.RangeRequest.KEY),
+            sort_order=(rpc_pb2.RangeRequest.ASCEND if op.oldest_first
+                        else rpc_pb2.RangeRequest.NONE)))
     if isinstance(op, Txn):
         return rpc_pb2.RequestOp(request_txn=_txn_request(op.compares, op.success, op.failure))
     return rpc_pb2.RequestOp(request_delete_range=rpc_pb2.DeleteRangeRequest(
@@ -223,6 +228,8 @@ def _txn_result(success: Sequence[TxnOp], failure: Sequence[TxnOp], resp: Any) -
 
 def _response(op: TxnOp, resp: Any) -> list[KeyValue] | int | TxnResult | None:
     if isinstance(op, Get):
+        if op.count_only:
+            return int(resp.response_range.count)
         return [_kv(kv) for kv in resp.response_range.kvs]
     if isinstance(op, Delete):
         return int(resp.response_delete_range.deleted)

@@ -12,6 +12,13 @@ Every job owns the prefix ``<root>/<namespace>/<name>/`` (root defaults to
 - ``checkpoint`` the last progress checkpoint, written only by the holder
               (same compares as renew); kept after completion, deleted with
               the job on unregister.
+
+A queue owns ``<root>/<namespace>/_queues/<queue>/`` (no JobLease can be named
+``_queues``): its ``spec`` and one sub-prefix per field of its items
+(``items/``, ``pending/``, ``held/``, ``claims/``, ``results/``,
+``checkpoints/``, ``failed/``), so each count is one count-only range. An item
+is a job of its queue: :class:`ItemKeys` has the fields of :class:`JobKeys`
+(docs/queues.md, "Key layout").
 """
 
 from __future__ import annotations
@@ -68,6 +75,121 @@ class JobKeys:
     def checkpoint(self) -> bytes:
         return self.prefix + b"checkpoint"
 
+    @property
+    def completion_deletes(self) -> tuple[bytes, ...]:
+        """What the completion transaction deletes besides writing the result."""
+        return (self.holder,)
+
+
+#: The path segment under a namespace that holds its queues.
+QUEUES_SEGMENT = "_queues"
+
+
+@dataclass(frozen=True, order=True)
+class QueueRef:
+    """A queue's identity: the Kubernetes namespace and name of its JobQueue."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def parse(cls, text: str, default_namespace: str = DEFAULT_NAMESPACE) -> QueueRef:
+        ref = JobRef.parse(text, default_namespace)
+        return cls(ref.namespace, ref.name)
+
+
+@dataclass(frozen=True, order=True)
+class ItemRef:
+    """One item of a queue; an item is a job of its queue."""
+
+    queue: QueueRef
+    id: str
+
+    @property
+    def namespace(self) -> str:
+        return self.queue.namespace
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.id}"
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """The etcd keys of one queue: ``prefix`` is ``<root>/<ns>/_queues/<queue>/``."""
+
+    prefix: bytes
+
+    @property
+    def spec(self) -> bytes:
+        return self.prefix + b"spec"
+
+    def field_prefix(self, field: str) -> bytes:
+        """``items/``, ``pending/``, ``held/``, ``claims/``, ``results/``,
+        ``checkpoints/`` or ``failed/`` under the queue."""
+        return self.prefix + field.encode() + b"/"
+
+    def item(self, item_id: str) -> ItemKeys:
+        return ItemKeys(self, item_id)
+
+
+@dataclass(frozen=True)
+class ItemKeys:
+    """The keys of one item: a job's fields, each under its queue's sub-prefix,
+    plus the item record and its pending key."""
+
+    queue: QueueKeys
+    id: str
+
+    def _key(self, field: str) -> bytes:
+        return self.queue.field_prefix(field) + self.id.encode()
+
+    @property
+    def spec(self) -> bytes:
+        """The queue's spec: what a claim of the item compares, like a job's spec."""
+        return self.queue.spec
+
+    @property
+    def item(self) -> bytes:
+        return self._key("items")
+
+    @property
+    def pending(self) -> bytes:
+        return self._key("pending")
+
+    @property
+    def holder(self) -> bytes:
+        return self._key("held")
+
+    @property
+    def claims(self) -> bytes:
+        return self._key("claims")
+
+    @property
+    def result(self) -> bytes:
+        return self._key("results")
+
+    @property
+    def checkpoint(self) -> bytes:
+        return self._key("checkpoints")
+
+    @property
+    def failed(self) -> bytes:
+        return self._key("failed")
+
+    @property
+    def completion_deletes(self) -> tuple[bytes, ...]:
+        """A completed item leaves the queue's pending set in the same transaction."""
+        return (self.holder, self.pending)
+
+    def fields(self) -> dict[str, bytes]:
+        """Every key of the item by the name of the job field it stands for."""
+        return {"spec": self.spec, "item": self.item, "pending": self.pending,
+                "holder": self.holder, "claims": self.claims, "result": self.result,
+                "checkpoint": self.checkpoint, "failed": self.failed}
+
 
 @dataclass(frozen=True)
 class KeySpace:
@@ -80,6 +202,13 @@ class KeySpace:
 
     def job(self, ref: JobRef) -> JobKeys:
         return JobKeys(f"{self.root}/{ref.namespace}/{ref.name}/".encode())
+
+    def queue(self, ref: QueueRef) -> QueueKeys:
+        return QueueKeys(f"{self.root}/{ref.namespace}/{QUEUES_SEGMENT}/{ref.name}/".encode())
+
+    def queues_prefix(self, namespace: str) -> bytes:
+        """Every queue of one namespace."""
+        return f"{self.root}/{namespace}/{QUEUES_SEGMENT}/".encode()
 
     def namespace_prefix(self, namespace: str | None = None) -> bytes:
         """All jobs (``None``) or all jobs of one namespace."""

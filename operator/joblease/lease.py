@@ -32,8 +32,8 @@ from joblease.errors import (
     StaleTokenError,
     StoreUnavailableError,
 )
-from joblease.keys import JobKeys, JobRef
-from joblease.records import CheckpointRecord, Holder, ResultRecord
+from joblease.keys import ItemKeys, ItemRef, JobKeys, JobRef
+from joblease.records import CheckpointRecord, Holder, ItemRecord, ResultRecord
 from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, TxnResult
 
 if TYPE_CHECKING:
@@ -77,8 +77,8 @@ class Lease:
         *,
         store: Store,
         session: Session | None,
-        job: JobRef,
-        keys: JobKeys,
+        job: JobRef | ItemRef,
+        keys: JobKeys | ItemKeys,
         owner: str,
         claim_id: str,
         token: int,
@@ -86,6 +86,7 @@ class Lease:
         ttl: int,
         holder_value: bytes,
         checkpoint: KeyValue | None = None,
+        item: ItemRecord | None = None,
     ) -> None:
         self.store = store
         self.job = job
@@ -103,6 +104,8 @@ class Lease:
         self.result: ResultRecord | None = None
         #: the checkpoint key as this handle last saw it (claim's read, or our write)
         self._checkpoint_kv = checkpoint
+        #: for a queue item's claim: the item (its payload), read by the claim itself
+        self.item = item
         if session is not None:
             session.on_loss(self._on_session_loss)
             session.attach(self)
@@ -339,7 +342,8 @@ class Lease:
             try:
                 r = await self.store.txn(
                     self._ours(),
-                    [Put(self._keys.result, value), Delete(self._keys.holder)],
+                    [Put(self._keys.result, value),
+                     *(Delete(key) for key in self._keys.completion_deletes)],
                     [Get(self._keys.holder), Get(self._keys.result)],
                 )
             except OutcomeUnknownError:
@@ -475,7 +479,11 @@ class Lease:
         return None if record is None else record.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job": str(self.job), "owner": self.owner, "claimId": self.claim_id,
+        queue = {}
+        if isinstance(self.job, ItemRef):
+            queue = {"queue": str(self.job.queue), "item": self.job.id,
+                     "payload": None if self.item is None else self.item.payload}
+        return {"job": str(self.job), **queue, "owner": self.owner, "claimId": self.claim_id,
                 "token": self.token, "generation": self.generation, "ttl": self.ttl,
                 "leaseId": self.lease_id, "state": self.state.value,
                 "checkpoint": self.checkpoint_dict(),

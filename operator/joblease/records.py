@@ -300,3 +300,109 @@ class JobState:
             "checkpoint": None if self.checkpoint is None else self.checkpoint.to_dict(),
             "corrupt": self.corrupt,
         }
+
+
+# -- queues (docs/queues.md) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """A queue's registration (``Q/spec``): what every claim of its items uses."""
+
+    lease_duration_seconds: int
+    max_attempts: int = 3
+    suspend: bool = False
+    shards: int = 0  # items "0".."shards-1" exist from creation (Indexed Jobs)
+
+    def encode(self) -> bytes:
+        return _dumps({"leaseDurationSeconds": self.lease_duration_seconds,
+                       "maxAttempts": self.max_attempts, "shards": self.shards,
+                       "suspend": self.suspend})
+
+    @classmethod
+    def decode(cls, data: bytes) -> QueueSpec:
+        with decoding("queue"):
+            obj = _loads_object(data)
+            return cls(
+                lease_duration_seconds=_typed(obj, "leaseDurationSeconds", int, int),
+                max_attempts=_typed(obj, "maxAttempts", int, int) if "maxAttempts" in obj else 0,
+                suspend=_typed_bool(obj, "suspend") if "suspend" in obj else False,
+                shards=_typed(obj, "shards", int, int) if "shards" in obj else 0,
+            )
+
+    def job_spec(self) -> JobSpec:
+        """The spec an item's claim uses, as a job's."""
+        return JobSpec(self.lease_duration_seconds, self.max_attempts)
+
+
+def _typed_bool(obj: dict[str, Any], key: str) -> bool:
+    value = obj[key]
+    if not isinstance(value, bool):
+        raise TypeError(f"{key!r} must be bool")
+    return value
+
+
+@dataclass(frozen=True)
+class ItemRecord:
+    """An enqueued item (``Q/items/<id>``), written once."""
+
+    payload: Any
+    enqueued_at: float = 0.0  # informational wall clock of the enqueuer
+    revision: int = 0  # create revision: the enqueue's commit
+
+    def encode(self) -> bytes:
+        return _dumps({"enqueuedAt": self.enqueued_at, "payload": self.payload})
+
+    @classmethod
+    def decode(cls, data: bytes, revision: int = 0) -> ItemRecord:
+        with decoding("item"):
+            obj = _loads_object(data)
+            return cls(
+                payload=_within_limit(obj.get("payload"), data, "payload",
+                                      validation.MAX_PAYLOAD_BYTES),
+                enqueued_at=(_typed(obj, "enqueuedAt", float, int, float)
+                             if "enqueuedAt" in obj else 0.0),
+                revision=revision,
+            )
+
+
+@dataclass(frozen=True)
+class PendingRecord:
+    """``Q/pending/<id>``: the item is in the queue (not completed, not failed)."""
+
+    attempts_from: int = 0  # claims made before this round (0, or the generation at a retry)
+    since: float = 0.0  # informational wall clock of the enqueue or retry
+
+    def encode(self) -> bytes:
+        return _dumps({"attemptsFrom": self.attempts_from, "since": self.since})
+
+    @classmethod
+    def decode(cls, data: bytes) -> PendingRecord:
+        with decoding("pending"):
+            obj = _loads_object(data)
+            return cls(
+                attempts_from=(_typed(obj, "attemptsFrom", int, int)
+                               if "attemptsFrom" in obj else 0),
+                since=_typed(obj, "since", float, int, float) if "since" in obj else 0.0,
+            )
+
+
+@dataclass(frozen=True)
+class FailedRecord:
+    """``Q/failed/<id>``: the item used its round's attempts without a result."""
+
+    generation: int
+    failed_at: float = 0.0  # informational wall clock of the claimer that marked it
+
+    def encode(self) -> bytes:
+        return _dumps({"failedAt": self.failed_at, "generation": self.generation})
+
+    @classmethod
+    def decode(cls, data: bytes) -> FailedRecord:
+        with decoding("failed"):
+            obj = _loads_object(data)
+            return cls(
+                generation=_typed(obj, "generation", int, int),
+                failed_at=(_typed(obj, "failedAt", float, int, float)
+                           if "failedAt" in obj else 0.0),
+            )

@@ -49,8 +49,16 @@ class Put:
 
 @dataclass(frozen=True)
 class Get:
+    """A range read. ``count_only`` answers the number of keys (an ``int``
+    response) instead of them; ``limit`` (0: none) with ``oldest_first`` reads
+    the keys of the range with the lowest create revisions."""
+
     key: bytes
     prefix: bool = False
+    limit: int = 0
+    oldest_first: bool = False
+    keys_only: bool = False
+    count_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,9 +88,10 @@ TxnOp = Put | Get | Delete | Txn
 
 @dataclass(frozen=True)
 class TxnResult:
-    """``responses[i]`` is the list of KVs for a Get, the deleted count for a
-    Delete, ``None`` for a Put and a :class:`TxnResult` for a nested
-    :class:`Txn`, in the order of the branch that ran."""
+    """``responses[i]`` is the list of KVs for a Get (its count for a
+    ``count_only`` one), the deleted count for a Delete, ``None`` for a Put
+    and a :class:`TxnResult` for a nested :class:`Txn`, in the order of the
+    branch that ran."""
 
     succeeded: bool
     revision: int
@@ -91,6 +100,11 @@ class TxnResult:
     def kvs(self, index: int) -> list[KeyValue]:
         value = self.responses[index]
         assert isinstance(value, list), f"response {index} is not a Get"
+        return value
+
+    def count(self, index: int) -> int:
+        value = self.responses[index]
+        assert isinstance(value, int), f"response {index} is not a count"
         return value
 
     def kv(self, index: int) -> KeyValue | None:

@@ -26,6 +26,10 @@ MAX_RESULT_BYTES = 64 * 1024
 #: A checkpoint has the result's limit (it lands in the same kind of status field).
 MAX_CHECKPOINT_BYTES = MAX_RESULT_BYTES
 MAX_PARAMETERS_BYTES = 64 * 1024
+#: A queue item's payload (docs/queues.md): a stored value like a result.
+MAX_PAYLOAD_BYTES = 64 * 1024
+#: Items per enqueue transaction: two puts each within etcd's default --max-txn-ops (128).
+ENQUEUE_CHUNK = 64
 #: The deepest nesting a result, checkpoint or parameters value may have: a
 #: scalar is depth 0, each array or object around it adds one. Far under
 #: Python's recursion limit (json.loads fails near 1000) and Go's (10000),
@@ -37,6 +41,8 @@ MAX_OWNER_LENGTH = 253
 # Always applied with ``fullmatch``: ``$`` would also match before a final "\n".
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+# Queue item ids: an Indexed Job's index and an RFC 3339 CronJob slot are ids as they are.
+_ITEM_ID = re.compile(r"[A-Za-z0-9._:-]{1,253}")
 _OWNER = re.compile(r"[\x21-\x7e]+")  # printable ASCII without spaces
 
 
@@ -53,6 +59,15 @@ def job_ref(ref: JobRef) -> JobRef:
             "(lowercase letters, digits, '-' and '.', at most 253 characters)"
         )
     return ref
+
+
+def item_id(value: object) -> str:
+    """1 to 253 characters of ``A-Z a-z 0-9 . _ : -`` (no ``/``: ids are key segments)."""
+    if not isinstance(value, str) or not _ITEM_ID.fullmatch(value):
+        raise InvalidInputError(
+            f"invalid item id {value!r}: must be 1 to 253 characters of letters, digits, "
+            "'.', '_', ':' and '-'")
+    return value
 
 
 def ttl(seconds: object) -> int:

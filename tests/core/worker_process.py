@@ -7,6 +7,7 @@ each keep-alive so a test can tell when the last renewal was sent
 (CLOCK_MONOTONIC is shared by all processes on the machine).
 
 Run: python -m tests.core.worker_process ENDPOINTS ROOT NAMESPACE/NAME OWNER
+(``NAMESPACE/QUEUE/ITEM``: claim that item of a queue, the same way.)
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import sys
 import time
 
 from joblease import EtcdConfig, HeldError, JobLeaseClient, JobLeaseError, JobRef
+from joblease.keys import ItemRef, QueueRef
+from joblease.lease import Lease
+from joblease.queue import Queues
 
 
 def emit(**fields: object) -> None:
@@ -25,11 +29,16 @@ def emit(**fields: object) -> None:
 
 async def main(endpoints: str, root: str, job_text: str, owner: str) -> None:
     config = EtcdConfig(endpoints=tuple(endpoints.split(",")), root=root)
-    job = JobRef.parse(job_text)
     async with JobLeaseClient(config) as client:
+        async def claim() -> Lease:
+            if job_text.count("/") == 2:
+                namespace, queue, item = job_text.split("/")
+                return await Queues(client).claim(ItemRef(QueueRef(namespace, queue), item), owner)
+            return await client.claim(JobRef.parse(job_text), owner)
+
         while True:
             try:
-                lease = await client.claim(job, owner)
+                lease = await claim()
                 break
             except HeldError:
                 await asyncio.sleep(0.05)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from joblease import EtcdConfig, JobRef
+from joblease.keys import ItemRef
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 class WorkerProc:
     """``tests/core/worker_process.py`` in its own process; events read as JSON lines."""
 
-    def __init__(self, config: EtcdConfig, job: JobRef, owner: str,
+    def __init__(self, config: EtcdConfig, job: JobRef | ItemRef, owner: str,
                  wrapper: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
         self.owner = owner
         cmd = [*wrapper, sys.executable, "-m", "tests.core.worker_process",

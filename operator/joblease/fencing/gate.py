@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from joblease.errors import InvalidInputError, StaleTokenError
-from joblease.keys import JobRef
+from joblease.keys import ItemRef, JobRef
 
 #: Tokens are etcd revisions: positive signed 64-bit integers.
 MAX_TOKEN = 2**63 - 1
@@ -115,7 +115,8 @@ def check_key(key: object) -> str:
     return key
 
 
-def idempotency_key(job: JobRef | str, generation: int, step: str = "", *, token: int) -> str:
+def idempotency_key(job: JobRef | ItemRef | str, generation: int, step: str = "", *,
+                    token: int) -> str:
     """The conventional idempotency key of one effect: ``ns/name#g7.t1234`` or
     ``ns/name#g7.t1234:step``.
 

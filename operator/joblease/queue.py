@@ -1,0 +1,574 @@
+"""Work queues: many items under one name, every claim fenced (docs/queues.md).
+
+An item is a job of its queue. Claiming one is the job's claim transaction
+(``JobLeaseClient._claim_on``) on the item's keys, with the queue's spec in
+place of the job's and the item's pending key compared too; completion,
+release, checkpoints and renewal are the job's :class:`~joblease.lease.Lease`
+unchanged. This module adds what a queue needs besides: enqueueing in
+batches, picking the next item, marking exhausted items failed, retrying
+them, and counting, all in etcd and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from joblease import validation
+from joblease.client import ItemClaim, JobLeaseClient
+from joblease.errors import (
+    AlreadyCompletedError,
+    AttemptsExhaustedError,
+    ConflictError,
+    HeldError,
+    InvalidInputError,
+    ItemNotFoundError,
+    JobLeaseError,
+    OutcomeUnknownError,
+    PayloadTooLargeError,
+    QueueNotFoundError,
+    QueueSuspendedError,
+    StoreUnavailableError,
+)
+from joblease.keys import ItemKeys, ItemRef, JobRef, QueueKeys, QueueRef
+from joblease.lease import Lease
+from joblease.records import (
+    FailedRecord,
+    Holder,
+    ItemRecord,
+    PendingRecord,
+    QueueSpec,
+    ResultRecord,
+)
+from joblease.store import Compare, Delete, Get, KeyValue, Put, TxnResult
+
+#: Candidates a claimer picks from at random, among the oldest claimable items.
+PICK_FROM = 16
+#: Pending keys read beyond the held ones when looking for the next item.
+READ_AHEAD = 32
+
+
+class ItemPhase(enum.StrEnum):
+    PENDING = "Pending"  # in the queue, claimable (or exhausted, not yet marked)
+    CLAIMED = "Claimed"  # a live holder exists
+    COMPLETED = "Completed"
+    FAILED = "Failed"  # used its round's attempts without a result
+
+
+@dataclass(frozen=True)
+class ItemState:
+    """What etcd holds for one item, as of ``revision``."""
+
+    item: ItemRef
+    revision: int
+    record: ItemRecord
+    phase: ItemPhase
+    generation: int
+    holder: Holder | None
+    result: ResultRecord | None
+    failed: FailedRecord | None
+
+    @property
+    def token(self) -> int | None:
+        if self.holder is not None:
+            return self.holder.token
+        return None if self.result is None else self.result.token
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": str(self.item.queue), "item": self.item.id, "phase": self.phase.value,
+            "payload": self.record.payload, "enqueuedAt": self.record.enqueued_at,
+            "enqueueRevision": self.record.revision, "generation": self.generation,
+            "token": self.token, "revision": self.revision,
+            "holder": None if self.holder is None else {
+                "owner": self.holder.owner, "claimId": self.holder.claim_id,
+                "token": self.holder.token, "leaseId": self.holder.lease_id},
+            "result": None if self.result is None else self.result.to_dict(),
+            "failed": None if self.failed is None else {
+                "generation": self.failed.generation, "failedAt": self.failed.failed_at},
+        }
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """A queue's counts at one revision; ``pending + held + completed + failed == total``."""
+
+    revision: int
+    total: int
+    pending: int
+    held: int
+    completed: int
+    failed: int
+    #: Wall-clock age of the oldest claimable item (informational), None if none.
+    oldest_pending_age: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"revision": self.revision, "total": self.total, "pending": self.pending,
+                "held": self.held, "completed": self.completed, "failed": self.failed,
+                "oldestPendingAgeSeconds": (None if self.oldest_pending_age is None
+                                            else round(self.oldest_pending_age, 3))}
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """Ids written by this call, and ids that were already there with the same payload."""
+
+    added: list[str] = field(default_factory=list)
+    existing: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"added": len(self.added), "existing": len(self.existing),
+                "ids": [*self.added, *self.existing]}
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _chunks(seq: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(seq), size):
+        yield seq[i:i + size]
+
+
+class Queues:
+    """Queues on a :class:`JobLeaseClient` (its etcd, key root and sessions).
+
+    ``queues = Queues(client)``; ``await queues.enqueue(q, [("a", {...}), ...])``;
+    ``async for lease in queues.work(q, owner): ...; await lease.complete(r)``.
+    """
+
+    def __init__(self, client: JobLeaseClient) -> None:
+        self.client = client
+        self.store = client.store
+        self._specs: dict[QueueRef, tuple[int, QueueSpec]] = {}
+
+    def keys(self, queue: QueueRef) -> QueueKeys:
+        return self.client.keys.queue(queue)
+
+    @staticmethod
+    def _check_queue(queue: QueueRef) -> None:
+        validation.job_ref(JobRef(queue.namespace, queue.name))
+
+    async def _read(self, reads: list[Get]) -> TxnResult:
+        """``reads`` at one revision (a read-only transaction), retried while etcd is away."""
+        return await self.client._retry_read(lambda: self.store.txn([], reads))
+
+    # -- the queue itself ------------------------------------------------------------------
+
+    async def create(self, queue: QueueRef, spec: QueueSpec) -> int:
+        """Register ``queue`` (idempotent: the same spec again writes nothing;
+        another spec replaces it, as a JobLease's registration does). With
+        ``spec.shards``, items ``0``..``shards-1`` are enqueued (payload null)."""
+        self._check_queue(queue)
+        validation.ttl(spec.lease_duration_seconds)
+        validation.max_attempts(spec.max_attempts)
+        if isinstance(spec.shards, bool) or not isinstance(spec.shards, int) or not (
+                0 <= spec.shards <= 100_000):
+            raise InvalidInputError(f"invalid shards {spec.shards!r}: an integer 0..100000")
+        if not isinstance(spec.suspend, bool):
+            raise InvalidInputError(f"invalid suspend {spec.suspend!r}: true or false")
+        keys = self.keys(queue)
+        value = spec.encode()
+        r = await self._idempotent([Compare(keys.spec, "value", "==", value)],
+                                   [Get(keys.spec)], [Put(keys.spec, value)])
+        self._specs.pop(queue, None)
+        if spec.shards:
+            await self.enqueue(queue, [(str(i), None) for i in range(spec.shards)])
+        return r.revision
+
+    async def _idempotent(self, compares: list[Compare], success: list[Any],
+                          failure: list[Any]) -> TxnResult:
+        """A transaction whose repeat after a commit is harmless, sent again
+        while its outcome is unknown."""
+        for attempt in range(5):
+            try:
+                return await self.store.txn(compares, success, failure)
+            except OutcomeUnknownError:
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.1 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def spec(self, queue: QueueRef, *, refresh: bool = False) -> tuple[int, QueueSpec]:
+        """The queue's spec and its mod revision (cached; a changed spec fails
+        the claim's first compare and is read again)."""
+        cached = None if refresh else self._specs.get(queue)
+        if cached is not None:
+            return cached
+        _, kvs = await self.store.get(self.keys(queue).spec)
+        if not kvs:
+            self._specs.pop(queue, None)
+            raise QueueNotFoundError(str(queue))
+        entry = (kvs[0].mod_revision, QueueSpec.decode(kvs[0].value))
+        self._specs[queue] = entry
+        return entry
+
+    async def delete(self, queue: QueueRef) -> int:
+        """Delete the queue and every item, in one transaction conditional on
+        the spec it read (a re-created queue is left alone). Returns the
+        revision; raises :class:`NotRegisteredError` if there is no queue."""
+        self._check_queue(queue)
+        keys = self.keys(queue)
+        for _ in range(5):
+            _, kvs = await self.store.get(keys.spec)
+            if not kvs:
+                raise QueueNotFoundError(str(queue))
+            try:
+                r = await self.store.txn([Compare(keys.spec, "create", "==",
+                                                  kvs[0].create_revision)],
+                                         [Delete(keys.prefix, prefix=True)], [])
+            except OutcomeUnknownError:
+                continue  # read again: gone or re-created means done
+            self._specs.pop(queue, None)
+            if r.succeeded:
+                return r.revision
+        _, kvs = await self.store.get(keys.spec)
+        raise OutcomeUnknownError(f"deleting queue {queue} did not settle")
+
+    # -- enqueue ----------------------------------------------------------------------------
+
+    async def enqueue(self, queue: QueueRef, items: Iterable[tuple[str | None, Any]]
+                      ) -> EnqueueResult:
+        """Add ``(id, payload)`` items (``id`` None: a generated one).
+
+        The batch is checked whole first: a bad id or payload raises
+        :class:`InvalidInputError`, an id already stored with another payload
+        :class:`ConflictError`, and nothing of the batch is written. An id
+        stored with the same payload is skipped (a re-enqueue is a no-op)."""
+        self._check_queue(queue)
+        wanted: dict[str, bytes] = {}
+        payloads: dict[str, Any] = {}
+        for item_id, payload in items:
+            item_id = uuid.uuid4().hex if item_id is None else validation.item_id(item_id)
+            validation.json_payload(payload, f"payload of item {item_id!r}",
+                                    validation.MAX_PAYLOAD_BYTES, PayloadTooLargeError)
+            encoded = _canonical(payload)
+            if wanted.get(item_id, encoded) != encoded:
+                raise InvalidInputError(f"item {item_id!r} appears twice in the batch with "
+                                        "different payloads; nothing was written")
+            wanted[item_id] = encoded
+            payloads[item_id] = payload
+        keys = self.keys(queue)
+        result = EnqueueResult()
+        todo = await self._new_ids(queue, keys, wanted, result)
+        now = time.time()
+        while todo:
+            chunk, todo = todo[:validation.ENQUEUE_CHUNK], todo[validation.ENQUEUE_CHUNK:]
+            compares = [Compare(keys.spec, "create", "!=", 0)]
+            success: list[Any] = []
+            pending = PendingRecord(0, now).encode()
+            for item_id in chunk:
+                ik = keys.item(item_id)
+                compares.append(Compare(ik.item, "create", "==", 0))
+                success += [Put(ik.item, ItemRecord(payloads[item_id], now).encode()),
+                            Put(ik.pending, pending)]
+            r = await self._idempotent(compares, success, [Get(keys.spec)])
+            if r.succeeded:
+                result.added.extend(chunk)
+                continue
+            if r.kv(0) is None:
+                raise QueueNotFoundError(str(queue))
+            # An id of the chunk appeared meanwhile (a concurrent enqueue, or an
+            # earlier copy of this one that committed): settle the chunk again.
+            todo = await self._new_ids(queue, keys, {i: wanted[i] for i in chunk},
+                                       result) + list(todo)
+        return result
+
+    async def _new_ids(self, queue: QueueRef, keys: QueueKeys, wanted: dict[str, bytes],
+                       result: EnqueueResult) -> list[str]:
+        """The ids of ``wanted`` not stored yet; stored ones with the same
+        payload go to ``result.existing``; one with another payload raises."""
+        ids = list(wanted)
+        new: list[str] = []
+        spec_read = Get(keys.spec)
+        for chunk in _chunks(ids, 127):
+            reads = [spec_read, *(Get(keys.item(i).item) for i in chunk)]
+            r = await self._read(reads)
+            if r.kv(0) is None:
+                raise QueueNotFoundError(str(queue))
+            for n, item_id in enumerate(chunk, start=1):
+                kv = r.kv(n)
+                if kv is None:
+                    new.append(item_id)
+                elif _canonical(ItemRecord.decode(kv.value).payload) == wanted[item_id]:
+                    result.existing.append(item_id)
+                else:
+                    raise ConflictError(str(queue), item_id)
+        return new
+
+    # -- claims -----------------------------------------------------------------------------
+
+    async def claim(self, item: ItemRef, owner: str) -> Lease:
+        """Claim this item (an Indexed Job's index). Raises like
+        :meth:`JobLeaseClient.claim`, with :class:`QueueSuspendedError`; an
+        item found exhausted is marked failed before
+        :class:`AttemptsExhaustedError` is raised."""
+        self._check_queue(item.queue)
+        validation.item_id(item.id)
+        validation.owner(owner)
+        keys = self.keys(item.queue).item(item.id)
+        return await self._claim(item, keys, owner, None)
+
+    async def claim_or_create(self, item: ItemRef, owner: str, payload: Any = None) -> Lease:
+        """Claim this item, enqueueing it first if it is absent (a CronJob slot).
+        A slot already completed raises :class:`AlreadyCompletedError`."""
+        await self.enqueue(item.queue, [(item.id, payload)])
+        return await self.claim(item, owner)
+
+    async def _claim(self, item: ItemRef, keys: ItemKeys, owner: str,
+                     pending: KeyValue | None) -> Lease:
+        client = self.client
+        refresh = False
+        revoked: list[int] = []
+        for _ in range(6):
+            spec_revision, spec = await self.spec(item.queue, refresh=refresh)
+            if spec.suspend:
+                raise QueueSuspendedError(str(item.queue))
+            if pending is None or refresh:
+                pending = await self._pending(item, keys)
+            attempts_from = PendingRecord.decode(pending.value).attempts_from
+            job_spec = spec.job_spec()
+            if job_spec.max_attempts:
+                job_spec = type(job_spec)(job_spec.lease_duration_seconds,
+                                          attempts_from + job_spec.max_attempts)
+            session = await client._session(spec.lease_duration_seconds)
+            try:
+                with client._using(session):
+                    outcome = await client._claim_on(
+                        item, keys, owner, spec_revision, job_spec, session, revoked,
+                        item=ItemClaim(pending.mod_revision))
+            except AttemptsExhaustedError:
+                await self._mark_failed(keys, pending)
+                raise
+            if isinstance(outcome, Lease):
+                return outcome
+            refresh = True
+        raise StoreUnavailableError(f"claim of item {item} did not settle after several attempts")
+
+    async def _pending(self, item: ItemRef, keys: ItemKeys) -> KeyValue:
+        """The item's pending key; raises why it has none (completed, failed, absent)."""
+        r = await self._read([
+            Get(keys.pending), Get(keys.item), Get(keys.result), Get(keys.claims),
+            Get(keys.spec)])
+        pending, record, result, claims, spec = (r.kv(i) for i in range(5))
+        if pending is not None:
+            return pending
+        if spec is None:
+            raise QueueNotFoundError(str(item.queue))
+        if record is None:
+            raise ItemNotFoundError(str(item))
+        if result is not None:
+            rec = ResultRecord.decode(result.value)
+            raise AlreadyCompletedError(str(item), rec.owner, rec.token, rec.generation)
+        generation = claims.version if claims else 0
+        raise AttemptsExhaustedError(str(item), generation, generation)
+
+    async def _mark_failed(self, keys: ItemKeys, pending: KeyValue) -> None:
+        """Move an exhausted item out of the pending set (docs/queues.md, "Mark
+        failed"); a compare that fails means someone else settled it first.
+        Best effort: if etcd cannot be reached, the next claimer that meets
+        the item marks it."""
+        with contextlib.suppress(StoreUnavailableError):
+            r = await self.store.txn([], [Get(keys.claims)])
+            claims = r.kv(0)
+            version = claims.version if claims else 0
+            await self.store.txn(
+                [Compare(keys.pending, "mod", "==", pending.mod_revision),
+                 Compare(keys.holder, "create", "==", 0),
+                 Compare(keys.result, "version", "==", 0),
+                 Compare(keys.claims, "version", "==", version)],
+                [Delete(keys.pending),
+                 Put(keys.failed, FailedRecord(version, time.time()).encode())], [])
+
+    async def claim_next(self, queue: QueueRef, owner: str, *, wait: float = 0.0
+                         ) -> Lease | None:
+        """Claim one of the oldest claimable items; ``None`` if none became
+        claimable within ``wait`` seconds (waiting is a watch, never a poll)."""
+        self._check_queue(queue)
+        validation.owner(owner)
+        keys = self.keys(queue)
+        deadline = time.monotonic() + wait
+        while True:
+            revision, candidates = await self._candidates(keys)
+            _, spec = await self.spec(queue)
+            if spec.suspend:
+                raise QueueSuspendedError(str(queue))
+            while candidates:
+                pick = random.randrange(min(PICK_FROM, len(candidates)))
+                pending = candidates.pop(pick)
+                item_id = pending.key[len(keys.field_prefix("pending")):].decode()
+                try:
+                    return await self._claim(ItemRef(queue, item_id), keys.item(item_id),
+                                             owner, pending)
+                except (HeldError, AttemptsExhaustedError, AlreadyCompletedError,
+                        ItemNotFoundError):
+                    continue  # taken, exhausted (now marked failed) or completed meanwhile
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            await self._wait_for_change(keys, revision, left)
+
+    async def _candidates(self, keys: QueueKeys) -> tuple[int, list[KeyValue]]:
+        """The revision read at and the oldest pending keys that have no holder."""
+        held_prefix, pending_prefix = keys.field_prefix("held"), keys.field_prefix("pending")
+        r = await self._read([
+            Get(held_prefix, prefix=True, keys_only=True)])
+        held = {kv.key[len(held_prefix):] for kv in r.kvs(0)}
+        r = await self._read([
+            Get(pending_prefix, prefix=True, limit=len(held) + READ_AHEAD, oldest_first=True)])
+        free = [kv for kv in r.kvs(0) if kv.key[len(pending_prefix):] not in held]
+        return r.revision, free
+
+    async def _wait_for_change(self, keys: QueueKeys, revision: int, timeout: float) -> None:
+        """Until a pending key is written, a holder deleted or the spec changed
+        after ``revision``, or ``timeout`` passes."""
+        pending, held = keys.field_prefix("pending"), keys.field_prefix("held")
+
+        async def changed() -> None:
+            async for batch in self.store.watch(keys.prefix, prefix=True,
+                                                start_revision=revision + 1):
+                for event in batch.events:
+                    key = event.kv.key
+                    if ((event.kind == "put" and key.startswith(pending))
+                            or (event.kind == "delete" and key.startswith(held))
+                            or key == keys.spec):
+                        return
+
+        with contextlib.suppress(TimeoutError, JobLeaseError):
+            await asyncio.wait_for(changed(), timeout)
+        self._specs.clear()
+
+    async def work(self, queue: QueueRef, owner: str, *, wait: float = 0.0
+                   ) -> AsyncIterator[Lease]:
+        """Claim items one after another: each lease is yielded to be completed
+        (or released) before the next is claimed; ends when none became
+        claimable within ``wait`` seconds."""
+        while True:
+            lease = await self.claim_next(queue, owner, wait=wait)
+            if lease is None:
+                return
+            yield lease
+
+    # -- retry, inspect ---------------------------------------------------------------------
+
+    async def retry(self, item: ItemRef) -> int:
+        """Put a failed item back in the queue with ``maxAttempts`` new claims
+        (its generation and tokens keep increasing). Returns the revision;
+        raises :class:`InvalidInputError` if the item has not failed."""
+        self._check_queue(item.queue)
+        validation.item_id(item.id)
+        keys = self.keys(item.queue).item(item.id)
+        for _ in range(5):
+            r = await self.store.txn([], [Get(keys.failed), Get(keys.claims), Get(keys.item)])
+            failed, claims = r.kv(0), r.kv(1)
+            if r.kv(2) is None:
+                raise ItemNotFoundError(str(item))
+            if failed is None:
+                raise InvalidInputError(f"item {item} has not failed; only a failed item "
+                                        "can be retried")
+            version = claims.version if claims else 0
+            try:
+                w = await self.store.txn(
+                    [Compare(keys.failed, "mod", "==", failed.mod_revision),
+                     Compare(keys.pending, "create", "==", 0),
+                     Compare(keys.claims, "version", "==", version)],
+                    [Delete(keys.failed),
+                     Put(keys.pending, PendingRecord(version, time.time()).encode())], [])
+            except OutcomeUnknownError:
+                continue  # read again: a committed copy shows the item pending
+            if w.succeeded:
+                return w.revision
+        raise OutcomeUnknownError(f"retry of item {item} did not settle")
+
+    async def item(self, item: ItemRef) -> ItemState:
+        """The item as etcd holds it; :class:`NotRegisteredError` if absent."""
+        self._check_queue(item.queue)
+        validation.item_id(item.id)
+        states = await self._states(item.queue, [item.id])
+        if not states:
+            raise ItemNotFoundError(str(item))
+        return states[0]
+
+    async def items(self, queue: QueueRef, *, limit: int = 1000,
+                    phase: ItemPhase | None = None) -> list[ItemState]:
+        """Up to ``limit`` items in enqueue order (optionally of one phase)."""
+        self._check_queue(queue)
+        keys = self.keys(queue)
+        prefix = keys.field_prefix("items")
+        r = await self._read([
+            Get(prefix, prefix=True, keys_only=True, oldest_first=True,
+                limit=0 if phase else limit)])
+        ids = [kv.key[len(prefix):].decode() for kv in r.kvs(0)]
+        out: list[ItemState] = []
+        for chunk in _chunks(ids, 16):
+            out += [s for s in await self._states(queue, list(chunk))
+                    if phase is None or s.phase is phase]
+            if len(out) >= limit:
+                return out[:limit]
+        return out
+
+    async def _states(self, queue: QueueRef, ids: list[str]) -> list[ItemState]:
+        keys = self.keys(queue)
+        reads: list[Get] = []
+        for item_id in ids:
+            ik = keys.item(item_id)
+            reads += [Get(ik.item), Get(ik.pending), Get(ik.holder), Get(ik.claims),
+                      Get(ik.result), Get(ik.failed)]
+        r = await self._read(reads)
+        states = []
+        for n, item_id in enumerate(ids):
+            item_kv, pending, holder_kv, claims, result_kv, failed_kv = (
+                r.kv(6 * n + i) for i in range(6))
+            if item_kv is None:
+                continue
+            generation = claims.version if claims else 0
+            holder = None
+            if holder_kv is not None:
+                value = Holder.decode_value(holder_kv.value)
+                holder = Holder(owner=value["owner"], claim_id=value["claimId"],
+                                token=holder_kv.create_revision, generation=generation,
+                                lease_id=holder_kv.lease,
+                                claimed_at=float(value.get("claimedAt", 0)))
+            result = (ResultRecord.decode(result_kv.value, result_kv.mod_revision)
+                      if result_kv else None)
+            failed = FailedRecord.decode(failed_kv.value) if failed_kv else None
+            phase = (ItemPhase.COMPLETED if result else ItemPhase.CLAIMED if holder
+                     else ItemPhase.FAILED if failed or pending is None else ItemPhase.PENDING)
+            states.append(ItemState(ItemRef(queue, item_id), r.revision,
+                                    ItemRecord.decode(item_kv.value, item_kv.create_revision),
+                                    phase, generation, holder, result, failed))
+        return states
+
+    async def counts(self, queue: QueueRef) -> QueueCounts:
+        """The queue's counts at one revision (count-only ranges: the cost does
+        not grow with the number of items)."""
+        self._check_queue(queue)
+        keys = self.keys(queue)
+        fields = ("items", "pending", "held", "results", "failed")
+        held_prefix = keys.field_prefix("held")
+        r = await self._read([
+            Get(keys.spec),
+            *(Get(keys.field_prefix(f), prefix=True, count_only=True) for f in fields),
+            Get(held_prefix, prefix=True, keys_only=True),
+            Get(keys.field_prefix("pending"), prefix=True, oldest_first=True,
+                limit=READ_AHEAD)])
+        if r.kv(0) is None:
+            raise QueueNotFoundError(str(queue))
+        total, pending, held, completed, failed = (r.count(i) for i in range(1, 6))
+        held_ids = {kv.key[len(held_prefix):] for kv in r.kvs(6)}
+        pending_prefix = keys.field_prefix("pending")
+        oldest = next((kv for kv in r.kvs(7) if kv.key[len(pending_prefix):] not in held_ids),
+                      None)
+        age = None
+        if oldest is not None:
+            since = PendingRecord.decode(oldest.value).since
+            age = max(0.0, time.time() - since) if since else None
+        return QueueCounts(r.revision, total, pending - held, held, completed, failed, age)

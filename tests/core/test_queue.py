@@ -1,0 +1,256 @@
+"""Work queues on a real etcd: every JobLease guarantee per item, plus enqueue,
+next-item claims, failure and retry (docs/queues.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import pytest
+
+from joblease import JobLeaseClient
+from joblease.errors import (
+    AlreadyCompletedError,
+    AttemptsExhaustedError,
+    ConflictError,
+    HeldError,
+    InvalidInputError,
+    ItemNotFoundError,
+    QueueNotFoundError,
+    QueueSuspendedError,
+    StaleTokenError,
+)
+from joblease.fencing.gate import Effect, MemoryGate, StaleFenceError
+from joblease.keys import ItemRef, QueueRef
+from joblease.queue import ItemPhase, Queues
+from joblease.records import QueueSpec
+from joblease.validation import MAX_PAYLOAD_BYTES
+from tests.support.etcd_keys import snapshot
+from tests.support.worker_proc import WorkerProc
+
+TTL = 2
+Q = QueueRef("default", "files")
+
+
+@pytest.fixture
+async def queues(client: JobLeaseClient) -> Queues:
+    queues = Queues(client)
+    await queues.create(Q, QueueSpec(lease_duration_seconds=TTL, max_attempts=2))
+    return queues
+
+
+def _prefix(queues: Queues) -> bytes:
+    return queues.keys(Q).prefix
+
+
+async def test_enqueue_is_idempotent_and_refuses_another_payload(queues: Queues) -> None:
+    first = await queues.enqueue(Q, [("a", {"n": 1}), ("b", [1, 2])])
+    assert sorted(first.added) == ["a", "b"] and first.existing == []
+    before = await snapshot(queues.store, _prefix(queues))
+    again = await queues.enqueue(Q, [("b", [1, 2]), ("a", {"n": 1})])
+    assert again.added == [] and sorted(again.existing) == ["a", "b"]
+    assert await snapshot(queues.store, _prefix(queues)) == before  # a no-op: nothing written
+    with pytest.raises(ConflictError) as err:
+        await queues.enqueue(Q, [("c", 3), ("a", {"n": 2})])
+    assert err.value.item == "a" and err.value.exit_code == 16
+    assert await snapshot(queues.store, _prefix(queues)) == before  # "c" was not written either
+    counts = await queues.counts(Q)
+    assert (counts.total, counts.pending) == (2, 2)
+
+
+@pytest.mark.parametrize("item_id, payload, why", [
+    ("", None, "invalid item id"),
+    ("a/b", None, "invalid item id"),
+    ("x" * 254, None, "invalid item id"),
+    ("ok", math.nan, "not JSON"),
+    ("ok", "\ud800", "surrogate"),
+    ("ok", "x" * MAX_PAYLOAD_BYTES, "limit"),
+])
+async def test_bad_items_refuse_the_whole_batch(queues: Queues, item_id: str, payload: object,
+                                                why: str) -> None:
+    before = await snapshot(queues.store, _prefix(queues))
+    with pytest.raises(InvalidInputError, match=why):
+        await queues.enqueue(Q, [("fine", 1), (item_id, payload)])
+    assert await snapshot(queues.store, _prefix(queues)) == before
+
+
+async def test_a_batch_of_one_id_twice_must_agree(queues: Queues) -> None:
+    with pytest.raises(InvalidInputError, match="twice"):
+        await queues.enqueue(Q, [("a", 1), ("a", 2)])
+    assert (await queues.enqueue(Q, [("a", 1), ("a", 1)])).added == ["a"]
+
+
+async def test_enqueue_into_a_missing_queue_writes_nothing(client: JobLeaseClient) -> None:
+    queues = Queues(client)
+    with pytest.raises(QueueNotFoundError):
+        await queues.enqueue(QueueRef("default", "nope"), [("a", 1)])
+    assert await snapshot(client.store, client.keys.namespace_prefix()) == {}
+
+
+async def test_large_batches_are_written_in_chunks(queues: Queues) -> None:
+    result = await queues.enqueue(Q, [(f"i{n:04d}", n) for n in range(300)])
+    assert len(result.added) == 300
+    counts = await queues.counts(Q)
+    assert (counts.total, counts.pending, counts.held) == (300, 300, 0)
+
+
+async def test_seed_example_per_item(queues: Queues) -> None:
+    """A claims item x and is paused (SIGSTOP) past the TTL; B claims x with a
+    larger token; A's completion and A's fenced write are refused."""
+    await queues.enqueue(Q, [("x", {"file": "s3://b/x"}), ("y", None)])
+    item = ItemRef(Q, "x")
+    gate = MemoryGate()
+    a = WorkerProc(queues.client.config, item, "worker-a")
+    try:
+        claimed_a = a.next_event("claimed")
+        await gate.admit(Effect(str(item), claimed_a["token"]))
+        a.pause()
+        paused_at = time.monotonic()
+        lease_b = None
+        while lease_b is None:
+            try:
+                lease_b = await queues.claim(item, "worker-b")
+            except HeldError:
+                assert time.monotonic() - paused_at < TTL + 10
+                await asyncio.sleep(0.05)
+        assert time.monotonic() - paused_at >= TTL - 0.5  # etcd decided the expiry
+        assert lease_b.token > claimed_a["token"]
+        assert lease_b.generation == claimed_a["generation"] + 1
+        assert lease_b.item is not None and lease_b.item.payload == {"file": "s3://b/x"}
+        await gate.admit(Effect(str(item), lease_b.token))
+        a.resume()
+        a.send('complete {"by": "a"}')
+        late = a.next_event("completed")
+        assert late["ok"] is False and late["error"] == "stale"
+        assert late["currentToken"] == lease_b.token
+        with pytest.raises(StaleFenceError):
+            await gate.admit(Effect(str(item), claimed_a["token"]))
+        await lease_b.complete({"by": "b"})
+    finally:
+        a.stop()
+    state = await queues.item(item)
+    assert state.phase is ItemPhase.COMPLETED and state.result is not None
+    assert state.result.owner == "worker-b" and state.result.token == lease_b.token
+    counts = await queues.counts(Q)
+    assert (counts.completed, counts.pending, counts.held) == (1, 1, 0)
+
+
+async def test_a_completed_item_cannot_be_claimed_or_completed_again(queues: Queues) -> None:
+    await queues.enqueue(Q, [("x", 1)])
+    lease = await queues.claim(ItemRef(Q, "x"), "w")
+    await lease.complete("done")
+    with pytest.raises(AlreadyCompletedError):
+        await queues.claim(ItemRef(Q, "x"), "w2")
+    assert await queues.claim_next(Q, "w2") is None
+
+
+async def test_a_poison_item_fails_after_max_attempts_while_the_rest_drain(
+        queues: Queues) -> None:
+    await queues.enqueue(Q, [(f"ok{n}", n) for n in range(5)] + [("poison", "boom")])
+    done: list[str] = []
+    for _ in range(40):
+        lease = await queues.claim_next(Q, "w")
+        if lease is None:
+            break
+        if lease.job.id == "poison":  # type: ignore[union-attr]
+            await lease.release()  # the worker crashes on it: no result
+            continue
+        await lease.complete(lease.item.payload if lease.item else None)
+        done.append(lease.job.id)  # type: ignore[union-attr]
+    assert sorted(done) == [f"ok{n}" for n in range(5)]
+    state = await queues.item(ItemRef(Q, "poison"))
+    assert state.phase is ItemPhase.FAILED and state.generation == 2
+    counts = await queues.counts(Q)
+    assert (counts.total, counts.completed, counts.failed, counts.pending) == (6, 5, 1, 0)
+    with pytest.raises(AttemptsExhaustedError):
+        await queues.claim(ItemRef(Q, "poison"), "w")
+
+    # retry: two new attempts, generation and tokens go on increasing
+    await queues.retry(ItemRef(Q, "poison"))
+    assert (await queues.counts(Q)).pending == 1
+    lease = await queues.claim_next(Q, "w")
+    assert lease is not None and lease.job == ItemRef(Q, "poison") and lease.generation == 3
+    await lease.complete("fixed")
+    assert (await queues.item(ItemRef(Q, "poison"))).phase is ItemPhase.COMPLETED
+    with pytest.raises(InvalidInputError, match="has not failed"):
+        await queues.retry(ItemRef(Q, "poison"))
+
+
+async def test_claim_next_waits_on_a_watch_for_new_items(queues: Queues) -> None:
+    waiter = asyncio.create_task(queues.claim_next(Q, "w", wait=10))
+    await asyncio.sleep(0.2)
+    assert not waiter.done()
+    await queues.enqueue(Q, [("late", "hi")])
+    lease = await asyncio.wait_for(waiter, 5)
+    assert lease is not None and lease.item is not None and lease.item.payload == "hi"
+    await lease.complete()
+
+
+async def test_claim_next_waits_for_an_expired_holder(queues: Queues) -> None:
+    await queues.enqueue(Q, [("only", None)])
+    first = await queues.claim_next(Q, "a")
+    assert first is not None
+    assert await queues.claim_next(Q, "b") is None  # held, nothing else
+    await first.release()
+    second = await queues.claim_next(Q, "b", wait=5)
+    assert second is not None and second.token > first.token
+
+
+async def test_concurrent_claimers_each_get_a_distinct_item(queues: Queues,
+                                                            client: JobLeaseClient) -> None:
+    await queues.enqueue(Q, [(f"i{n}", n) for n in range(40)])
+    results: list[str] = []
+
+    async def worker(name: str) -> None:
+        async for lease in queues.work(Q, name):
+            results.append(lease.job.id)  # type: ignore[union-attr]
+            await lease.complete()
+
+    await asyncio.wait_for(asyncio.gather(*(worker(f"w{n}") for n in range(8))), 60)
+    assert sorted(results) == sorted(f"i{n}" for n in range(40))  # each exactly once
+    assert (await queues.counts(Q)).completed == 40
+
+
+async def test_a_cron_slot_runs_at_most_once(queues: Queues) -> None:
+    slot = ItemRef(Q, "2026-12-01T23:00:00Z")
+    lease = await queues.claim_or_create(slot, "job-1")
+    await lease.complete("ran")
+    with pytest.raises(AlreadyCompletedError):
+        await queues.claim_or_create(slot, "job-2")  # a second Job for the same slot
+
+
+async def test_shards_exist_from_creation(client: JobLeaseClient) -> None:
+    queues = Queues(client)
+    q = QueueRef("default", "indexed")
+    await queues.create(q, QueueSpec(lease_duration_seconds=TTL, max_attempts=3, shards=8))
+    assert [s.item.id for s in await queues.items(q)] == [str(i) for i in range(8)]
+    lease = await queues.claim(ItemRef(q, "5"), "pod-5")
+    assert lease.item is not None and lease.item.payload is None
+    with pytest.raises(ItemNotFoundError):
+        await queues.claim(ItemRef(q, "8"), "pod-8")
+
+
+async def test_a_suspended_queue_claims_nothing(queues: Queues) -> None:
+    await queues.enqueue(Q, [("x", 1)])
+    await queues.create(Q, QueueSpec(lease_duration_seconds=TTL, max_attempts=2, suspend=True))
+    with pytest.raises(QueueSuspendedError):
+        await queues.claim_next(Q, "w")
+    with pytest.raises(QueueSuspendedError):
+        await queues.claim(ItemRef(Q, "x"), "w")
+    await queues.create(Q, QueueSpec(lease_duration_seconds=TTL, max_attempts=2))
+    assert await queues.claim_next(Q, "w") is not None
+
+
+async def test_counts_add_up_and_delete_removes_everything(queues: Queues) -> None:
+    await queues.enqueue(Q, [(f"i{n}", n) for n in range(10)])
+    held = [await queues.claim_next(Q, "w") for _ in range(3)]
+    assert all(held)
+    await held[0].complete()  # type: ignore[union-attr]
+    counts = await queues.counts(Q)
+    assert (counts.total, counts.completed, counts.held, counts.pending) == (10, 1, 2, 7)
+    assert counts.oldest_pending_age is not None
+    await queues.delete(Q)
+    assert await snapshot(queues.store, _prefix(queues)) == {}
+    with pytest.raises(QueueNotFoundError):
+        await queues.counts(Q)
