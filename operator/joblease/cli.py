@@ -4,12 +4,13 @@ Every verb takes the etcd connection as flags or ``JOBLEASE_ETCD_*``
 environment variables. Errors are one line on stderr and a distinct exit code
 (see ``joblease.errors``): 2 invalid input, 3 not found, 4 held, 5 completed,
 6 attempts exhausted, 7 stale, 8 lost, 10 store unreachable, 11 outcome
-unknown, 12 permission denied.
+unknown, 12 permission denied, 16 item conflict, 17 queue suspended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -35,9 +36,10 @@ from joblease.etcd_store import (
     parse_endpoints,
     read_password_file,
 )
-from joblease.keys import DEFAULT_NAMESPACE, JobRef
+from joblease.keys import DEFAULT_NAMESPACE, ItemRef, JobRef, QueueRef
 from joblease.lease import LeaseState
-from joblease.records import JobSpec, JobState, Phase
+from joblease.queue import ItemPhase, Queues
+from joblease.records import JobSpec, JobState, Phase, QueueSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -600,6 +602,307 @@ def _register_optional_commands() -> None:
 _register_optional_commands()
 
 __all__ = ["main"]
+
+
+# -- queues (docs/queues.md) ------------------------------------------------------------------
+
+QUEUE_HEADERS = ("QUEUE", "TOTAL", "PENDING", "HELD", "COMPLETED", "FAILED", "OLDEST-PENDING")
+ITEM_HEADERS = ("ITEM", "PHASE", "GENERATION", "TOKEN", "HOLDER")
+
+
+def queue_ref(queue: str, namespace: str | None) -> QueueRef:
+    """As :func:`job_ref`, for a queue."""
+    return QueueRef(*dataclasses.astuple(job_ref(queue, namespace)))
+
+
+def _item_id(item: str) -> str:
+    try:
+        return validation.item_id(item)
+    except InvalidInputError as e:
+        click.echo(f"joblease: invalid: {e}", err=True)
+        sys.exit(e.exit_code)
+
+
+def queue_argument(fn: F) -> F:
+    fn = click.option("-n", "--namespace", default=None,
+                      help=f"The queue's namespace [{NAMESPACE_VARIABLE}; "
+                           f"default: {DEFAULT_NAMESPACE}].")(fn)
+    return click.argument("queue")(fn)
+
+
+def item_rows(items: list[dict[str, Any]]) -> Iterable[list[Any]]:
+    for i in items:
+        yield [i["item"], i["phase"], i["generation"], i["token"] or "-",
+               i["holder"]["owner"] if i["holder"] else "-"]
+
+
+@main.group()
+def queue() -> None:
+    """Work queues: many items under one name, every claim fenced."""
+
+
+@queue.command("create")
+@queue_argument
+@click.option("--ttl", "lease_duration_seconds", type=int, required=True,
+              help="Lease duration of each item's claims, in whole seconds (>= 2).")
+@click.option("--max-attempts", type=int, default=3, show_default=True,
+              help="Claims an item gets before it fails (0 = unlimited).")
+@click.option("--shards", type=int, default=0, show_default=True,
+              help="Create items 0..N-1 (an Indexed Job's completion indexes).")
+@click.option("--suspend/--no-suspend", default=False, show_default=True,
+              help="A suspended queue claims nothing.")
+@etcd_options
+@output_option
+def queue_create(queue: str, namespace: str | None, lease_duration_seconds: int,
+                 max_attempts: int, shards: int, suspend: bool, output: str, **kw: Any) -> None:
+    """Create QUEUE in etcd, or change its spec (what the operator does for each JobQueue)."""
+    config, ref = split_etcd(kw), queue_ref(queue, namespace)
+
+    async def go() -> dict[str, Any]:
+        async with JobLeaseClient(config) as c:
+            spec = QueueSpec(lease_duration_seconds, max_attempts, suspend, shards)
+            return {"queue": str(ref), "revision": await Queues(c).create(ref, spec)}
+
+    emit(run(go()), output, lambda d: [[d["queue"], d["revision"]]], ("QUEUE", "REVISION"))
+
+
+@queue.command("delete")
+@queue_argument
+@etcd_options
+@output_option
+def queue_delete(queue: str, namespace: str | None, output: str, **kw: Any) -> None:
+    """Delete QUEUE and every item of it from etcd."""
+    config, ref = split_etcd(kw), queue_ref(queue, namespace)
+
+    async def go() -> dict[str, Any]:
+        async with JobLeaseClient(config) as c:
+            return {"queue": str(ref), "deleted": True, "revision": await Queues(c).delete(ref)}
+
+    emit(run(go()), output, lambda d: [[d["queue"], d["revision"]]], ("QUEUE", "REVISION"))
+
+
+def _read_items(item_options: tuple[str, ...], payload: str | None, file: str | None
+                ) -> list[tuple[str | None, Any]]:
+    """``--item ID`` (with one ``--payload`` for all), or JSON lines of
+    ``{"id": ..., "payload": ...}`` from ``--file`` (``-``: stdin)."""
+    items: list[tuple[str | None, Any]] = []
+    value = None if payload is None else _json_option(payload, "--payload", "payload",
+                                                        validation.MAX_PAYLOAD_BYTES)
+    items += [(i, value) for i in item_options]
+    if file is not None:
+        stream = sys.stdin if file == "-" else open(file, encoding="utf-8")
+        with stream:
+            for number, line in enumerate(stream, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    entry = validation.json_text(line, f"line {number}", 1 << 20)
+                    if not isinstance(entry, dict) or not set(entry) <= {"id", "payload"}:
+                        raise InvalidInputError(
+                            'expected an object {"id": ..., "payload": ...}')
+                    item_id = entry.get("id")
+                    if item_id is not None and not isinstance(item_id, str):
+                        raise InvalidInputError("'id' must be a string")
+                except InvalidInputError as e:
+                    click.echo(f"joblease: invalid: {file} line {number}: {e}", err=True)
+                    sys.exit(e.exit_code)
+                items.append((item_id, entry.get("payload")))
+    if not items:
+        raise click.UsageError("Give --item ID (repeatable) or --file FILE.")
+    return items
+
+
+@queue.command("enqueue")
+@queue_argument
+@click.option("--item", "item_options", multiple=True,
+              help="An item id (repeatable); its payload is --payload.")
+@click.option("--payload", default=None, help="The payload of the --item items, as JSON.")
+@click.option("--file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help='JSON lines {"id": ..., "payload": ...} ("id" optional: generated); '
+                   "'-' reads stdin.")
+@etcd_options
+@output_option
+def queue_enqueue(queue: str, namespace: str | None, item_options: tuple[str, ...],
+                  payload: str | None, file: str | None, output: str, **kw: Any) -> None:
+    """Add items to QUEUE. Re-enqueueing an id with the same payload is a no-op;
+    with another payload the whole batch is refused (exit 16) and nothing written."""
+    config, ref = split_etcd(kw), queue_ref(queue, namespace)
+    items = _read_items(item_options, payload, file)
+
+    async def go() -> dict[str, Any]:
+        async with JobLeaseClient(config) as c:
+            return {"queue": str(ref), **(await Queues(c).enqueue(ref, items)).to_dict()}
+
+    emit(run(go()), output, lambda d: [[d["queue"], d["added"], d["existing"]]],
+         ("QUEUE", "ADDED", "ALREADY-THERE"))
+
+
+@queue.command("get")
+@queue_argument
+@etcd_options
+@output_option
+def queue_get(queue: str, namespace: str | None, output: str, **kw: Any) -> None:
+    """QUEUE's spec and counts, read from etcd at one revision."""
+    config, ref = split_etcd(kw), queue_ref(queue, namespace)
+
+    async def go() -> dict[str, Any]:
+        async with JobLeaseClient(config) as c:
+            queues = Queues(c)
+            counts = await queues.counts(ref)
+            _, spec = await queues.spec(ref)
+            return {"queue": str(ref), **counts.to_dict(),
+                    "leaseDurationSeconds": spec.lease_duration_seconds,
+                    "maxAttempts": spec.max_attempts, "suspend": spec.suspend,
+                    "shards": spec.shards}
+
+    def rows(d: dict[str, Any]) -> list[list[Any]]:
+        age = d["oldestPendingAgeSeconds"]
+        return [[d["queue"], d["total"], d["pending"], d["held"], d["completed"], d["failed"],
+                 "-" if age is None else f"{age:.0f}s"]]
+
+    emit(run(go()), output, rows, QUEUE_HEADERS)
+
+
+@click.command("items")
+@queue_argument
+@click.option("--phase", type=click.Choice([p.value for p in ItemPhase]), default=None,
+              help="Only items in this phase.")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True,
+              help="At most this many items, in enqueue order.")
+@etcd_options
+@output_option
+def queue_items(queue: str, namespace: str | None, phase: str | None, limit: int, output: str,
+                **kw: Any) -> None:
+    """QUEUE's items in enqueue order: phase, generation, token, holder."""
+    config, ref = split_etcd(kw), queue_ref(queue, namespace)
+
+    async def go() -> list[dict[str, Any]]:
+        async with JobLeaseClient(config) as c:
+            states = await Queues(c).items(ref, limit=limit,
+                                           phase=ItemPhase(phase) if phase else None)
+            return [s.to_dict() for s in states]
+
+    emit(run(go()), output, item_rows, ITEM_HEADERS)
+
+
+queue.add_command(queue_items)
+#: ``joblease items QUEUE`` (``kubectl joblease items QUEUE``) is ``joblease queue items``.
+main.add_command(queue_items)
+
+
+@queue.command("retry")
+@queue_argument
+@click.argument("item")
+@etcd_options
+@output_option
+def queue_retry(queue: str, namespace: str | None, item: str, output: str, **kw: Any) -> None:
+    """Put failed ITEM of QUEUE back with maxAttempts new claims."""
+    config, ref = split_etcd(kw), queue_ref(queue, namespace)
+    item_ref = ItemRef(ref, _item_id(item))
+
+    async def go() -> dict[str, Any]:
+        async with JobLeaseClient(config) as c:
+            return {"item": str(item_ref), "retried": True,
+                    "revision": await Queues(c).retry(item_ref)}
+
+    emit(run(go()), output, lambda d: [[d["item"], d["revision"]]], ("ITEM", "REVISION"))
+
+
+@queue.command("claim")
+@queue_argument
+@click.option("--item", default=None, help="Claim this item (default: the next one).")
+@click.option("--create", is_flag=True,
+              help="With --item: enqueue it first if absent (a CronJob slot).")
+@click.option("--owner", default=None, help=f"Who claims [{OWNER_VARIABLE}; required].")
+@click.option("--wait", "wait_seconds", type=float, default=0.0, show_default=True,
+              help="Without --item: wait up to this many seconds for a claimable item.")
+@etcd_options
+@output_option
+def queue_claim(queue: str, namespace: str | None, item: str | None, create: bool,
+                owner: str | None, wait_seconds: float, output: str, **kw: Any) -> None:
+    """Claim an item of QUEUE and print it with its fencing token (not renewed:
+    complete or release it with `joblease queue complete/release --token`).
+    Nothing claimable within --wait: exit 3."""
+    owner = required_owner(owner)
+    config, ref = split_etcd(kw), queue_ref(queue, namespace)
+    if create and item is None:
+        raise click.UsageError("--create needs --item.")
+    item_id = None if item is None else _item_id(item)
+
+    async def go() -> dict[str, Any]:
+        client = JobLeaseClient(config)
+        try:
+            queues = Queues(client)
+            if item_id is None:
+                lease = await queues.claim_next(ref, owner, wait=wait_seconds)
+                if lease is None:
+                    raise NotRegisteredError(f"claimable item in queue {ref} (none within "
+                                             f"{wait_seconds:g}s)")
+            elif create:
+                lease = await queues.claim_or_create(ItemRef(ref, item_id), owner)
+            else:
+                lease = await queues.claim(ItemRef(ref, item_id), owner)
+            data = lease.to_dict()
+        except BaseException:
+            await client.close(revoke=not isinstance(sys.exc_info()[1], JobLeaseError))
+            raise
+        await client.close(revoke=False)
+        return data
+
+    emit(run(go()), output, lambda d: [[d["item"], d["owner"], d["generation"], d["token"],
+                                        d["ttl"]]],
+         ("ITEM", "OWNER", "GENERATION", "TOKEN", "TTL"))
+
+
+def _item_verb(verb: str) -> Callable[[F], F]:
+    def decorate(fn: F) -> F:
+        fn = _on_behalf(verb)(fn)
+        fn = click.argument("item")(fn)
+        return queue_argument(fn)
+    return decorate
+
+
+@queue.command("complete")
+@_item_verb("complete")
+@click.option("--result", default="null", help="The result as JSON.")
+@etcd_options
+@output_option
+def queue_complete(queue: str, namespace: str | None, item: str, owner: str | None, token: int,
+                   result: str, output: str, **kw: Any) -> None:
+    """Complete ITEM of QUEUE under OWNER's claim with TOKEN."""
+    owner = required_owner(owner)
+    config, ref = split_etcd(kw), queue_ref(queue, namespace)
+    item_ref = ItemRef(ref, _item_id(item))
+    value = _json_option(result, "--result", "result", validation.MAX_RESULT_BYTES)
+
+    async def go() -> dict[str, Any]:
+        async with JobLeaseClient(config) as c:
+            lease = await Queues(c).lease_for(item_ref, owner, token)
+            return {"item": str(item_ref), **(await lease.complete(value)).to_dict()}
+
+    emit(run(go()), output, lambda d: [[d["item"], d["owner"], d["generation"], d["token"],
+                                        d["revision"]]],
+         ("ITEM", "OWNER", "GENERATION", "TOKEN", "REVISION"))
+
+
+@queue.command("release")
+@_item_verb("release")
+@etcd_options
+@output_option
+def queue_release(queue: str, namespace: str | None, item: str, owner: str | None, token: int,
+                  output: str, **kw: Any) -> None:
+    """Release ITEM of QUEUE held by OWNER with TOKEN; it is claimable again at once."""
+    owner = required_owner(owner)
+    config, ref = split_etcd(kw), queue_ref(queue, namespace)
+    item_ref = ItemRef(ref, _item_id(item))
+
+    async def go() -> dict[str, Any]:
+        async with JobLeaseClient(config) as c:
+            await (await Queues(c).lease_for(item_ref, owner, token)).release()
+            return {"item": str(item_ref), "released": True, "token": token}
+
+    emit(run(go()), output, lambda d: [[d["item"], d["token"]]], ("ITEM", "RELEASED-TOKEN"))
+
 
 if __name__ == "__main__":
     main()

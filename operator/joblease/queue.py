@@ -36,6 +36,7 @@ from joblease.errors import (
     PayloadTooLargeError,
     QueueNotFoundError,
     QueueSuspendedError,
+    StaleTokenError,
     StoreUnavailableError,
 )
 from joblease.keys import ItemKeys, ItemRef, JobRef, QueueKeys, QueueRef
@@ -456,6 +457,36 @@ class Queues:
             if lease is None:
                 return
             yield lease
+
+    async def lease_for(self, item: ItemRef, owner: str, token: int) -> Lease:
+        """A handle on ``owner``'s claim of ``item`` with ``token``, to complete,
+        checkpoint or release it from another process (the job's ``lease_for``).
+        Raises :class:`StaleTokenError` unless that claim holds the item now."""
+        self._check_queue(item.queue)
+        validation.item_id(item.id)
+        validation.owner(owner)
+        validation.token(token)
+        keys = self.keys(item.queue).item(item.id)
+        r = await self._read([Get(keys.holder), Get(keys.claims), Get(keys.checkpoint),
+                              Get(keys.item), Get(keys.result)])
+        holder_kv, claims, checkpoint, item_kv, result_kv = (r.kv(i) for i in range(5))
+        if item_kv is None:
+            raise ItemNotFoundError(str(item))
+        holder = Holder.decode_value(holder_kv.value) if holder_kv else None
+        if holder_kv is None or holder is None or holder_kv.create_revision != token or (
+                holder["owner"] != owner):
+            result = ResultRecord.decode(result_kv.value) if result_kv else None
+            current = (holder_kv.create_revision if holder_kv
+                       else result.token if result else None)
+            current_owner = (holder["owner"] if holder
+                             else result.owner if result else None)
+            raise StaleTokenError(str(item), token, current, current_owner)
+        return Lease(store=self.store, session=None, job=item, keys=keys, owner=owner,
+                     claim_id=holder["claimId"], token=token,
+                     generation=claims.version if claims else 0,
+                     ttl=int(holder.get("ttl", 0)), holder_value=holder_kv.value,
+                     checkpoint=checkpoint,
+                     item=ItemRecord.decode(item_kv.value, item_kv.create_revision))
 
     # -- retry, inspect ---------------------------------------------------------------------
 

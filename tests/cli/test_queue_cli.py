@@ -1,0 +1,102 @@
+"""The queue verbs as a real process against a real etcd: output, errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from joblease import EtcdConfig
+from tests.support.cli import LONG_TTL, as_json, jl
+
+
+def test_create_enqueue_claim_complete_items_cycle(etcd_config: EtcdConfig,
+                                                   tmp_path: Path) -> None:
+    jl(etcd_config, "queue", "create", "files", "-n", "team-a", "--ttl", LONG_TTL,
+       "--max-attempts", "1")
+    lines = tmp_path / "items.jsonl"
+    lines.write_text("".join(json.dumps({"id": f"f{n}", "payload": {"n": n}}) + "\n"
+                             for n in range(3)))
+    added = as_json(jl(etcd_config, "queue", "enqueue", "team-a/files", "--file", str(lines),
+                       "-o", "json"))
+    assert (added["added"], added["existing"]) == (3, 0)
+    again = as_json(jl(etcd_config, "queue", "enqueue", "team-a/files", "--file", str(lines),
+                       "-o", "json"))
+    assert (again["added"], again["existing"]) == (0, 3)  # idempotent
+
+    claimed = as_json(jl(etcd_config, "queue", "claim", "team-a/files", "--owner", "w1",
+                         "-o", "json"))
+    assert claimed["queue"] == "team-a/files" and claimed["generation"] == 1
+    assert claimed["payload"] == {"n": int(claimed["item"][1:])}
+    done = as_json(jl(etcd_config, "queue", "complete", "team-a/files", claimed["item"],
+                      "--owner", "w1", "--token", str(claimed["token"]), "--result", '"ok"',
+                      "-o", "json"))
+    assert done["token"] == claimed["token"] and done["result"] == "ok"
+    # a second completion under the same token is the same answer; another token is stale
+    stale = jl(etcd_config, "queue", "complete", "team-a/files", claimed["item"], "--owner",
+               "w1", "--token", str(claimed["token"] - 1), check=7)
+    assert stale.stderr.startswith("joblease: stale:")
+
+    counts = as_json(jl(etcd_config, "queue", "get", "files", "-n", "team-a", "-o", "json"))
+    assert (counts["total"], counts["completed"], counts["pending"]) == (3, 1, 2)
+    items = as_json(jl(etcd_config, "items", "team-a/files", "-o", "json"))
+    assert [i["item"] for i in items] == ["f0", "f1", "f2"]
+    assert {i["phase"] for i in items} == {"Completed", "Pending"}
+    table = jl(etcd_config, "queue", "items", "team-a/files", "--phase", "Completed").stdout
+    assert claimed["item"] in table and "Completed" in table and "Pending" not in table
+
+
+def test_a_failed_item_is_listed_and_retried(etcd_config: EtcdConfig) -> None:
+    jl(etcd_config, "queue", "create", "q", "--ttl", LONG_TTL, "--max-attempts", "1")
+    jl(etcd_config, "queue", "enqueue", "q", "--item", "poison", "--payload", "1")
+    claimed = as_json(jl(etcd_config, "queue", "claim", "q", "--item", "poison", "--owner", "w",
+                         "-o", "json"))
+    jl(etcd_config, "queue", "release", "q", "poison", "--owner", "w", "--token",
+       str(claimed["token"]))
+    jl(etcd_config, "queue", "claim", "q", "--item", "poison", "--owner", "w", check=6)
+    failed = as_json(jl(etcd_config, "items", "q", "--phase", "Failed", "-o", "json"))
+    assert [i["item"] for i in failed] == ["poison"]
+    jl(etcd_config, "queue", "retry", "q", "poison")
+    again = as_json(jl(etcd_config, "queue", "claim", "q", "--owner", "w", "-o", "json"))
+    assert again["item"] == "poison" and again["generation"] == 2
+
+
+def test_a_cron_slot_is_claimed_once(etcd_config: EtcdConfig) -> None:
+    jl(etcd_config, "queue", "create", "nightly", "--ttl", LONG_TTL)
+    slot = "2026-12-01T23:00:00Z"
+    first = as_json(jl(etcd_config, "queue", "claim", "nightly", "--item", slot, "--create",
+                       "--owner", "job-1", "-o", "json"))
+    jl(etcd_config, "queue", "complete", "nightly", slot, "--owner", "job-1", "--token",
+       str(first["token"]))
+    second = jl(etcd_config, "queue", "claim", "nightly", "--item", slot, "--create",
+                "--owner", "job-2", check=5)
+    assert second.stderr.startswith("joblease: completed:")
+    nothing = jl(etcd_config, "queue", "claim", "nightly", "--owner", "w", check=3)
+    assert "no" in nothing.stderr and "claimable item" in nothing.stderr
+
+
+@pytest.mark.parametrize(("args", "code", "word"), [
+    (("queue", "enqueue", "missing", "--item", "a"), 3, "not_found"),
+    (("queue", "enqueue", "q", "--item", "a/b"), 2, "invalid"),
+    (("queue", "enqueue", "q", "--item", "a", "--payload", "NaN"), 2, "invalid"),
+    (("queue", "enqueue", "q", "--item", "taken", "--payload", "2"), 16, "conflict"),
+    (("queue", "create", "q", "--ttl", "1"), 2, "invalid"),
+    (("queue", "create", "Bad_Name", "--ttl", "10"), 2, "invalid"),
+    (("queue", "claim", "missing", "--owner", "w"), 3, "not_found"),
+    (("queue", "retry", "q", "taken"), 2, "invalid"),  # not failed
+])
+def test_queue_errors_are_one_line_with_distinct_exit_codes(
+        etcd_config: EtcdConfig, args: tuple[str, ...], code: int, word: str) -> None:
+    jl(etcd_config, "queue", "create", "q", "--ttl", LONG_TTL)
+    jl(etcd_config, "queue", "enqueue", "q", "--item", "taken", "--payload", "1")
+    done = jl(etcd_config, *args, check=code)
+    assert done.stderr.startswith(f"joblease: {word}:"), done.stderr
+    assert done.stderr.count("\n") == 1 and done.stdout == ""
+
+
+def test_a_suspended_queue_refuses_claims_with_exit_17(etcd_config: EtcdConfig) -> None:
+    jl(etcd_config, "queue", "create", "q", "--ttl", LONG_TTL, "--suspend")
+    jl(etcd_config, "queue", "enqueue", "q", "--item", "a")
+    done = jl(etcd_config, "queue", "claim", "q", "--owner", "w", check=17)
+    assert done.stderr.startswith("joblease: suspended:")
