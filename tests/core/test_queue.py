@@ -19,7 +19,6 @@ from joblease.errors import (
     ItemNotFoundError,
     QueueNotFoundError,
     QueueSuspendedError,
-    StaleTokenError,
 )
 from joblease.fencing.gate import Effect, MemoryGate, StaleFenceError
 from joblease.keys import ItemRef, QueueRef
