@@ -904,5 +904,53 @@ def queue_release(queue: str, namespace: str | None, item: str, owner: str | Non
     emit(run(go()), output, lambda d: [[d["item"], d["token"]]], ("ITEM", "RELEASED-TOKEN"))
 
 
+
+@queue.command("run")
+@queue_argument
+@click.option("--item", default=None,
+              help="Run for this item only (an Indexed Job: $JOB_COMPLETION_INDEX).")
+@click.option("--create", is_flag=True,
+              help="With --item: enqueue it first if absent (a CronJob slot).")
+@click.option("--owner", default=None,
+              help=f"Who claims [{OWNER_VARIABLE}; default: HOSTNAME:PID].")
+@click.option("--wait", "wait_seconds", type=float, default=0.0, show_default=True,
+              help="Draining: wait up to this many seconds for a claimable item before "
+                   "ending ('inf': forever).")
+@click.option("--grace", type=float, default=None,
+              help="Seconds between SIGTERM and SIGKILL when an item's lease is lost "
+                   "(default: half the lease's safety margin).")
+@click.option("--result-file", type=click.Path(dir_okay=False), default=None,
+              help="Complete each item with this file's JSON (default: the last JSON line "
+                   "of the command's stdout).")
+@etcd_options
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def queue_run(queue: str, namespace: str | None, item: str | None, create: bool,
+              owner: str | None, wait_seconds: float, grace: float | None,
+              result_file: str | None, command: tuple[str, ...], **kw: Any) -> None:
+    """Run COMMAND once per item of QUEUE, each under its item's lease:
+    joblease queue run QUEUE -- COMMAND [ARGS...].
+
+    Each run gets JOBLEASE_QUEUE, JOBLEASE_ITEM, JOBLEASE_PAYLOAD (the item's
+    payload as JSON), JOBLEASE_TOKEN, JOBLEASE_GENERATION, JOBLEASE_OWNER and
+    JOBLEASE_JOB (QUEUE/ITEM), with `joblease run`'s rules per item: exit 0
+    completes it, another exit releases it, a lost lease stops the command and
+    ends with exit 8. Without --item, items are run one after another until
+    none is claimable within --wait. See docs/queues.md.
+    """
+    import os
+    import socket
+    from pathlib import Path
+
+    from joblease.run import QueueRunOptions, run_with_config
+
+    config, ref = split_etcd(kw), queue_ref(queue, namespace)
+    if create and item is None:
+        raise click.UsageError("--create needs --item.")
+    opts = QueueRunOptions(
+        queue=ref, owner=owner_of(owner) or f"{socket.gethostname()}:{os.getpid()}",
+        command=command, item=None if item is None else _item_id(item), create=create,
+        wait=wait_seconds, grace=grace, result_file=Path(result_file) if result_file else None)
+    sys.exit(run(run_with_config(lambda: JobLeaseClient(config, revoke_on_loss=False), opts)))
+
 if __name__ == "__main__":
     main()

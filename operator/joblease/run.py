@@ -59,7 +59,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -74,8 +74,9 @@ from joblease.errors import (
     StaleTokenError,
     WaitSessionLostError,
 )
-from joblease.keys import JobRef
-from joblease.lease import Lease
+from joblease.keys import ItemRef, JobRef, QueueRef
+from joblease.lease import Lease, LeaseState
+from joblease.queue import Queues
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,22 @@ class RunOptions:
     grace: float | None = None
     result_file: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QueueRunOptions:
+    """What ``joblease queue run`` was asked to do: ``run`` per item of ``queue``."""
+
+    queue: QueueRef
+    owner: str
+    command: Sequence[str]
+    #: only this item (an Indexed Job's index); ``None``: one item after another
+    item: str | None = None
+    create: bool = False  # with ``item``: enqueue it first if absent (a CronJob slot)
+    #: draining: how long to wait for a claimable item before ending (exit 0)
+    wait: float = 0.0
+    grace: float | None = None
+    result_file: Path | None = None
 
 
 Say = Callable[[str], None]
@@ -254,9 +271,13 @@ class Runner:
     """One ``joblease run``: the child, the lease and the signals between them."""
 
     def __init__(self, client: JobLeaseClient, opts: RunOptions, *,
-                 stdout: BinaryIO | None = None, say: Say = _stderr) -> None:
+                 stdout: BinaryIO | None = None, say: Say = _stderr,
+                 claimer: Callable[[], Coroutine[Any, Any, Lease | None]] | None = None) -> None:
         self.client = client
         self.opts = opts
+        #: how the lease is got (default: claim ``opts.job``); ``None`` from it
+        #: means there was nothing to claim (a drained queue): run nothing, exit 0
+        self._claimer = claimer or (lambda: claim(client, opts, say=say))
         self.say = say
         self.stdout = stdout if stdout is not None else sys.stdout.buffer
         self.lease: Lease | None = None
@@ -366,30 +387,38 @@ class Runner:
 
     async def _run(self) -> int:
         opts = self.opts
-        claiming = asyncio.create_task(claim(self.client, opts, say=self.say))
+        claiming = asyncio.create_task(self._claimer())
         stop = asyncio.create_task(self._stopped.wait())
         await asyncio.wait({claiming, stop}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
         if not claiming.done():  # a signal arrived while claiming: give up at once
             claiming.cancel()
             with contextlib.suppress(asyncio.CancelledError, JobLeaseError):
-                lease = await claiming
-                await lease.release()
+                claimed = await claiming
+                if claimed is not None:
+                    await claimed.release()
             return 128 + self.forwarded[0]
         lease = claiming.result()
+        if lease is None:
+            return 0
         self.lease = lease
         if self._stopped.is_set():  # signalled just as the claim succeeded
             await self._give_back(lease)
             return 128 + self.forwarded[0]
         grace = self.grace
-        self.say(f"claimed {opts.job}: generation {lease.generation}, token {lease.token}")
+        self.say(f"claimed {lease.job}: generation {lease.generation}, token {lease.token}")
         if grace > lease.margin:
             self.say(f"warning: --grace {grace:g}s is longer than the lease's safety margin "
                      f"({lease.margin:g}s): after a loss the command may still run while "
                      "another worker holds the job")
         env = {**os.environ, **opts.extra_env,
-               "JOBLEASE_JOB": str(opts.job), "JOBLEASE_TOKEN": str(lease.token),
+               "JOBLEASE_JOB": str(lease.job), "JOBLEASE_TOKEN": str(lease.token),
                "JOBLEASE_GENERATION": str(lease.generation), "JOBLEASE_OWNER": opts.owner}
+        if isinstance(lease.job, ItemRef):
+            env.update(JOBLEASE_QUEUE=str(lease.job.queue), JOBLEASE_ITEM=lease.job.id,
+                       JOBLEASE_PAYLOAD=json.dumps(
+                           None if lease.item is None else lease.item.payload,
+                           separators=(",", ":"), sort_keys=True))
         if opts.result_file is not None:
             env["JOBLEASE_RESULT_FILE"] = str(opts.result_file)
         checkpoint = lease.checkpoint_dict()  # where the previous holder got to
@@ -439,7 +468,7 @@ class Runner:
                 t.cancel()
         code = exit_code_of(proc.returncode if proc.returncode is not None else 1)
         if code != 0:
-            self.say(f"command exited {code}; releasing {self.opts.job} (the attempt stays "
+            self.say(f"command exited {code}; releasing {lease.job} (the attempt stays "
                      "counted)")
             return await self._release(lease, code)
         return await self._complete(lease, tap.result if tap is not None else None)
@@ -489,7 +518,7 @@ class Runner:
 
     async def _lost(self, lease: Lease) -> int:
         why = lease.lost_reason or "lease lost"
-        self.say(f"lease on {self.opts.job} (token {lease.token}) lost: {why}")
+        self.say(f"lease on {lease.job} (token {lease.token}) lost: {why}")
         await self._stop_command()
         self.say("the command has exited; giving the job back")
         # Only now give the job back (a client made with revoke_on_loss=False has
@@ -503,7 +532,7 @@ class Runner:
         try:
             await lease.release()
         except JobLeaseError as e:
-            self.say(f"release of {self.opts.job} failed: {e}")
+            self.say(f"release of {lease.job} failed: {e}")
 
     async def _release(self, lease: Lease, code: int) -> int:
         try:
@@ -514,7 +543,7 @@ class Runner:
         except JobLeaseError as e:
             # Closing the client revokes the session's etcd lease, which frees
             # the job too; the command's status is still what to report.
-            self.say(f"release of {self.opts.job} failed ({e.reason}: {e}); "
+            self.say(f"release of {lease.job} failed ({e.reason}: {e}); "
                       "the session's etcd lease is revoked on exit")
         return code
 
@@ -526,7 +555,7 @@ class Runner:
                 result = stdout_result
             validation.json_payload(result, "result", validation.MAX_RESULT_BYTES)
         except InvalidInputError as e:
-            self.say(f"{e}; releasing {self.opts.job} without completing it")
+            self.say(f"{e}; releasing {lease.job} without completing it")
             await self._give_back(lease)
             return InvalidInputError.exit_code
         try:
@@ -534,7 +563,7 @@ class Runner:
         except JobLeaseError as e:
             self.say(f"completion refused: {e.reason}: {e}")
             return e.exit_code
-        self.say(f"completed {self.opts.job} (generation {record.generation}, "
+        self.say(f"completed {lease.job} (generation {record.generation}, "
                  f"token {record.token})")
         return 0
 
@@ -559,19 +588,73 @@ async def run_job(client: JobLeaseClient, opts: RunOptions, *, stdout: BinaryIO 
     return await Runner(client, opts, stdout=stdout, say=say).run()
 
 
-async def run_with_config(make_client: Callable[[], JobLeaseClient], opts: RunOptions
-                          ) -> int:
-    """``run_job`` with a client of its own, closed (and its etcd lease revoked) after.
+async def run_queue(client: JobLeaseClient, opts: QueueRunOptions, *,
+                    stdout: BinaryIO | None = None, say: Say = _stderr) -> int:
+    """Run ``opts.command`` once per item, each under that item's lease, with
+    ``run_job``'s rules per item (plus ``JOBLEASE_QUEUE``, ``JOBLEASE_ITEM``
+    and ``JOBLEASE_PAYLOAD`` in its environment).
+
+    One item (``opts.item``): the exit code of that run. Draining: items one
+    after another until none is claimable within ``opts.wait``; a command
+    that exits non-zero releases its item (the attempt is counted) and the
+    next is claimed; exit 0 if every command succeeded, else the last failing
+    command's code. A lost lease, a refused completion or a signal ends the
+    drain at once with that run's code.
+    """
+    if not opts.command:
+        raise InvalidInputError("no command given (joblease queue run QUEUE -- COMMAND...)")
+    if (opts.grace is not None and not opts.grace >= 0) or not opts.wait >= 0:
+        raise InvalidInputError("--grace and --wait must be numbers of seconds >= 0")
+    validation.owner(opts.owner)
+    queues = Queues(client)
+    item = None if opts.item is None else ItemRef(opts.queue, validation.item_id(opts.item))
+    per_item = RunOptions(job=JobRef(opts.queue.namespace, opts.queue.name), owner=opts.owner,
+                          command=opts.command, grace=opts.grace,
+                          result_file=opts.result_file)
+
+    async def claim_item() -> Lease | None:
+        assert item is not None
+        if opts.create:
+            return await queues.claim_or_create(item, opts.owner)
+        return await queues.claim(item, opts.owner)
+
+    async def claim_next() -> Lease | None:
+        return await queues.claim_next(opts.queue, opts.owner, wait=opts.wait)
+
+    if item is not None:
+        return await Runner(client, per_item, stdout=stdout, say=say, claimer=claim_item).run()
+    failed = 0
+    while True:
+        runner = Runner(client, per_item, stdout=stdout, say=say, claimer=claim_next)
+        code = await runner.run()
+        lease = runner.lease
+        if lease is None and not runner.forwarded:
+            say(f"no claimable item in {opts.queue} within {opts.wait:g}s; done")
+            return failed
+        if runner.forwarded or lease is None or lease.state not in (
+                LeaseState.COMPLETED, LeaseState.RELEASED):
+            return code
+        if code != 0:
+            failed = code
+
+
+async def run_with_config(make_client: Callable[[], JobLeaseClient],
+                          opts: RunOptions | QueueRunOptions) -> int:
+    """``run_job`` (``run_queue``) with a client of its own, closed (and its
+    etcd lease revoked) after.
 
     ``make_client`` should make its client with ``revoke_on_loss=False`` (the
     CLI does): otherwise a lost session gives the job back before the command
     is stopped."""
     client = make_client()
     try:
+        if isinstance(opts, QueueRunOptions):
+            return await run_queue(client, opts)
         return await run_job(client, opts)
     finally:
         await client.close()
 
 
-__all__ = ["EXIT_CANNOT_RUN", "STOP_SIGNALS", "RunOptions", "Runner", "WaitSessionLostError",
-           "claim", "default_grace", "exit_code_of", "run_job", "run_with_config"]
+__all__ = ["EXIT_CANNOT_RUN", "STOP_SIGNALS", "QueueRunOptions", "RunOptions", "Runner",
+           "WaitSessionLostError", "claim", "default_grace", "exit_code_of", "run_job",
+           "run_queue", "run_with_config"]

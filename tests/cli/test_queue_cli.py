@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,35 @@ def test_a_suspended_queue_refuses_claims_with_exit_17(etcd_config: EtcdConfig) 
     jl(etcd_config, "queue", "enqueue", "q", "--item", "a")
     done = jl(etcd_config, "queue", "claim", "q", "--owner", "w", check=17)
     assert done.stderr.startswith("joblease: suspended:")
+
+
+def test_queue_run_drains_with_one_command_per_item(etcd_config: EtcdConfig) -> None:
+    jl(etcd_config, "queue", "create", "q", "--ttl", "10", "--max-attempts", "2")
+    for n in range(3):
+        jl(etcd_config, "queue", "enqueue", "q", "--item", f"i{n}", "--payload",
+           json.dumps({"n": n}))
+    jl(etcd_config, "queue", "enqueue", "q", "--item", "bad", "--payload", '{"n": -1}')
+    script = ('import json, os, sys; p = json.loads(os.environ["JOBLEASE_PAYLOAD"]); '
+              'sys.exit(3) if p["n"] < 0 else print(json.dumps({"item": '
+              'os.environ["JOBLEASE_ITEM"], "token": int(os.environ["JOBLEASE_TOKEN"]), '
+              '"double": 2 * p["n"]}))')
+    done = jl(etcd_config, "queue", "run", "q", "--owner", "runner", "--", sys.executable,
+              "-c", script, check=3)  # every good item done; the poison one's code last
+    assert "no claimable item" in done.stderr
+    items = {i["item"]: i for i in as_json(jl(etcd_config, "items", "q", "-o", "json"))}
+    for n in range(3):
+        result = items[f"i{n}"]["result"]
+        assert items[f"i{n}"]["phase"] == "Completed"
+        assert result["result"] == {"item": f"i{n}", "token": result["token"], "double": 2 * n}
+    assert items["bad"]["phase"] == "Failed" and items["bad"]["generation"] == 2
+
+
+def test_queue_run_one_item_of_an_indexed_job(etcd_config: EtcdConfig) -> None:
+    jl(etcd_config, "queue", "create", "shards", "--ttl", "10", "--shards", "4")
+    jl(etcd_config, "queue", "run", "shards", "--item", "2", "--", sys.executable, "-c",
+       'import os; print(os.environ["JOBLEASE_ITEM"])')
+    items = {i["item"]: i["phase"] for i in as_json(jl(etcd_config, "items", "shards",
+                                                       "-o", "json"))}
+    assert items == {"0": "Pending", "1": "Pending", "2": "Completed", "3": "Pending"}
+    again = jl(etcd_config, "queue", "run", "shards", "--item", "2", "--", "false", check=5)
+    assert again.stderr.startswith("joblease: completed:")  # run once, never again
