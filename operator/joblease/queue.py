@@ -18,7 +18,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +139,32 @@ def _chunks(seq: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
         yield seq[i:i + size]
 
 
+class _Pool:
+    """Candidates of one queue read at one revision, shared by a client's claimers."""
+
+    def __init__(self) -> None:
+        self.candidates: list[KeyValue] = []
+        self.revision = 0
+        self.held_hint = 0  # holders seen at the last read: how far to read ahead
+        self._lock = asyncio.Lock()
+
+    def take(self) -> KeyValue | None:
+        """One of the ``PICK_FROM`` oldest, at random (claimers of other
+        processes read the same head: a random pick spreads them out)."""
+        if not self.candidates:
+            return None
+        return self.candidates.pop(random.randrange(min(PICK_FROM, len(self.candidates))))
+
+    async def refill(self, read: Callable[[], Awaitable[tuple[int, list[KeyValue], int]]]
+                     ) -> int:
+        """Read again unless a concurrent claimer just did; the revision of the read."""
+        revision = self.revision
+        async with self._lock:
+            if self.revision == revision:  # nobody refilled while we waited
+                self.revision, self.candidates, self.held_hint = await read()
+        return self.revision
+
+
 class Queues:
     """Queues on a :class:`JobLeaseClient` (its etcd, key root and sessions).
 
@@ -150,6 +176,7 @@ class Queues:
         self.client = client
         self.store = client.store
         self._specs: dict[QueueRef, tuple[int, QueueSpec]] = {}
+        self._pools: dict[QueueRef, _Pool] = {}
 
     def keys(self, queue: QueueRef) -> QueueKeys:
         return self.client.keys.queue(queue)
@@ -392,19 +419,22 @@ class Queues:
     async def claim_next(self, queue: QueueRef, owner: str, *, wait: float = 0.0
                          ) -> Lease | None:
         """Claim one of the oldest claimable items; ``None`` if none became
-        claimable within ``wait`` seconds (waiting is a watch, never a poll)."""
+        claimable within ``wait`` seconds (waiting is a watch, never a poll).
+
+        Candidates are read once (one read-only transaction) into a pool this
+        client's concurrent claimers share, so they never race each other for
+        one item and the next claim usually costs one transaction; a
+        candidate another process took meanwhile is refused and dropped."""
         self._check_queue(queue)
         validation.owner(owner)
         keys = self.keys(queue)
+        pool = self._pools.setdefault(queue, _Pool())
         deadline = time.monotonic() + wait
         while True:
-            revision, candidates = await self._candidates(keys)
             _, spec = await self.spec(queue)
             if spec.suspend:
                 raise QueueSuspendedError(str(queue))
-            while candidates:
-                pick = random.randrange(min(PICK_FROM, len(candidates)))
-                pending = candidates.pop(pick)
+            while (pending := pool.take()) is not None:
                 item_id = pending.key[len(keys.field_prefix("pending")):].decode()
                 try:
                     return await self._claim(ItemRef(queue, item_id), keys.item(item_id),
@@ -412,21 +442,33 @@ class Queues:
                 except (HeldError, AttemptsExhaustedError, AlreadyCompletedError,
                         ItemNotFoundError):
                     continue  # taken, exhausted (now marked failed) or completed meanwhile
+            revision = await pool.refill(lambda: self._candidates(keys, pool.held_hint))
+            if pool.candidates:
+                continue
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
             await self._wait_for_change(keys, revision, left)
 
-    async def _candidates(self, keys: QueueKeys) -> tuple[int, list[KeyValue]]:
-        """The revision read at and the oldest pending keys that have no holder."""
+    async def _candidates(self, keys: QueueKeys, held_hint: int
+                          ) -> tuple[int, list[KeyValue], int]:
+        """The revision read at, the oldest pending keys that have no holder
+        (at most ``READ_AHEAD`` of them when there are that many) and the number of
+        holders, in one read-only transaction."""
         held_prefix, pending_prefix = keys.field_prefix("held"), keys.field_prefix("pending")
-        r = await self._read([
-            Get(held_prefix, prefix=True, keys_only=True)])
-        held = {kv.key[len(held_prefix):] for kv in r.kvs(0)}
-        r = await self._read([
-            Get(pending_prefix, prefix=True, limit=len(held) + READ_AHEAD, oldest_first=True)])
-        free = [kv for kv in r.kvs(0) if kv.key[len(pending_prefix):] not in held]
-        return r.revision, free
+        limit = held_hint + READ_AHEAD
+        while True:
+            r = await self._read([
+                Get(held_prefix, prefix=True, keys_only=True),
+                Get(pending_prefix, prefix=True, limit=limit, oldest_first=True)])
+            held = {kv.key[len(held_prefix):] for kv in r.kvs(0)}
+            pending = r.kvs(1)
+            free = [kv for kv in pending if kv.key[len(pending_prefix):] not in held]
+            # Fewer free ones than asked for although the read was cut at the
+            # limit: the holders filled it; read again past them.
+            if len(free) >= READ_AHEAD or len(pending) < limit:
+                return r.revision, free, len(held)
+            limit = len(held) + READ_AHEAD
 
     async def _wait_for_change(self, keys: QueueKeys, revision: int, timeout: float) -> None:
         """Until a pending key is written, a holder deleted or the spec changed
