@@ -44,7 +44,7 @@ async def test_the_quick_start_python_block_works_as_written(
     monkeypatch.setenv("JOBLEASE_ETCD_ENDPOINTS", ",".join(etcd_config.endpoints))
     monkeypatch.setenv("JOBLEASE_ROOT", etcd_config.root)
     namespace: dict[str, Any] = {}
-    exec(compile(_block("python"), str(DOC), "exec"), namespace)  # noqa: S102
+    exec(compile(_block("python"), str(DOC), "exec"), namespace)
     await namespace["drain"]()
     from joblease import JobLeaseClient
     from joblease.keys import ItemRef, QueueRef
