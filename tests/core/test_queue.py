@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from joblease import JobLeaseClient
+from joblease import EtcdConfig, JobLeaseClient
 from joblease.errors import (
     AlreadyCompletedError,
     AttemptsExhaustedError,
@@ -17,15 +18,19 @@ from joblease.errors import (
     HeldError,
     InvalidInputError,
     ItemNotFoundError,
+    OutcomeUnknownError,
     QueueNotFoundError,
     QueueSuspendedError,
 )
+from joblease.etcd_store import EtcdStore
 from joblease.fencing.gate import Effect, MemoryGate, StaleFenceError
 from joblease.keys import ItemRef, QueueRef
 from joblease.queue import ItemPhase, Queues
 from joblease.records import QueueSpec
+from joblease.store import Compare, Put, TxnOp, TxnResult
 from joblease.validation import MAX_PAYLOAD_BYTES
 from tests.support.etcd_keys import snapshot
+from tests.support.faulty_store import FaultyStore
 from tests.support.worker_proc import WorkerProc
 
 TTL = 2
@@ -253,3 +258,85 @@ async def test_counts_add_up_and_delete_removes_everything(queues: Queues) -> No
     assert await snapshot(queues.store, _prefix(queues)) == {}
     with pytest.raises(QueueNotFoundError):
         await queues.counts(Q)
+
+
+# -- unknown outcomes (faults at one exact step; every forwarded request is real) ------------
+
+
+def _puts(success: Sequence[TxnOp], field: bytes) -> bool:
+    return any(isinstance(op, Put) and f"/{field.decode()}/".encode() in op.key
+               for op in success)
+
+
+@pytest.fixture
+async def faulty(etcd_config: EtcdConfig) -> AsyncIterator[tuple[Queues, FaultyStore]]:
+    store = FaultyStore(EtcdStore(etcd_config))
+    async with JobLeaseClient(etcd_config, store=store) as c:
+        queues = Queues(c)
+        await queues.create(Q, QueueSpec(lease_duration_seconds=TTL, max_attempts=2))
+        yield queues, store
+        store.on_txn = None
+
+
+async def test_an_item_claim_whose_reply_was_lost_is_found_by_reading_back(
+        faulty: tuple[Queues, FaultyStore]) -> None:
+    queues, store = faulty
+    await queues.enqueue(Q, [("x", {"n": 1})])
+    lost: list[int] = []
+
+    async def lose_claim_reply(compares: Sequence[Compare], success: Sequence[TxnOp],
+                               failure: Sequence[TxnOp]) -> TxnResult:
+        r = await store.inner.txn(compares, success, failure)
+        if _puts(success, b"held") and not lost:
+            lost.append(r.revision)
+            raise OutcomeUnknownError("injected: the claim's reply was lost")
+        return r
+
+    store.on_txn = lose_claim_reply
+    lease = await queues.claim(ItemRef(Q, "x"), "w")
+    assert lost and lease.token == lost[0] and lease.generation == 1  # ours, adopted
+    assert lease.item is not None and lease.item.payload == {"n": 1}
+    assert lease.valid
+
+
+async def test_an_item_claim_never_sent_is_settled_and_claimed_again(
+        faulty: tuple[Queues, FaultyStore]) -> None:
+    """The reply is lost before the request reaches etcd: the read-back does not
+    find it, the session's etcd lease is revoked (no late copy can commit) and
+    the item is claimed again, that attempt not counted."""
+    queues, store = faulty
+    await queues.enqueue(Q, [("x", None)])
+    dropped: list[bool] = []
+
+    async def drop_first_claim(compares: Sequence[Compare], success: Sequence[TxnOp],
+                               failure: Sequence[TxnOp]) -> TxnResult:
+        if _puts(success, b"held") and not dropped:
+            dropped.append(True)
+            raise OutcomeUnknownError("injected: the claim was lost on its way")
+        return await store.inner.txn(compares, success, failure)
+
+    store.on_txn = drop_first_claim
+    lease = await queues.claim(ItemRef(Q, "x"), "w")
+    assert dropped and lease.generation == 1 and store.revoked
+
+
+async def test_an_item_completion_whose_reply_was_lost_is_confirmed_and_leaves_the_queue(
+        faulty: tuple[Queues, FaultyStore]) -> None:
+    queues, store = faulty
+    await queues.enqueue(Q, [("x", None), ("y", None)])
+    lease = await queues.claim(ItemRef(Q, "x"), "w")
+    lost: list[bool] = []
+
+    async def lose_completion_reply(compares: Sequence[Compare], success: Sequence[TxnOp],
+                                    failure: Sequence[TxnOp]) -> TxnResult:
+        r = await store.inner.txn(compares, success, failure)
+        if _puts(success, b"results") and not lost:
+            lost.append(True)
+            raise OutcomeUnknownError("injected: the completion's reply was lost")
+        return r
+
+    store.on_txn = lose_completion_reply
+    record = await lease.complete("done")
+    assert lost and record.token == lease.token
+    counts = await queues.counts(Q)
+    assert (counts.completed, counts.pending, counts.held) == (1, 1, 0)
