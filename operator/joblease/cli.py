@@ -905,6 +905,26 @@ def queue_release(queue: str, namespace: str | None, item: str, owner: str | Non
 
 
 
+@queue.command("prune")
+@queue_argument
+@click.option("--older-than", type=float, required=True,
+              help="Delete completed and failed items that finished more than this many "
+                   "seconds ago (by the finisher's clock).")
+@etcd_options
+@output_option
+def queue_prune(queue: str, namespace: str | None, older_than: float, output: str,
+                **kw: Any) -> None:
+    """Forget QUEUE's finished items past their retention (re-enqueueing a pruned
+    id makes a new item)."""
+    config, ref = split_etcd(kw), queue_ref(queue, namespace)
+
+    async def go() -> dict[str, Any]:
+        async with JobLeaseClient(config) as c:
+            return {"queue": str(ref), "pruned": await Queues(c).prune(ref, older_than)}
+
+    emit(run(go()), output, lambda d: [[d["queue"], d["pruned"]]], ("QUEUE", "PRUNED"))
+
+
 @queue.command("run")
 @queue_argument
 @click.option("--item", default=None,

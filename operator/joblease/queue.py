@@ -620,6 +620,43 @@ class Queues:
                                     phase, generation, holder, result, failed))
         return states
 
+    async def prune(self, queue: QueueRef, older_than: float, *, limit: int = 10_000) -> int:
+        """Delete up to ``limit`` finished items (completed or failed) that
+        finished more than ``older_than`` seconds ago, oldest first; returns how
+        many. Each goes in one transaction conditional on its result (or failed
+        mark) being the one read, so an item retried meanwhile is kept.
+
+        Age is the finisher's wall clock (``completedAt``, ``failedAt``):
+        retention is housekeeping, never an ownership decision. A pruned id
+        is forgotten: enqueueing it again makes a new item (docs/queues.md)."""
+        self._check_queue(queue)
+        if not older_than >= 0:
+            raise InvalidInputError(f"invalid retention {older_than!r}: seconds >= 0")
+        keys = self.keys(queue)
+        cutoff = time.time() - older_than
+        pruned = 0
+        for field_name in ("results", "failed"):
+            prefix = keys.field_prefix(field_name)
+            r = await self._read([Get(prefix, prefix=True, oldest_first=True,
+                                      limit=min(limit, 10_000))])
+            for kv in r.kvs(0):
+                if pruned >= limit:
+                    return pruned
+                finished = (ResultRecord.decode(kv.value).completed_at
+                            if field_name == "results"
+                            else FailedRecord.decode(kv.value).failed_at)
+                if finished > cutoff:
+                    break  # oldest first: the rest are younger
+                ik = keys.item(kv.key[len(prefix):].decode())
+                w = await self.store.txn(
+                    [Compare(kv.key, "mod", "==", kv.mod_revision),
+                     Compare(ik.pending, "create", "==", 0),
+                     Compare(ik.holder, "create", "==", 0)],
+                    [Delete(ik.item), Delete(ik.claims), Delete(ik.result),
+                     Delete(ik.checkpoint), Delete(ik.failed)], [])
+                pruned += int(w.succeeded)
+        return pruned
+
     async def counts(self, queue: QueueRef) -> QueueCounts:
         """The queue's counts at one revision (count-only ranges: the cost does
         not grow with the number of items)."""

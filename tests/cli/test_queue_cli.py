@@ -133,3 +133,15 @@ def test_queue_run_one_item_of_an_indexed_job(etcd_config: EtcdConfig) -> None:
     assert items == {"0": "Pending", "1": "Pending", "2": "Completed", "3": "Pending"}
     again = jl(etcd_config, "queue", "run", "shards", "--item", "2", "--", "false", check=5)
     assert again.stderr.startswith("joblease: completed:")  # run once, never again
+
+
+def test_queue_prune_forgets_finished_items(etcd_config: EtcdConfig) -> None:
+    jl(etcd_config, "queue", "create", "q", "--ttl", LONG_TTL)
+    jl(etcd_config, "queue", "enqueue", "q", "--item", "a", "--item", "b")
+    claimed = as_json(jl(etcd_config, "queue", "claim", "q", "--item", "a", "--owner", "w",
+                         "-o", "json"))
+    jl(etcd_config, "queue", "complete", "q", "a", "--owner", "w", "--token",
+       str(claimed["token"]))
+    assert as_json(jl(etcd_config, "queue", "prune", "q", "--older-than", "0",
+                      "-o", "json"))["pruned"] == 1
+    assert [i["item"] for i in as_json(jl(etcd_config, "items", "q", "-o", "json"))] == ["b"]

@@ -340,3 +340,23 @@ async def test_an_item_completion_whose_reply_was_lost_is_confirmed_and_leaves_t
     assert lost and record.token == lease.token
     counts = await queues.counts(Q)
     assert (counts.completed, counts.pending, counts.held) == (1, 1, 0)
+
+
+async def test_prune_forgets_finished_items_past_their_retention(queues: Queues) -> None:
+    await queues.enqueue(Q, [("done", 1), ("failed", 2), ("open", 3)])
+    lease = await queues.claim(ItemRef(Q, "done"), "w")
+    await lease.complete()
+    for _ in range(2):
+        poison = await queues.claim(ItemRef(Q, "failed"), "w")
+        await poison.release()
+    with pytest.raises(AttemptsExhaustedError):
+        await queues.claim(ItemRef(Q, "failed"), "w")  # marks it failed
+    assert await queues.prune(Q, older_than=3600) == 0  # too young
+    assert await queues.prune(Q, older_than=0) == 2
+    assert [s.item.id for s in await queues.items(Q)] == ["open"]
+    counts = await queues.counts(Q)
+    assert (counts.total, counts.completed, counts.failed, counts.pending) == (1, 0, 0, 1)
+    # a pruned id is forgotten: enqueueing it again is a new item
+    assert (await queues.enqueue(Q, [("done", "again")])).added == ["done"]
+    with pytest.raises(InvalidInputError):
+        await queues.prune(Q, older_than=-1)
