@@ -25,7 +25,7 @@ from joblease.errors import (
 from joblease.etcd_store import EtcdStore
 from joblease.fencing.gate import Effect, MemoryGate, StaleFenceError
 from joblease.keys import ItemRef, QueueRef
-from joblease.queue import ItemPhase, Queues
+from joblease.queue import READ_AHEAD, ItemPhase, Queues
 from joblease.records import QueueSpec
 from joblease.store import Compare, Put, TxnOp, TxnResult
 from joblease.validation import MAX_PAYLOAD_BYTES
@@ -360,3 +360,22 @@ async def test_prune_forgets_finished_items_past_their_retention(queues: Queues)
     assert (await queues.enqueue(Q, [("done", "again")])).added == ["done"]
     with pytest.raises(InvalidInputError):
         await queues.prune(Q, older_than=-1)
+
+
+async def test_a_window_of_exhausted_items_does_not_hide_a_claimable_one(
+        client: JobLeaseClient) -> None:
+    """The oldest pending keys a claimer reads are all exhausted: it marks each failed
+    and must read again (a pending delete wakes no waiter), not wait or answer None
+    while an item beyond them is claimable."""
+    q = QueueRef("default", "window")
+    queues = Queues(client)
+    await queues.create(q, QueueSpec(lease_duration_seconds=5, max_attempts=1))
+    old = [f"old-{i:03d}" for i in range(READ_AHEAD + 4)]
+    await queues.enqueue(q, [(i, None) for i in old])
+    await queues.enqueue(q, [("fresh", "x")])
+    for item_id in old:  # each uses its one attempt and is given back without a result
+        await (await queues.claim(ItemRef(q, item_id), "exhauster")).release()
+    lease = await queues.claim_next(q, "worker", wait=0)
+    assert lease is not None and lease.job == ItemRef(q, "fresh")
+    counts = await queues.counts(q)
+    assert counts.failed >= READ_AHEAD  # the window it read was marked failed on the way
