@@ -26,6 +26,10 @@ const (
 	PickFrom = 16
 	// ReadAhead: pending keys read beyond the held ones when looking for the next item.
 	ReadAhead = 32
+	// MaxRereads: reads in a row after picks that left the queue (failed,
+	// completed) before answering NoItem; bounds the loop if marking failed
+	// keeps failing.
+	MaxRereads = 8
 )
 
 // itemJob is the name an item goes by in a lease and in errors: "<queue>/<id>"
@@ -263,7 +267,7 @@ func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*
 	}
 	keys := QueueKeysOf(c.Root, queue)
 	pendingPrefix := keys.FieldPrefix("pending")
-	for {
+	for rereads := 0; ; rereads++ {
 		revision, candidates, anyPending, err := c.candidates(ctx, keys)
 		if err != nil {
 			return nil, NoItem{}, err
@@ -297,7 +301,7 @@ func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*
 			}
 			return nil, NoItem{}, err
 		}
-		if !settled {
+		if !settled || rereads >= MaxRereads {
 			return nil, NoItem{Revision: revision, Empty: !anyPending}, nil
 		}
 		// Items left the head of the queue: pending items beyond the window

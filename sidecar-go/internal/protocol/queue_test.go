@@ -369,3 +369,38 @@ func TestAnAmbiguousItemClaimThatCommittedIsFoundByItsClaimID(t *testing.T) {
 		t.Fatalf("complete after read-back: %v", err)
 	}
 }
+
+// The oldest pending keys a claimer reads are all exhausted: it marks each
+// failed and reads again (a pending delete wakes no waiter) rather than
+// answering NoItem while an item beyond them is claimable.
+func TestAWindowOfExhaustedItemsDoesNotHideAClaimableOne(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx := context.Background()
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "window"}
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 5, MaxAttempts: 1})
+	c := NewClient(newStore(t, ep), DefaultRoot)
+	var old []string
+	for i := range ReadAhead + 4 {
+		old = append(old, fmt.Sprintf("old-%03d", i))
+	}
+	enqueue(t, c, q, old...)
+	enqueue(t, c, q, "fresh")
+	for _, id := range old { // each uses its one attempt and is given back without a result
+		l, err := c.ClaimItem(ctx, ItemRef{q, id}, "exhauster")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, miss, err := NewClient(newStore(t, ep), DefaultRoot).ClaimNext(ctx, q, "worker")
+	if err != nil || l == nil || l.Item.ID != "fresh" {
+		t.Fatalf("claim next: %v %+v %v", l, miss, err)
+	}
+	_, failed, _ := admin.GetPrefix(ctx, QueueKeysOf(DefaultRoot, q).FieldPrefix("failed"))
+	if len(failed) < ReadAhead {
+		t.Fatalf("only %d marked failed", len(failed))
+	}
+}
