@@ -26,6 +26,8 @@ type Client struct {
 	spec    *Spec
 	// queueSpecs: the queues' specs as last read (queue.go).
 	queueSpecs map[QueueRef]cachedQueueSpec
+	// heldHint: holders the last claim-next read saw (how far to read ahead).
+	heldHint int
 }
 
 // NewClient over store, keys under root.

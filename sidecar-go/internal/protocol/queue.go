@@ -26,10 +26,6 @@ const (
 	PickFrom = 16
 	// ReadAhead: pending keys read beyond the held ones when looking for the next item.
 	ReadAhead = 32
-	// MaxRereads: reads in a row after picks that left the queue (failed,
-	// completed) before answering NoItem; bounds the loop if marking failed
-	// keeps failing.
-	MaxRereads = 8
 )
 
 // itemJob is the name an item goes by in a lease and in errors: "<queue>/<id>"
@@ -252,12 +248,19 @@ type NoItem struct {
 }
 
 // ClaimNext claims one of the oldest claimable items of queue (docs/queues.md,
-// "Claim the next item"): it reads the held keys (keys only) and the oldest
-// len(held)+ReadAhead pending keys by create revision, drops the held ones
-// and claims one of the PickFrom oldest left at random; a refused pick is
-// dropped and another tried. It returns a lease, or nil and what to wait
-// from when nothing was claimable (it never waits itself). Suspended is
-// returned as Claim would, before anything is sent.
+// "Claim the next item"): one read-only transaction reads the held keys
+// (keys only) and the oldest held+ReadAhead pending keys by create revision;
+// those without a holder are the candidates, and one of the PickFrom oldest
+// is claimed at random. A refused candidate (taken by another claimer,
+// completed, or found exhausted and marked failed meanwhile) is dropped and
+// another tried; when none is left the queue is read again (refused
+// candidates left the read's window: held ones by the held read, finished
+// ones by the pending one). It returns a lease, or nil and what to wait
+// from when a read found nothing claimable (it never waits itself).
+// Suspended is returned as ClaimItem would, before anything is sent.
+//
+// A sidecar claims one item at a time, so unlike joblease.queue's pool
+// shared by a client's concurrent claimers, the candidates are this call's.
 func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*Lease, NoItem, error) {
 	if err := ValidateQueue(queue); err != nil {
 		return nil, NoItem{}, err
@@ -267,7 +270,7 @@ func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*
 	}
 	keys := QueueKeysOf(c.Root, queue)
 	pendingPrefix := keys.FieldPrefix("pending")
-	for rereads := 0; ; rereads++ {
+	for {
 		revision, candidates, anyPending, err := c.candidates(ctx, keys)
 		if err != nil {
 			return nil, NoItem{}, err
@@ -279,7 +282,9 @@ func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*
 		if spec.Suspend {
 			return nil, NoItem{}, errs.Suspended(queue.String(), readRev)
 		}
-		settled := false // a pick left the pending set meanwhile (completed, failed): the window moved
+		if len(candidates) == 0 {
+			return nil, NoItem{Revision: revision, Empty: !anyPending}, nil
+		}
 		for len(candidates) > 0 {
 			pick := rand.IntN(min(PickFrom, len(candidates)))
 			pending := candidates[pick]
@@ -290,62 +295,53 @@ func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*
 				return lease, NoItem{}, nil
 			}
 			switch {
-			case errs.Is(err, errs.KindHeld):
-				continue // taken meanwhile; its holder's delete wakes a waiter
-			case errs.Is(err, errs.KindExhausted, errs.KindCompleted):
-				settled = true // now failed or completed: no longer pending
-				continue
+			case errs.Is(err, errs.KindHeld, errs.KindExhausted, errs.KindCompleted):
+				continue // taken, exhausted (now marked failed) or completed meanwhile
 			case errs.Is(err, errs.KindNotRegistered) && hasDetail(err, "item"): // gone with a re-created queue
-				settled = true
 				continue
 			}
 			return nil, NoItem{}, err
 		}
-		if !settled || rereads >= MaxRereads {
-			return nil, NoItem{Revision: revision, Empty: !anyPending}, nil
-		}
-		// Items left the head of the queue: pending items beyond the window
-		// read may be claimable now, and their keys make no event to wake on.
 	}
 }
 
-// candidates reads the held ids, then the oldest pending keys, and returns
-// the revision of the first read (a waiter watches from just after it, so a
-// holder deleted between the two reads still wakes it), the pending keys
-// without a holder, and whether any pending key exists at all.
+// candidates reads, in one read-only transaction, the held ids and the
+// oldest pending keys, and returns the revision read at (a waiter watches
+// from just after it), the pending keys without a holder and whether any
+// pending key exists at all. The read asks for held+ReadAhead pending keys,
+// held as seen by the last read; when holders filled a read cut at that
+// limit, it reads again past them.
 func (c *Client) candidates(ctx context.Context, keys QueueKeys) (int64, []etcd.KV, bool, error) {
 	heldPrefix, pendingPrefix := keys.FieldPrefix("held"), keys.FieldPrefix("pending")
-	r, err := retryRead(ctx, ReadBackTimeout, func() (etcd.TxnResult, error) {
-		return c.Store.Txn(ctx, nil, []etcd.Op{etcd.GetPrefixOp(heldPrefix, etcd.RangeOpts{KeysOnly: true})}, nil)
-	})
-	if err != nil {
-		return 0, nil, false, err
-	}
-	revision := r.Revision
-	held := map[string]bool{}
-	if len(r.Gets) > 0 {
-		for _, kv := range r.Gets[0] {
-			held[strings.TrimPrefix(string(kv.Key), heldPrefix)] = true
+	limit := int64(c.heldHint + ReadAhead)
+	for {
+		r, err := retryRead(ctx, ReadBackTimeout, func() (etcd.TxnResult, error) {
+			return c.Store.Txn(ctx, nil, []etcd.Op{etcd.GetPrefixOp(heldPrefix, etcd.RangeOpts{KeysOnly: true}),
+				etcd.GetPrefixOp(pendingPrefix, etcd.RangeOpts{Limit: limit, OldestFirst: true})}, nil)
+		})
+		if err != nil {
+			return 0, nil, false, err
 		}
-	}
-	r, err = retryRead(ctx, ReadBackTimeout, func() (etcd.TxnResult, error) {
-		return c.Store.Txn(ctx, nil, []etcd.Op{etcd.GetPrefixOp(pendingPrefix,
-			etcd.RangeOpts{Limit: int64(len(held) + ReadAhead), OldestFirst: true})}, nil)
-	})
-	if err != nil {
-		return 0, nil, false, err
-	}
-	var free []etcd.KV
-	var all []etcd.KV
-	if len(r.Gets) > 0 {
-		all = r.Gets[0]
-	}
-	for _, kv := range all {
-		if !held[strings.TrimPrefix(string(kv.Key), pendingPrefix)] {
-			free = append(free, kv)
+		held := map[string]bool{}
+		var pending []etcd.KV
+		if len(r.Gets) == 2 {
+			for _, kv := range r.Gets[0] {
+				held[strings.TrimPrefix(string(kv.Key), heldPrefix)] = true
+			}
+			pending = r.Gets[1]
 		}
+		var free []etcd.KV
+		for _, kv := range pending {
+			if !held[strings.TrimPrefix(string(kv.Key), pendingPrefix)] {
+				free = append(free, kv)
+			}
+		}
+		c.heldHint = len(held)
+		if len(free) >= ReadAhead || int64(len(pending)) < limit {
+			return r.Revision, free, len(pending) > 0, nil
+		}
+		limit = int64(len(held) + ReadAhead)
 	}
-	return revision, free, len(all) > 0, nil
 }
 
 // WaitForClaimable waits until, after revision, a pending key of queue is
