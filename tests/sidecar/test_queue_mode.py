@@ -67,7 +67,8 @@ async def post(s: Sidecar, conformance: Conformance, path: str, body: dict[str, 
 
 async def next_answer(s: Sidecar, conformance: Conformance, after_token: int = 0,
                       timeout: float = 15) -> dict[str, Any]:
-    """What a draining worker waits for: a held item newer than ``after_token``, or a final answer."""
+    """What a draining worker waits for: a held item newer than ``after_token``, or a
+    final answer."""
     async def check() -> dict[str, Any] | None:
         view = await lease_view(s, conformance)
         if view["status"] == 200 and view["token"] > after_token:
@@ -257,10 +258,10 @@ async def test_records_cross_between_python_and_go_through_etcd(
     assert pending.attempts_from == 0
     status, body = await post(s, conformance, "/v1/checkpoint",
                               {"token": view["token"], "data": {"step": 1}})
-    assert status == 200
+    assert status == 200 and body["data"] == {"step": 1}
     status, body = await post(s, conformance, "/v1/complete",
                               {"token": view["token"], "result": {"rows": 7}})
-    assert status == 200
+    assert status == 200 and body["token"] == view["token"]
     state = await queues.item(ItemRef(q, slot))
     assert state.phase is ItemPhase.COMPLETED and state.result is not None
     assert (state.result.token, state.result.result) == (view["token"], {"rows": 7})
