@@ -10,6 +10,9 @@ import (
 // renders (joblease.sidecar.metrics with prometheus_client) after one claim,
 // two claim attempts, in state "held", with 1.234 s left; its _created
 // timestamps are replaced by CREATED. The Go rendering must be the same text.
+// (The state "waiting" of queue mode came after the Python sidecar was
+// retired: its line was added to the file as prometheus_client renders a
+// ninth state, in order.)
 func TestRenderingMatchesPrometheusClient(t *testing.T) {
 	want, err := os.ReadFile("testdata/prometheus_client.txt")
 	if err != nil {

@@ -1,0 +1,142 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/joblease/joblease/sidecar-go/internal/config"
+	"github.com/joblease/joblease/sidecar-go/internal/etcd"
+	"github.com/joblease/joblease/sidecar-go/internal/etcdtest"
+	"github.com/joblease/joblease/sidecar-go/internal/protocol"
+)
+
+// A draining runner against a real etcd: the test is its worker, through the
+// same operations the HTTP API calls (LeaseView, Complete).
+
+func createQueue(t *testing.T, s *etcd.Store, q protocol.QueueRef, spec protocol.QueueSpec) {
+	value, err := spec.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Txn(context.Background(), nil, []etcd.Op{etcd.Put(protocol.QueueKeysOf(protocol.DefaultRoot, q).Spec(), value, 0)}, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func drainer(t *testing.T, ep string, q protocol.QueueRef, exitWhenEmpty bool) (*Runner, chan End) {
+	cfg := config.Config{Queue: &q, ExitWhenEmpty: exitWhenEmpty, Owner: "drainer", OnLoss: "none", OnFinal: "serve",
+		Backoff: config.Backoff{Initial: 0.05, Maximum: 0.2, Multiplier: 2}, RegistrationWait: 5}
+	r := New(cfg, protocol.NewClient(etcdtest.NewStore(t, ep), protocol.DefaultRoot), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t.Cleanup(func() { r.RequestStop(""); r.cancel() })
+	done := make(chan End, 1)
+	go r.Lifecycle(done)
+	return r, done
+}
+
+// heldView waits for the runner to hold an item with a token above after.
+func heldView(t *testing.T, r *Runner, after int64) (string, int64, any) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		o := r.LeaseView()
+		if o.Answer == Done {
+			var item string
+			var token int64
+			var payload any
+			for _, kv := range o.Body {
+				switch kv.Key {
+				case "item":
+					item, _ = kv.Value.(string)
+				case "token":
+					token, _ = kv.Value.(int64)
+				case "payload":
+					payload = kv.Value
+				}
+			}
+			if token > after {
+				return item, token, payload
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no item held within 10 s (phase %s)", r.PhaseNow())
+	return "", 0, nil
+}
+
+func TestADrainingRunnerCompletesEachItemOnceThenEndsWhenEmpty(t *testing.T) {
+	ep, _ := etcdtest.Start(t)
+	admin := etcdtest.NewStore(t, ep)
+	q := protocol.QueueRef{Namespace: "default", Name: "drain"}
+	createQueue(t, admin, q, protocol.QueueSpec{LeaseDurationSeconds: 5, MaxAttempts: 3})
+	producer := protocol.NewClient(etcdtest.NewStore(t, ep), protocol.DefaultRoot)
+	want := map[string]bool{}
+	for i := range 5 {
+		id := fmt.Sprintf("i%d", i)
+		want[id] = true
+		if _, err := producer.Enqueue(context.Background(), protocol.ItemRef{Queue: q, ID: id}, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, done := drainer(t, ep, q, true)
+	var token int64
+	for range len(want) {
+		item, tok, payload := heldView(t, r, token)
+		if !want[item] || payload != item {
+			t.Fatalf("held %q (payload %v): not one of the items left %v", item, payload, want)
+		}
+		delete(want, item)
+		token = tok
+		if o := r.Complete(token, item); o.Answer != Done {
+			t.Fatalf("complete %s: %+v", item, o)
+		}
+	}
+	select {
+	case end := <-done:
+		if end.ExitNow || end.Code != 0 {
+			t.Fatalf("drained: %+v", end)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("not drained (phase %s)", r.PhaseNow())
+	}
+	if o := r.LeaseView(); o.Answer != Refused || r.PhaseNow() != Completed || !r.Ready() {
+		t.Fatalf("drained view %+v, phase %s", o, r.PhaseNow())
+	}
+	// A completion repeated under the last item's token gets its result again.
+	if o := r.Complete(token, "again"); o.Answer != Done {
+		t.Fatalf("repeated completion: %+v", o)
+	}
+	_, results, _ := admin.GetPrefix(context.Background(), protocol.QueueKeysOf(protocol.DefaultRoot, q).FieldPrefix("results"))
+	if len(results) != 5 {
+		t.Fatalf("%d results", len(results))
+	}
+}
+
+func TestAStopEndsTheWaitForAnItemAtOnce(t *testing.T) {
+	ep, _ := etcdtest.Start(t)
+	q := protocol.QueueRef{Namespace: "default", Name: "empty"}
+	createQueue(t, etcdtest.NewStore(t, ep), q, protocol.QueueSpec{LeaseDurationSeconds: 5})
+	r, done := drainer(t, ep, q, false)
+	deadline := time.Now().Add(10 * time.Second)
+	for r.PhaseNow() != Waiting {
+		if time.Now().After(deadline) {
+			t.Fatalf("not waiting (phase %s)", r.PhaseNow())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r.Ready() || r.LeaseView().Answer != NotYet {
+		t.Fatal("a waiting sidecar must not be ready, and its lease view is 'not yet'")
+	}
+	r.RequestStop("SIGTERM")
+	select {
+	case end := <-done:
+		if !end.ExitNow || end.Code != 0 {
+			t.Fatalf("stopped while waiting: %+v", end)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the wait did not end on the stop")
+	}
+}
