@@ -288,3 +288,21 @@ async def test_queue_mode_settings_are_refused_when_they_contradict(env: Env) ->
         s = env.sidecar("bad-" + name, **extra)
         assert await s.wait_exit(15) == 2, s.output()
         assert "Error:" in s.output()
+
+
+async def test_an_item_never_enqueued_is_a_final_not_found(
+        env: Env, queues: Queues, conformance: Conformance) -> None:
+    """Within the registration wait the item is waited for; after it, 409 failed /
+    not_found naming the item (exit 3 with on-final exit), nothing written."""
+    q = queue_ref()
+    await queues.create(q, QueueSpec(lease_duration_seconds=5, max_attempts=3))
+    s = await sidecar(env, "absent", q, JOBLEASE_ITEM="nope",
+                      JOBLEASE_SIDECAR_REGISTRATION_WAIT="0.5").started()
+    view = await poll(lambda: _final(s, conformance), 15, "the final answer")
+    assert view["error"] == "failed" and view["reason"] == "not_found", view
+    assert view["exitCode"] == 3 and view["item"] == "nope"
+    assert "was it enqueued?" in view["message"]
+    assert (await queues.counts(q)).total == 0
+    exits = sidecar(env, "absent-exit", q, JOBLEASE_ITEM="nope",
+                    JOBLEASE_SIDECAR_REGISTRATION_WAIT="0.2", JOBLEASE_SIDECAR_ON_FINAL="exit")
+    assert await exits.wait_exit(15) == 3, exits.output()

@@ -749,8 +749,12 @@ func (r *Runner) LeaseView() Outcome {
 	case phase == Failed && r.failure != nil:
 		// {**failure, **base}: base's keys win and failure's keep their place.
 		out := pyjson.Obj{}
+		inBase := map[string]bool{}
+		for _, kv := range base {
+			inBase[kv.Key] = true
+		}
 		for _, kv := range r.failure {
-			if kv.Key != "state" && kv.Key != "job" && kv.Key != "owner" {
+			if !inBase[kv.Key] { // e.g. a not-found item's details name it "ns/queue/id": base's "item" is its id
 				out = append(out, kv)
 			}
 		}
