@@ -306,3 +306,29 @@ async def test_an_item_never_enqueued_is_a_final_not_found(
     exits = sidecar(env, "absent-exit", q, JOBLEASE_ITEM="nope",
                     JOBLEASE_SIDECAR_REGISTRATION_WAIT="0.2", JOBLEASE_SIDECAR_ON_FINAL="exit")
     assert await exits.wait_exit(15) == 3, exits.output()
+
+
+async def test_a_suspended_queue_is_waited_on_and_claimed_once_resumed(
+        env: Env, queues: Queues, conformance: Conformance) -> None:
+    q = queue_ref()
+    await queues.create(q, QueueSpec(lease_duration_seconds=5, max_attempts=3, suspend=True))
+    await queues.enqueue(q, [("a", 1), ("b", 2)])
+    slow = {"JOBLEASE_SIDECAR_CLAIM_BACKOFF_INITIAL": "20",
+            "JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX": "40"}
+    s = await sidecar(env, "suspended", q, **slow).started()
+    one = await sidecar(env, "suspended-b", q, JOBLEASE_ITEM="b", **slow).started()
+    await poll(lambda: _waiting(s, conformance), 15, "the sidecar to wait on the suspended queue")
+    await poll(lambda: one.logged("queue suspended; waiting for it to be resumed"), 15,
+               "the single-item sidecar to wait on the suspended queue")
+    assert (await lease_view(one, conformance))["state"] == "claiming"
+    assert s.logged("queue suspended; waiting for it to be resumed")
+    counts = await queues.counts(q)
+    assert (counts.held, counts.pending) == (0, 2)  # nothing claimed
+    await queues.create(q, QueueSpec(lease_duration_seconds=5, max_attempts=3, suspend=False))
+    resumed = time.monotonic()
+    view = await next_answer(s, conformance, 0, timeout=10)
+    assert view["status"] == 200 and view["item"] == "a"
+    assert (await one.held(timeout=10))["item"] == "b"
+    assert time.monotonic() - resumed < 5, "claimed a backoff late: no watch of the spec woke it"
+    # waiting is a watch: a handful of claim attempts, not a loop
+    assert (await s.metrics())["joblease_sidecar_claim_attempts_total"] <= 4

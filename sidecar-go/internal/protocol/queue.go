@@ -355,10 +355,21 @@ func (c *Client) WaitForClaimable(ctx context.Context, queue QueueRef, revision 
 	pending, held, spec := keys.FieldPrefix("pending"), keys.FieldPrefix("held"), keys.Spec()
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	// The spec may have changed: the next claim reads it again (a cached
+	// "suspended" would refuse it without sending anything, forever).
+	defer delete(c.queueSpecs, queue)
 	return c.Store.WatchUntil(wctx, keys.Prefix, etcd.PrefixEnd(keys.Prefix), revision+1, func(ev etcd.Event) bool {
 		key := string(ev.Key)
 		return (!ev.Deleted && strings.HasPrefix(key, pending)) || (ev.Deleted && strings.HasPrefix(key, held)) || key == spec
 	})
+}
+
+// WaitForResume waits for a change of a suspended queue's spec after
+// revision (resumed, changed, deleted), at most timeout: true if one came.
+// The cached spec is dropped, so the next claim reads it again.
+func (c *Client) WaitForResume(ctx context.Context, queue QueueRef, revision int64, timeout time.Duration) (bool, error) {
+	defer delete(c.queueSpecs, queue)
+	return c.WaitForKeyChange(ctx, QueueKeysOf(c.Root, queue).Spec(), revision, timeout)
 }
 
 // WaitForKeyChange waits for a put or delete of key after revision (an item's holder, or its queue's spec).

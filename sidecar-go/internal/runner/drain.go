@@ -76,9 +76,8 @@ func (r *Runner) claimNext() (*protocol.Lease, int) {
 		switch e.Kind {
 		case errs.KindSuspended:
 			r.log.Info("queue suspended; waiting for it to be resumed", "queue", queue.String())
-			specKey := protocol.QueueKeysOf(r.client.Root, queue).Spec()
 			if r.waitingFor(e.Revision, func(ctx context.Context) (bool, error) {
-				return r.client.WaitForKeyChange(ctx, specKey, e.Revision, suspendedWait)
+				return r.client.WaitForResume(ctx, queue, e.Revision, suspendedWait)
 			}) {
 				attempt = -1
 				continue

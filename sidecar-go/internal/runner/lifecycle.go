@@ -94,8 +94,10 @@ func (r *Runner) claim() (*protocol.Lease, int) {
 			r.log.Info("job not registered yet; waiting", "job", r.name())
 		case errs.KindSuspended:
 			r.log.Info("queue suspended; waiting for it to be resumed", "queue", cfg.Queue.String())
-			specKey := protocol.QueueKeysOf(r.client.Root, *cfg.Queue).Spec()
-			if r.waitForKeyChange(specKey, e.Revision, suspendedWait) {
+			ctx, cancel := r.stopCtx()
+			woke, _ := r.client.WaitForResume(ctx, *cfg.Queue, e.Revision, suspendedWait)
+			cancel()
+			if woke && !r.stopping() {
 				attempt = -1
 				continue
 			}
