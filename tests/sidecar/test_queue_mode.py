@@ -23,8 +23,8 @@ from joblease.keys import ItemRef, QueueRef
 from joblease.lease import Lease
 from joblease.queue import ItemPhase, Queues
 from joblease.records import ItemRecord, PendingRecord, QueueSpec
-from tests.sidecar.test_openapi import Conformance
 from tests.support.etcd_keys import snapshot, writes
+from tests.support.openapi_conformance import Conformance
 from tests.support.sidecar_process import Env, Sidecar
 from tests.waiting import poll
 
@@ -310,25 +310,33 @@ async def test_an_item_never_enqueued_is_a_final_not_found(
 
 async def test_a_suspended_queue_is_waited_on_and_claimed_once_resumed(
         env: Env, queues: Queues, conformance: Conformance) -> None:
-    q = queue_ref()
-    await queues.create(q, QueueSpec(lease_duration_seconds=5, max_attempts=3, suspend=True))
-    await queues.enqueue(q, [("a", 1), ("b", 2)])
+    """A draining sidecar (state waiting) and a single-item one (state claiming), each on
+    a suspended queue of its own, claim within seconds of the resume although their claim
+    retries are 20-40 s apart: a watch of the spec wakes them."""
+    q, q1 = queue_ref(), queue_ref()
+    suspended = QueueSpec(lease_duration_seconds=5, max_attempts=3, suspend=True)
+    for queue, item in ((q, "a"), (q1, "b")):
+        await queues.create(queue, suspended)
+        await queues.enqueue(queue, [(item, None)])
     slow = {"JOBLEASE_SIDECAR_CLAIM_BACKOFF_INITIAL": "20",
             "JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX": "40"}
     s = await sidecar(env, "suspended", q, **slow).started()
-    one = await sidecar(env, "suspended-b", q, JOBLEASE_ITEM="b", **slow).started()
+    one = await sidecar(env, "suspended-b", q1, JOBLEASE_ITEM="b", **slow).started()
     await poll(lambda: _waiting(s, conformance), 15, "the sidecar to wait on the suspended queue")
     await poll(lambda: one.logged("queue suspended; waiting for it to be resumed"), 15,
                "the single-item sidecar to wait on the suspended queue")
     assert (await lease_view(one, conformance))["state"] == "claiming"
     assert s.logged("queue suspended; waiting for it to be resumed")
-    counts = await queues.counts(q)
-    assert (counts.held, counts.pending) == (0, 2)  # nothing claimed
-    await queues.create(q, QueueSpec(lease_duration_seconds=5, max_attempts=3, suspend=False))
+    for queue in (q, q1):
+        counts = await queues.counts(queue)
+        assert (counts.held, counts.pending) == (0, 1)  # nothing claimed
     resumed = time.monotonic()
+    for queue in (q, q1):
+        await queues.create(queue, QueueSpec(lease_duration_seconds=5, max_attempts=3))
     view = await next_answer(s, conformance, 0, timeout=10)
     assert view["status"] == 200 and view["item"] == "a"
     assert (await one.held(timeout=10))["item"] == "b"
     assert time.monotonic() - resumed < 5, "claimed a backoff late: no watch of the spec woke it"
     # waiting is a watch: a handful of claim attempts, not a loop
-    assert (await s.metrics())["joblease_sidecar_claim_attempts_total"] <= 4
+    for sc in (s, one):
+        assert (await sc.metrics())["joblease_sidecar_claim_attempts_total"] <= 4
