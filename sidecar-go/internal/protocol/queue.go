@@ -430,6 +430,9 @@ func (c *Client) Enqueue(ctx context.Context, item ItemRef, payload any) (bool, 
 			return false, errs.QueueNotFound(item.Queue.String())
 		}
 		stored := r.KV(1)
+		if stored == nil { // refused although both keys read back as they should be: try again
+			continue
+		}
 		rec, err := DecodeItem(stored.Value, stored.CreateRevision)
 		if err != nil {
 			return false, err
