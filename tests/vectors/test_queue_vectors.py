@@ -14,7 +14,7 @@ import pytest
 from joblease.errors import CorruptRecordError
 from joblease.keys import KeySpace, QueueRef
 from joblease.records import FailedRecord, ItemRecord, PendingRecord, QueueSpec
-from tests.vectors.test_vectors import _spelled_alike, stored
+from tests.support.vector_files import spelled_alike, stored
 
 HERE = Path(__file__).resolve().parent
 RECORDS: dict[str, list[dict[str, Any]]] = json.loads(
@@ -67,7 +67,7 @@ def test_queue_records_decode_to_their_meaning(record: str, v: dict[str, Any]) -
     want = BUILD[record](v["meaning"])
     assert got == want
     if record == "item":
-        assert _spelled_alike(got.payload, v["meaning"]["payload"])
+        assert spelled_alike(got.payload, v["meaning"]["payload"])
 
 
 @pytest.mark.parametrize(("record", "v"), _params("refuse"))

@@ -11,7 +11,6 @@ register/claim/checkpoint/complete transactions store.
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 from pathlib import Path
@@ -26,19 +25,13 @@ from joblease.keys import KeySpace
 from joblease.records import CheckpointRecord, Holder, ResultRecord
 from joblease.store import KeyValue
 from tests.support.value_vectors import VALUES, value_text, values
+from tests.support.vector_files import spelled_alike as _spelled_alike
+from tests.support.vector_files import stored
 
 HERE = Path(__file__).resolve().parent
 RECORDS: dict[str, list[dict[str, Any]]] = json.loads((HERE / "records.json").read_text())
 STATES: dict[str, Any] = json.loads((HERE / "job_state.json").read_text())
 KEYS: dict[str, list[dict[str, Any]]] = json.loads((HERE / "keys.json").read_text())
-
-
-def stored(vector: dict[str, Any]) -> bytes:
-    """The value exactly as etcd holds it."""
-    if "stored_base64" in vector:
-        return base64.b64decode(vector["stored_base64"])
-    text: str = vector["stored"]
-    return text.encode("utf-8")
 
 
 def vectors(record: str, *directions: str) -> list[Any]:
@@ -71,12 +64,6 @@ def _checkpoint(m: dict[str, Any]) -> CheckpointRecord:
 
 def _without_revision(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k != "revision"}
-
-
-def _spelled_alike(a: Any, b: Any) -> bool:
-    """Equal as JSON values *and* of the same JSON types (``1 == 1.0 == True`` in
-    Python, but a reader must tell an integer from a float and a bool)."""
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 # -- every record: writers produce exactly these bytes --------------------------------------
