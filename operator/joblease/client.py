@@ -191,6 +191,11 @@ class JobLeaseClient:
         self._read_back_timeout = read_back_timeout
         self._revoke_on_loss = revoke_on_loss
         self._specs: OrderedDict[JobRef, tuple[int, JobSpec]] = OrderedDict()
+        #: slot indexes picked by this client's claims in flight, by semaphore prefix
+        self._reserved_slots: dict[bytes, set[int]] = {}
+        #: watched views of the semaphores its claims use, by prefix (LRU)
+        self._views: OrderedDict[bytes, slots_plan.SemaphoreView] = OrderedDict()
+        self._max_views = 64
         #: per TTL, the session new claims are bound to (least recently used first)
         self._sessions: OrderedDict[int, Session] = OrderedDict()
         #: replaced sessions, renewed until their holders finish or their deadline passes
@@ -211,6 +216,9 @@ class JobLeaseClient:
         once (if etcd cannot be reached for the revoke, once their TTL runs
         out); without, they stay held until etcd expires them (``claim`` in a
         short-lived CLI process uses that). Retired sessions are closed too."""
+        views, self._views = list(self._views.values()), OrderedDict()
+        for view in views:
+            await view.close()
         sessions = [*self._sessions.values(), *self._retired]
         self._sessions, self._retired = OrderedDict(), set()
         for s in sessions:
@@ -479,22 +487,71 @@ class JobLeaseClient:
                 del self._claiming[session]
 
     async def plan_slots(self, what: str, namespace: str, spec: JobSpec,
-                         ticket: Ticket | None) -> SlotPlan | None:
-        """The semaphore slots a claim of ``spec`` takes (None: it names none),
-        read in one read-only transaction; :class:`SemaphoreFullError` (with
-        the read's revision, to wait from) when one has no room for it."""
+                         ticket: Ticket | None, *, fresh: bool = False) -> SlotPlan | None:
+        """The semaphore slots a claim of ``spec`` takes (None: it names none):
+        planned from this client's watched views of the semaphores, or (a
+        waiter in line, ``fresh`` after a refused claim, a view not ready) read
+        in one read-only transaction; :class:`SemaphoreFullError` (with the
+        read's revision, to wait from) when one has no room for it."""
         if not spec.semaphores:
             return None
         refs = slots_plan.semaphore_refs(self.keys, namespace, spec.semaphores)
+        if ticket is None and not fresh:  # the fast path plans from watched views
+            views = [self._view(ref, keys) for ref, keys, _ in refs]
+            seen = [await view.state() for view in views]
+            if all(state is not None for state in seen):
+                try:
+                    return slots_plan.plan(
+                        what, [(state, weight) for state, (_, _, weight) in
+                               zip(seen, refs, strict=True) if state is not None],
+                        None, self._reserved_slots)
+                except SemaphoreFullError:
+                    pass  # the view may be behind: the read below decides
         reads = [op for _, keys, _ in refs for op in slots_plan.reads(keys)]
         r = await self._retry_read(lambda: self.store.txn([], reads))
         states = [(slots_plan.parse(ref, keys, r, 3 * n), weight)
                   for n, (ref, keys, weight) in enumerate(refs)]
         try:
-            return slots_plan.plan(what, states, ticket)
+            return slots_plan.plan(what, states, ticket, self._reserved_slots)
         except SemaphoreFullError as full:
             full.revision = r.revision
             raise
+
+    def _view(self, ref: SemaphoreRef, keys: SemaphoreKeys) -> slots_plan.SemaphoreView:
+        """The watched view of a semaphore (at most ``_max_views``, least recently
+        used closed first; a broken one is replaced)."""
+        view = self._views.get(keys.prefix)
+        if view is None or view.broken:
+            if view is not None:
+                self._close_view(self._views.pop(keys.prefix))
+            view = self._views[keys.prefix] = slots_plan.SemaphoreView(self.store, ref, keys)
+            while len(self._views) > self._max_views:
+                self._close_view(self._views.popitem(last=False)[1])
+        self._views.move_to_end(keys.prefix)
+        return view
+
+    def _close_view(self, view: slots_plan.SemaphoreView) -> None:
+        task = asyncio.ensure_future(view.close())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    @contextlib.contextmanager
+    def _reserving(self, plan: SlotPlan | None) -> Iterator[None]:
+        """While a claim with ``plan`` is in flight, this client's other claims
+        pick other slots (they would only collide with it)."""
+        if plan is None:
+            yield
+            return
+        for state, indexes in plan.picks:
+            self._reserved_slots.setdefault(state.keys.prefix, set()).update(indexes)
+        try:
+            yield
+        finally:
+            for state, indexes in plan.picks:
+                held = self._reserved_slots.get(state.keys.prefix, set())
+                held.difference_update(indexes)
+                if not held:
+                    self._reserved_slots.pop(state.keys.prefix, None)
 
     async def claim(self, job: JobRef, owner: str, *, ticket: Ticket | None = None) -> Lease:
         """Claim ``job`` for ``owner`` in one etcd transaction.
@@ -517,22 +574,30 @@ class JobLeaseClient:
         keys = self.keys.job(job)
         refresh = False
         revoked: list[int] = []  # tokens of our claims that committed and were revoked
-        for _ in range(8):
+        fresh_slots = False
+        unsettled = 0  # tries that did not settle (4 at most, as without semaphores)
+        for _ in range(16):  # ... and slot races, re-planned (picks are random), up to 16
             spec_revision, spec = await self._spec(job, keys, refresh=refresh)
             try:
-                slot_plan = await self.plan_slots(str(job), job.namespace, spec, ticket)
+                slot_plan = await self.plan_slots(str(job), job.namespace, spec, ticket,
+                                                  fresh=fresh_slots)
             except (SemaphoreFullError, InvalidInputError, NotRegisteredError):
                 if refresh:
                     raise
                 refresh = True  # planned from a cached spec: make sure it is current
                 continue
             session = await self._session(spec.lease_duration_seconds)
-            with self._using(session):
+            with self._using(session), self._reserving(slot_plan):
                 outcome = await self._claim_on(job, keys, owner, spec_revision, spec, session,
                                                revoked, slots=slot_plan)
             if isinstance(outcome, Lease):
                 return outcome
             refresh = outcome
+            fresh_slots = slot_plan is not None  # refused: plan from etcd, not a view
+            if slot_plan is None or outcome is False:
+                unsettled += 1
+                if unsettled == 4:
+                    break
         if revoked:
             raise StoreUnavailableError(
                 f"claim of {job} did not settle after several attempts; claims with tokens "

@@ -360,7 +360,7 @@ class Queues:
         client = self.client
         refresh = False
         revoked: list[int] = []
-        for _ in range(6):
+        for _ in range(16):  # slot races are re-planned here (picks are random)
             spec_revision, spec = await self.spec(item.queue, refresh=refresh)
             if spec.suspend:
                 raise QueueSuspendedError(str(item.queue))
@@ -374,7 +374,7 @@ class Queues:
             slot_plan = await client.plan_slots(str(item), item.namespace, job_spec, None)
             session = await client._session(spec.lease_duration_seconds)
             try:
-                with client._using(session):
+                with client._using(session), client._reserving(slot_plan):
                     outcome = await client._claim_on(
                         item, keys, owner, spec_revision, job_spec, session, revoked,
                         item=ItemClaim(pending.mod_revision), slots=slot_plan)

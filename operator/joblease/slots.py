@@ -21,14 +21,32 @@ explains; the client sends the transaction.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import random
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from joblease.errors import InvalidInputError, SemaphoreFullError, SemaphoreNotFoundError
+from joblease.errors import (
+    InvalidInputError,
+    JobLeaseError,
+    SemaphoreFullError,
+    SemaphoreNotFoundError,
+)
 from joblease.keys import KeySpace, SemaphoreKeys, SemaphoreRef
 from joblease.records import SemaphoreSpec, SemaphoreUse, SlotRecord
-from joblease.store import Compare, Delete, Get, KeyValue, Put, TxnOp, TxnResult, prefix_end
+from joblease.store import (
+    Compare,
+    Delete,
+    Get,
+    KeyValue,
+    Put,
+    Store,
+    TxnOp,
+    TxnResult,
+    prefix_end,
+)
 
 #: The largest limit a semaphore may have (slot keys are per slot).
 MAX_LIMIT = 10_000
@@ -145,11 +163,16 @@ def check_uses(uses: Sequence[SemaphoreUse]) -> None:
                                     "an integer >= 1")
 
 
-def plan(job: str, states: Sequence[tuple[SemaphoreState, int]], ticket: Ticket | None
-         ) -> SlotPlan:
+def plan(job: str, states: Sequence[tuple[SemaphoreState, int]], ticket: Ticket | None,
+         reserved: Mapping[bytes, set[int]] | None = None) -> SlotPlan:
     """The slots to take for ``job`` (``(state, weight)`` per semaphore), or
     :class:`SemaphoreFullError` naming the first semaphore without room (or
-    with someone ahead in line); a weight above a limit is refused as bad input."""
+    with someone ahead in line); a weight above a limit is refused as bad input.
+
+    Free indexes are picked at random, avoiding ``reserved`` (the indexes this
+    client's claims in flight picked, by semaphore prefix) when it can: many
+    claimers reading the same free slots would all pick the lowest and
+    collide."""
     picks = []
     for state, weight in states:
         if weight > state.limit:
@@ -163,7 +186,10 @@ def plan(job: str, states: Sequence[tuple[SemaphoreState, int]], ticket: Ticket 
         if ahead or over or len(free) < weight:
             raise SemaphoreFullError(str(state.ref), job, state.limit, state.live,
                                      len(state.waiters), weight)
-        picks.append((state, tuple(free[:weight])))
+        taken = (reserved or {}).get(state.keys.prefix, set())
+        preferred = [i for i in free if i not in taken]
+        chosen = random.sample(preferred if len(preferred) >= weight else free, weight)
+        picks.append((state, tuple(sorted(chosen))))
     return SlotPlan(tuple(picks), ticket)
 
 
@@ -175,3 +201,58 @@ def semaphore_refs(keys: KeySpace, namespace: str, uses: Sequence[SemaphoreUse]
         ref = SemaphoreRef(namespace, u.name)
         out.append((ref, keys.semaphore(ref), u.weight))
     return out
+
+
+class SemaphoreView:
+    """One semaphore's keys kept current by a watch (like an informer), so a
+    claim plans its slots without a read: the claim's compares are what make
+    it safe, and a plan from a view a little behind etcd is only refused and
+    planned again from a fresh read."""
+
+    def __init__(self, store: Store, ref: SemaphoreRef, keys: SemaphoreKeys) -> None:
+        self.ref, self.keys = ref, keys
+        self._store = store
+        self._kvs: dict[bytes, KeyValue] = {}
+        self.revision = 0
+        self.broken = False
+        self._ready = asyncio.Event()
+        self._task = asyncio.ensure_future(self._follow())
+
+    async def _follow(self) -> None:
+        try:
+            r = await self._store.txn([], [Get(self.keys.prefix, prefix=True)])
+            self._kvs = {kv.key: kv for kv in r.kvs(0)}
+            self.revision = r.revision
+            self._ready.set()
+            async for batch in self._store.watch(self.keys.prefix, prefix=True,
+                                                 start_revision=r.revision + 1):
+                for e in batch.events:
+                    if e.kind == "put":
+                        self._kvs[e.kv.key] = e.kv
+                    else:
+                        self._kvs.pop(e.kv.key, None)
+                self.revision = max(self.revision, batch.revision)
+        except JobLeaseError:
+            pass  # the watch ended (compacted, etcd away): claims fall back to reads
+        finally:
+            self.broken = True
+            self._ready.set()
+
+    async def state(self, timeout: float = 2.0) -> SemaphoreState | None:
+        """The semaphore as the view has it, or None (not ready in time, broken,
+        or no spec: the caller reads etcd, which says exactly what is wrong)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        spec = self._kvs.get(self.keys.spec)
+        if self.broken or spec is None:
+            return None
+        slots = {self.keys.slot_index(k): kv for k, kv in self._kvs.items()
+                 if k.startswith(self.keys.slots)}
+        waiters = sorted((kv for k, kv in self._kvs.items() if k.startswith(self.keys.waiters)),
+                         key=lambda kv: kv.create_revision)
+        return SemaphoreState(self.ref, self.keys, spec.mod_revision,
+                              SemaphoreSpec.decode(spec.value).limit, slots, waiters)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)

@@ -72,15 +72,16 @@ async def test_the_limit_holds_and_slots_free_with_their_claims(client: JobLease
     with pytest.raises(SemaphoreFullError) as full:
         await client.claim(jobs[2], "c")
     assert (full.value.limit, full.value.live, full.value.exit_code) == (2, 2, 18)
-    assert [g.to_dict() for g in a.slots] == [
-        {"semaphore": str(DB), "slots": [0], "token": a.token}]  # the slot's token is the claim's
-    assert b.slots[0].indexes == (1,)
+    (slot_a,) = a.slots[0].indexes
+    assert [g.to_dict() for g in a.slots] == [  # the slot's token is the claim's
+        {"semaphore": str(DB), "slots": [slot_a], "token": a.token}]
+    assert {slot_a, *b.slots[0].indexes} == {0, 1}
     status = await sems.status(DB)
-    assert [(h.index, h.holder, h.token) for h in status.holders] == [
-        (0, str(jobs[0]), a.token), (1, str(jobs[1]), b.token)]
+    assert sorted((h.holder, h.token) for h in status.holders) == [
+        (str(jobs[0]), a.token), (str(jobs[1]), b.token)]
     await a.complete()  # frees its slot in the completion's transaction
     c = await client.claim(jobs[2], "c")
-    assert c.slots[0].indexes == (0,) and c.slots[0].token > a.token
+    assert c.slots[0].indexes == (slot_a,) and c.slots[0].token > a.token
     await b.release()
     await c.complete()
     assert (await sems.status(DB)).live == 0
@@ -134,8 +135,9 @@ async def test_a_claim_needing_two_semaphores_takes_neither_when_one_is_full(
     assert await snapshot(client.store, client.keys.namespace_prefix()) == before
     await held.release()
     lease = await client.claim(job, "w")
-    assert {(str(g.semaphore), g.indexes) for g in lease.slots} == {
-        (str(DB), (0,)), ("default/gpu", (0, 1))}
+    got = {str(g.semaphore): g.indexes for g in lease.slots}
+    assert got[str(DB)] == (0,)
+    assert len(got["default/gpu"]) == 2 and set(got["default/gpu"]) <= set(range(4))
 
 
 @pytest.mark.parametrize(("uses", "error", "match"), [
@@ -269,5 +271,5 @@ async def test_the_docs_example_works_as_written(client: JobLeaseClient) -> None
     namespace: dict[str, object] = {}
     exec(compile(block, "docs/semaphores.md", "exec"), namespace)
     lease = await namespace["nightly"](client)  # type: ignore[operator]
-    assert lease.slots[0].indexes == (0,) and lease.slots[0].token == lease.token
+    assert lease.slots[0].indexes[0] in range(3) and lease.slots[0].token == lease.token
     await lease.complete()
