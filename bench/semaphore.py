@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import sys
@@ -112,12 +113,15 @@ async def fairness(config: EtcdConfig, waiters: int) -> dict[str, Any]:
         for n, job in enumerate(jobs[1:]):
             came.append(time.perf_counter())
             tasks.append(asyncio.create_task(wait(n, job)))
-            while (await sems.status(ref)).waiters < n + 1:  # in line before the next comes
+            deadline = time.monotonic() + 30
+            # in line before the next one comes (a read of etcd: nothing to wait on)
+            while (await sems.status(ref)).waiters < n + 1:
+                assert time.monotonic() < deadline, "a waiter did not get in line"
                 await asyncio.sleep(0.005)
         await first.release()
         await asyncio.gather(*tasks)
     order = [n for n, _ in served]
-    inversions = sum(1 for a, b in zip(order, order[1:], strict=False) if b < a)
+    inversions = sum(1 for a, b in itertools.pairwise(order) if b < a)
     waits = [w for _, w in served]
     return {"waiters": waiters, "inversions": inversions,
             "wait_min_ms": round(min(waits) * 1000, 1),
