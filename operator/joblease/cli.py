@@ -4,7 +4,8 @@ Every verb takes the etcd connection as flags or ``JOBLEASE_ETCD_*``
 environment variables. Errors are one line on stderr and a distinct exit code
 (see ``joblease.errors``): 2 invalid input, 3 not found, 4 held, 5 completed,
 6 attempts exhausted, 7 stale, 8 lost, 10 store unreachable, 11 outcome
-unknown, 12 permission denied, 16 item conflict, 17 queue suspended.
+unknown, 12 permission denied, 16 item conflict, 17 queue suspended, 18 semaphore
+full.
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ from joblease.etcd_store import (
     parse_endpoints,
     read_password_file,
 )
-from joblease.keys import DEFAULT_NAMESPACE, ItemRef, JobRef, QueueRef
+from joblease.keys import DEFAULT_NAMESPACE, ItemRef, JobRef, QueueRef, SemaphoreRef
 from joblease.lease import LeaseState
 from joblease.queue import ItemPhase, Queues
-from joblease.records import JobSpec, JobState, Phase, QueueSpec
+from joblease.records import JobSpec, JobState, Phase, QueueSpec, SemaphoreUse
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -207,6 +208,25 @@ def _json_option(text: str, option: str, what: str, limit: int) -> Any:
         sys.exit(e.exit_code)
 
 
+def _semaphore_use(ctx: click.Context | None, param: click.Parameter | None,
+                   values: tuple[str, ...]) -> tuple[SemaphoreUse, ...]:
+    uses = []
+    for text in values:
+        name, _, weight = text.partition(":")
+        try:
+            uses.append(SemaphoreUse(name, int(weight) if weight else 1))
+        except ValueError:
+            raise click.BadParameter(f"{text!r}: NAME or NAME:WEIGHT") from None
+    return tuple(uses)
+
+
+def semaphore_option(fn: F) -> F:
+    return click.option(
+        "--semaphore", "semaphores", multiple=True, callback=_semaphore_use,
+        help="NAME[:WEIGHT]: every claim takes WEIGHT slots of this semaphore (same "
+             "namespace) in its transaction (repeatable; docs/semaphores.md).")(fn)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="joblease")
 def main() -> None:
@@ -224,10 +244,12 @@ def main() -> None:
 @click.option("--max-attempts", type=int, default=3, show_default=True,
               help="Claims allowed before the job fails (0 = unlimited).")
 @click.option("--parameters", default="{}", help="The job's input as a JSON object.")
+@semaphore_option
 @etcd_options
 @output_option
 def register(job: str, namespace: str | None, lease_duration_seconds: int, max_attempts: int,
-             parameters: str, output: str, **kw: Any) -> None:
+             parameters: str, semaphores: tuple[SemaphoreUse, ...], output: str,
+             **kw: Any) -> None:
     """Register JOB in etcd (what the operator does for each JobLease)."""
     config, ref = split_etcd(kw), job_ref(job, namespace)
     try:
@@ -240,7 +262,8 @@ def register(job: str, namespace: str | None, lease_duration_seconds: int, max_a
 
     async def go() -> dict[str, Any]:
         async with JobLeaseClient(config) as c:
-            revision = await c.register(ref, JobSpec(lease_duration_seconds, max_attempts, params))
+            revision = await c.register(ref, JobSpec(lease_duration_seconds, max_attempts, params,
+                                                     semaphores))
             return {"job": str(ref), "registered": True, "revision": revision}
 
     data = run(go())
@@ -651,16 +674,18 @@ def queue() -> None:
               help="Create items 0..N-1 (an Indexed Job's completion indexes).")
 @click.option("--suspend/--no-suspend", default=False, show_default=True,
               help="A suspended queue claims nothing.")
+@semaphore_option
 @etcd_options
 @output_option
 def queue_create(queue: str, namespace: str | None, lease_duration_seconds: int,
-                 max_attempts: int, shards: int, suspend: bool, output: str, **kw: Any) -> None:
+                 max_attempts: int, shards: int, suspend: bool,
+                 semaphores: tuple[SemaphoreUse, ...], output: str, **kw: Any) -> None:
     """Create QUEUE in etcd, or change its spec (what the operator does for each JobQueue)."""
     config, ref = split_etcd(kw), queue_ref(queue, namespace)
 
     async def go() -> dict[str, Any]:
         async with JobLeaseClient(config) as c:
-            spec = QueueSpec(lease_duration_seconds, max_attempts, suspend, shards)
+            spec = QueueSpec(lease_duration_seconds, max_attempts, suspend, shards, semaphores)
             return {"queue": str(ref), "revision": await Queues(c).create(ref, spec)}
 
     emit(run(go()), output, lambda d: [[d["queue"], d["revision"]]], ("QUEUE", "REVISION"))
@@ -971,6 +996,82 @@ def queue_run(queue: str, namespace: str | None, item: str | None, create: bool,
         command=command, item=None if item is None else _item_id(item), create=create,
         wait=wait_seconds, grace=grace, result_file=Path(result_file) if result_file else None)
     sys.exit(run(run_with_config(lambda: JobLeaseClient(config, revoke_on_loss=False), opts)))
+
+
+# -- semaphores (docs/semaphores.md) ----------------------------------------------------------
+
+
+@main.group()
+def semaphore() -> None:
+    """Fenced concurrency limits: a job's claim takes its slots in its transaction."""
+
+
+def semaphore_ref(name: str, namespace: str | None) -> SemaphoreRef:
+    return SemaphoreRef(*dataclasses.astuple(job_ref(name, namespace)))
+
+
+@semaphore.command("create")
+@click.argument("name")
+@click.option("-n", "--namespace", default=None, help="The semaphore's namespace.")
+@click.option("--limit", type=int, required=True, help="Slots live at once (1..10000).")
+@etcd_options
+@output_option
+def semaphore_create(name: str, namespace: str | None, limit: int, output: str,
+                     **kw: Any) -> None:
+    """Create semaphore NAME, or change its limit (raising it lets waiters in at
+    once; lowering it revokes nobody)."""
+    config, ref = split_etcd(kw), semaphore_ref(name, namespace)
+
+    async def go() -> dict[str, Any]:
+        from joblease.semaphore import Semaphores
+        async with JobLeaseClient(config) as c:
+            return {"semaphore": str(ref), "limit": limit,
+                    "revision": await Semaphores(c).create(ref, limit)}
+
+    emit(run(go()), output, lambda d: [[d["semaphore"], d["limit"], d["revision"]]],
+         ("SEMAPHORE", "LIMIT", "REVISION"))
+
+
+@semaphore.command("get")
+@click.argument("name")
+@click.option("-n", "--namespace", default=None, help="The semaphore's namespace.")
+@etcd_options
+@output_option
+def semaphore_get(name: str, namespace: str | None, output: str, **kw: Any) -> None:
+    """Limit, live slots with their holders and tokens, and waiters (also: holders)."""
+    config, ref = split_etcd(kw), semaphore_ref(name, namespace)
+
+    async def go() -> dict[str, Any]:
+        from joblease.semaphore import Semaphores
+        async with JobLeaseClient(config) as c:
+            return (await Semaphores(c).status(ref)).to_dict()
+
+    def rows(d: dict[str, Any]) -> list[list[Any]]:
+        return [[d["semaphore"], h["slot"], h["holder"], h["owner"], h["token"]]
+                for h in d["holders"]] or [[d["semaphore"], "-", "-", "-", "-"]]
+
+    emit(run(go()), output, rows, ("SEMAPHORE", "SLOT", "HOLDER", "OWNER", "TOKEN"))
+
+
+semaphore.add_command(semaphore_get, "holders")
+
+
+@semaphore.command("delete")
+@click.argument("name")
+@click.option("-n", "--namespace", default=None, help="The semaphore's namespace.")
+@etcd_options
+@output_option
+def semaphore_delete(name: str, namespace: str | None, output: str, **kw: Any) -> None:
+    """Delete semaphore NAME (claims needing it are refused until it exists again)."""
+    config, ref = split_etcd(kw), semaphore_ref(name, namespace)
+
+    async def go() -> dict[str, Any]:
+        from joblease.semaphore import Semaphores
+        async with JobLeaseClient(config) as c:
+            return {"semaphore": str(ref), "revision": await Semaphores(c).delete(ref)}
+
+    emit(run(go()), output, lambda d: [[d["semaphore"], d["revision"]]],
+         ("SEMAPHORE", "REVISION"))
 
 if __name__ == "__main__":
     main()

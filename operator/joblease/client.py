@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from joblease import slots as slots_plan
 from joblease import validation
 from joblease.errors import (
     AlreadyCompletedError,
@@ -46,12 +47,13 @@ from joblease.errors import (
     NotRegisteredError,
     OutcomeUnknownError,
     QueueNotFoundError,
+    SemaphoreFullError,
     StaleTokenError,
     StoreUnavailableError,
     WaitSessionLostError,
 )
 from joblease.etcd_store import EtcdConfig, EtcdStore
-from joblease.keys import ItemKeys, ItemRef, JobKeys, JobRef, KeySpace
+from joblease.keys import ItemKeys, ItemRef, JobKeys, JobRef, KeySpace, SemaphoreKeys, SemaphoreRef
 from joblease.lease import Lease
 from joblease.records import (
     CheckpointRecord,
@@ -60,9 +62,13 @@ from joblease.records import (
     JobSpec,
     JobState,
     ResultRecord,
+    SemaphoreUse,
+    SlotRecord,
+    WaiterRecord,
     decoding,
 )
 from joblease.session import Session
+from joblease.slots import SlotGrant, SlotPlan, Ticket
 from joblease.store import (
     Compare,
     Delete,
@@ -71,6 +77,7 @@ from joblease.store import (
     Put,
     Store,
     Txn,
+    TxnOp,
     TxnResult,
     WatchEvent,
     describe,
@@ -184,6 +191,11 @@ class JobLeaseClient:
         self._read_back_timeout = read_back_timeout
         self._revoke_on_loss = revoke_on_loss
         self._specs: OrderedDict[JobRef, tuple[int, JobSpec]] = OrderedDict()
+        #: slot indexes picked by this client's claims in flight, by semaphore prefix
+        self._reserved_slots: dict[bytes, set[int]] = {}
+        #: watched views of the semaphores its claims use, by prefix (LRU)
+        self._views: OrderedDict[bytes, slots_plan.SemaphoreView] = OrderedDict()
+        self._max_views = 64
         #: per TTL, the session new claims are bound to (least recently used first)
         self._sessions: OrderedDict[int, Session] = OrderedDict()
         #: replaced sessions, renewed until their holders finish or their deadline passes
@@ -204,6 +216,9 @@ class JobLeaseClient:
         once (if etcd cannot be reached for the revoke, once their TTL runs
         out); without, they stay held until etcd expires them (``claim`` in a
         short-lived CLI process uses that). Retired sessions are closed too."""
+        views, self._views = list(self._views.values()), OrderedDict()
+        for view in views:
+            await view.close()
         sessions = [*self._sessions.values(), *self._retired]
         self._sessions, self._retired = OrderedDict(), set()
         for s in sessions:
@@ -227,6 +242,7 @@ class JobLeaseClient:
         validation.ttl(spec.lease_duration_seconds)
         validation.max_attempts(spec.max_attempts)
         validation.json_payload(spec.parameters, "parameters", validation.MAX_PARAMETERS_BYTES)
+        slots_plan.check_uses(spec.semaphores)
         keys = self.keys.job(job)
         value = spec.encode()
         if not guard:
@@ -470,7 +486,74 @@ class JobLeaseClient:
             if self._claiming[session] <= 0:
                 del self._claiming[session]
 
-    async def claim(self, job: JobRef, owner: str) -> Lease:
+    async def plan_slots(self, what: str, namespace: str, spec: JobSpec,
+                         ticket: Ticket | None, *, fresh: bool = False) -> SlotPlan | None:
+        """The semaphore slots a claim of ``spec`` takes (None: it names none):
+        planned from this client's watched views of the semaphores, or (a
+        waiter in line, ``fresh`` after a refused claim, a view not ready) read
+        in one read-only transaction; :class:`SemaphoreFullError` (with the
+        read's revision, to wait from) when one has no room for it."""
+        if not spec.semaphores:
+            return None
+        refs = slots_plan.semaphore_refs(self.keys, namespace, spec.semaphores)
+        if ticket is None and not fresh:  # the fast path plans from watched views
+            views = [self._view(ref, keys) for ref, keys, _ in refs]
+            seen = [await view.state() for view in views]
+            if all(state is not None for state in seen):
+                try:
+                    return slots_plan.plan(
+                        what, [(state, weight) for state, (_, _, weight) in
+                               zip(seen, refs, strict=True) if state is not None],
+                        None, self._reserved_slots)
+                except SemaphoreFullError:
+                    pass  # the view may be behind: the read below decides
+        reads = [op for _, keys, _ in refs for op in slots_plan.reads(keys)]
+        r = await self._retry_read(lambda: self.store.txn([], reads))
+        states = [(slots_plan.parse(ref, keys, r, 3 * n), weight)
+                  for n, (ref, keys, weight) in enumerate(refs)]
+        try:
+            return slots_plan.plan(what, states, ticket, self._reserved_slots)
+        except SemaphoreFullError as full:
+            full.revision = r.revision
+            raise
+
+    def _view(self, ref: SemaphoreRef, keys: SemaphoreKeys) -> slots_plan.SemaphoreView:
+        """The watched view of a semaphore (at most ``_max_views``, least recently
+        used closed first; a broken one is replaced)."""
+        view = self._views.get(keys.prefix)
+        if view is None or view.broken:
+            if view is not None:
+                self._close_view(self._views.pop(keys.prefix))
+            view = self._views[keys.prefix] = slots_plan.SemaphoreView(self.store, ref, keys)
+            while len(self._views) > self._max_views:
+                self._close_view(self._views.popitem(last=False)[1])
+        self._views.move_to_end(keys.prefix)
+        return view
+
+    def _close_view(self, view: slots_plan.SemaphoreView) -> None:
+        task = asyncio.ensure_future(view.close())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    @contextlib.contextmanager
+    def _reserving(self, plan: SlotPlan | None) -> Iterator[None]:
+        """While a claim with ``plan`` is in flight, this client's other claims
+        pick other slots (they would only collide with it)."""
+        if plan is None:
+            yield
+            return
+        for state, indexes in plan.picks:
+            self._reserved_slots.setdefault(state.keys.prefix, set()).update(indexes)
+        try:
+            yield
+        finally:
+            for state, indexes in plan.picks:
+                held = self._reserved_slots.get(state.keys.prefix, set())
+                held.difference_update(indexes)
+                if not held:
+                    self._reserved_slots.pop(state.keys.prefix, None)
+
+    async def claim(self, job: JobRef, owner: str, *, ticket: Ticket | None = None) -> Lease:
         """Claim ``job`` for ``owner`` in one etcd transaction.
 
         Raises :class:`NotRegisteredError`, :class:`HeldError`,
@@ -481,21 +564,40 @@ class JobLeaseClient:
         outcome could not be settled (the claim may have committed; its etcd
         lease was ended before raising, so no holder of it is left renewed).
         Cancelling a claim in flight ends the session it was bound to.
+
+        A job whose spec names semaphores takes their slots in the same
+        transaction (docs/semaphores.md), or raises :class:`SemaphoreFullError`
+        (``ticket``: the caller's place in line, from :meth:`claim_waiting`).
         """
         validation.job_ref(job)
         validation.owner(owner)
         keys = self.keys.job(job)
         refresh = False
         revoked: list[int] = []  # tokens of our claims that committed and were revoked
-        for _ in range(4):
+        fresh_slots = False
+        unsettled = 0  # tries that did not settle (4 at most, as without semaphores)
+        for _ in range(16):  # ... and slot races, re-planned (picks are random), up to 16
             spec_revision, spec = await self._spec(job, keys, refresh=refresh)
+            try:
+                slot_plan = await self.plan_slots(str(job), job.namespace, spec, ticket,
+                                                  fresh=fresh_slots)
+            except (SemaphoreFullError, InvalidInputError, NotRegisteredError):
+                if refresh:
+                    raise
+                refresh = True  # planned from a cached spec: make sure it is current
+                continue
             session = await self._session(spec.lease_duration_seconds)
-            with self._using(session):
+            with self._using(session), self._reserving(slot_plan):
                 outcome = await self._claim_on(job, keys, owner, spec_revision, spec, session,
-                                               revoked)
+                                               revoked, slots=slot_plan)
             if isinstance(outcome, Lease):
                 return outcome
             refresh = outcome
+            fresh_slots = slot_plan is not None  # refused: plan from etcd, not a view
+            if slot_plan is None or outcome is False:
+                unsettled += 1
+                if unsettled == 4:
+                    break
         if revoked:
             raise StoreUnavailableError(
                 f"claim of {job} did not settle after several attempts; claims with tokens "
@@ -505,14 +607,16 @@ class JobLeaseClient:
 
     async def _claim_on(self, job: JobRef | ItemRef, keys: JobKeys | ItemKeys, owner: str,
                         spec_revision: int, spec: JobSpec, session: Session,
-                        revoked: list[int], item: ItemClaim | None = None) -> Lease | bool:
+                        revoked: list[int], item: ItemClaim | None = None,
+                        slots: SlotPlan | None = None) -> Lease | bool:
         """One claim transaction bound to ``session``: the lease, or whether to
         re-read the spec before trying again (``revoked`` collects the tokens
         of our claims ended while settling an unknown outcome).
 
         For a queue item (``item``, with ``ItemKeys``), ``spec`` is its queue's
         (``max_attempts`` counted from the round's ``attempts_from``) and the
-        item's pending key must be unchanged too (docs/queues.md, "Claim an item")."""
+        item's pending key must be unchanged too (docs/queues.md, "Claim an item").
+        ``slots``: the semaphore slots to take in the same transaction."""
         claim_id = uuid.uuid4().hex
         holder_value = Holder.encode_value(owner, claim_id, spec.lease_duration_seconds,
                                            time.time())
@@ -525,7 +629,7 @@ class JobLeaseClient:
         ]
         if spec.max_attempts > 0:
             compares.append(Compare(keys.claims, "version", "<", spec.max_attempts))
-        success: list[Put | Get] = [Put(keys.holder, holder_value, lease=session.lease_id),
+        success: list[TxnOp] = [Put(keys.holder, holder_value, lease=session.lease_id),
                                     Put(keys.claims, claim_value), Get(keys.claims),
                                     Get(keys.checkpoint)]
         failure = [Get(keys.spec), Get(keys.holder), Get(keys.result), Get(keys.claims)]
@@ -534,6 +638,10 @@ class JobLeaseClient:
             compares.append(Compare(keys.pending, "mod", "==", item.pending_revision))
             success.append(Get(keys.item))
             failure.append(Get(keys.pending))
+        if slots is not None:
+            compares += slots.compares()
+            # after every Get the success branch is read by index; writes go last
+            success += slots.writes(session.lease_id, SlotRecord(str(job), owner, claim_id))
         try:
             r = await self.store.txn(compares, success, failure)
         except LeaseNotFoundError:
@@ -542,7 +650,8 @@ class JobLeaseClient:
             return False
         except OutcomeUnknownError:
             lease = await self._resolve_ambiguous_claim(job, keys, owner, claim_id,
-                                                        holder_value, session, spec, revoked)
+                                                        holder_value, session, spec, revoked,
+                                                        slots)
             return False if lease is None else lease
         except asyncio.CancelledError:
             # The request may be on its way and commit a holder bound to this
@@ -561,7 +670,8 @@ class JobLeaseClient:
             return Lease(store=self.store, session=session, job=job, keys=keys,
                          owner=owner, claim_id=claim_id, token=r.revision,
                          generation=claims.version, ttl=spec.lease_duration_seconds,
-                         holder_value=holder_value, checkpoint=r.kv(3), item=record)
+                         holder_value=holder_value, checkpoint=r.kv(3), item=record,
+                         slots=slots.grants(r.revision) if slots else ())
         if item is not None:
             return self._item_refused(job, r, spec_revision, spec, item)
         return self._refused(job, r, spec_revision)
@@ -618,6 +728,7 @@ class JobLeaseClient:
     async def _resolve_ambiguous_claim(
         self, job: JobRef | ItemRef, keys: JobKeys | ItemKeys, owner: str, claim_id: str,
         holder_value: bytes, session: Session, spec: JobSpec, revoked: list[int],
+        slots: SlotPlan | None = None,
     ) -> Lease | None:
         """Invariant ``read-back``: a claim whose response was lost is resolved by reading back.
 
@@ -652,7 +763,9 @@ class JobLeaseClient:
                          generation=claims.version if claims else 0,
                          ttl=session.ttl, holder_value=holder_value,
                          checkpoint=fields.get("checkpoint"),
-                         item=_item_of(fields.get("item")))
+                         item=_item_of(fields.get("item")),
+                         # the holder committed, so did its slots (one transaction)
+                         slots=slots.grants(holder.create_revision) if slots else ())
         log.info("ambiguous claim of %s not visible; revoking lease %x so it cannot commit late",
                  job, session.lease_id)
         if not await self._end_session(session, "revoked to settle an ambiguous claim"):
@@ -744,10 +857,31 @@ class JobLeaseClient:
             current_owner = h.owner if h else (state.result.owner if state.result else None)
             raise StaleTokenError(str(job), token, state.token, current_owner)
         holder = Holder.decode_value(holder_kv.value)
+        assert state.spec is not None
         return Lease(store=self.store, session=None, job=job, keys=keys, owner=owner,
                      claim_id=h.claim_id, token=token, generation=state.generation,
                      ttl=int(holder.get("ttl", 0)), holder_value=holder_kv.value,
-                     checkpoint=fields.get("checkpoint"))
+                     checkpoint=fields.get("checkpoint"),
+                     slots=await self.held_slots(job.namespace, state.spec.semaphores,
+                                                 h.claim_id))
+
+    async def held_slots(self, namespace: str, uses: Sequence[SemaphoreUse], claim_id: str
+                         ) -> tuple[SlotGrant, ...]:
+        """The slots claim ``claim_id`` holds of the semaphores ``uses`` names
+        (read from etcd: for a handle made from another process, whose release
+        or completion must free them too)."""
+        if not uses:
+            return ()
+        refs = slots_plan.semaphore_refs(self.keys, namespace, uses)
+        r = await self._retry_read(lambda: self.store.txn(
+            [], [Get(k.slots, prefix=True) for _, k, _ in refs]))
+        grants = []
+        for n, (ref, keys, _) in enumerate(refs):
+            mine = [kv for kv in r.kvs(n) if SlotRecord.decode(kv.value).claim_id == claim_id]
+            if mine:
+                grants.append(SlotGrant(ref, tuple(keys.slot_index(kv.key) for kv in mine),
+                                        mine[0].create_revision, tuple(kv.key for kv in mine)))
+        return tuple(grants)
 
     async def wait_for_holder_change(self, job: JobRef, revision: int, timeout: float) -> bool:
         """Wait until the job's holder key changes after ``revision`` (the holder
@@ -814,6 +948,7 @@ class JobLeaseClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         guard: Session | None = None
+        ticket: Ticket | None = None  # our place in line for semaphore slots
         shown: tuple[str, int] | None = None
         backoff = 0.2
         try:
@@ -822,7 +957,23 @@ class JobLeaseClient:
                     raise WaitSessionLostError(
                         str(job), guard.lost_reason or "no keep-alive succeeded in time")
                 try:
-                    return await self.claim(job, owner)
+                    return await self.claim(job, owner, ticket=ticket)
+                except SemaphoreFullError as full:
+                    # In line for slots: a ticket (waiter keys bound to the guard
+                    # session, so giving up or dying leaves nothing behind), then
+                    # a watch of the semaphores until a slot or a place frees.
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        raise
+                    if guard is None:
+                        _, spec = await self._spec(job, self.keys.job(job))
+                        guard = await Session(self.store, spec.lease_duration_seconds,
+                                              margin=self._margin).start()
+                    if ticket is None:
+                        ticket = await self._take_ticket(job, owner, guard)
+                    limit = min(left, float(guard.ttl))
+                    await self._wait_unless_lost(
+                        self._wait_for_semaphores(job, full.revision, limit), guard)
                 except HeldError as held:
                     left = deadline - loop.time()
                     if left <= 0:
@@ -846,6 +997,60 @@ class JobLeaseClient:
         finally:
             if guard is not None:
                 await guard.close(revoke=True)
+
+    async def _semaphore_keys(self, job: JobRef) -> list[tuple[SemaphoreRef, SemaphoreKeys,
+                                                                 int]]:
+        _, spec = await self._spec(job, self.keys.job(job))
+        return slots_plan.semaphore_refs(self.keys, job.namespace, spec.semaphores)
+
+    async def _take_ticket(self, job: JobRef, owner: str, guard: Session) -> Ticket:
+        """Waiter keys for every semaphore the job needs, put in one transaction
+        (one create revision: the same place in every line) bound to ``guard``."""
+        refs = await self._semaphore_keys(job)
+        ticket_id = uuid.uuid4().hex
+        keys = tuple(k.waiter(ticket_id) for _, k, _ in refs)
+        puts = [Put(k.waiter(ticket_id), WaiterRecord(str(job), owner, weight).encode(),
+                    lease=guard.lease_id) for _, k, weight in refs]
+        # Only if absent: a copy re-sent after an unknown outcome then finds the
+        # first copy's keys and its create revision, our place in line.
+        r = await self._write_idempotent([Compare(k, "create", "==", 0) for k in keys], puts,
+                                         [Get(k) for k in keys])
+        if r.succeeded:
+            return Ticket(r.revision, keys)
+        mine = r.kv(0)
+        assert mine is not None, "waiter keys bound to a live session vanished"
+        return Ticket(mine.create_revision, keys)
+
+    async def _wait_for_semaphores(self, job: JobRef, revision: int, timeout: float) -> None:
+        """Until a slot or a waiter of one of the job's semaphores is deleted (or a
+        limit changes) after ``revision``, at most ``timeout`` seconds."""
+        await self.wait_for_slots([k for _, k, _ in await self._semaphore_keys(job)],
+                                  revision, timeout)
+
+    async def wait_for_slots(self, semaphores: Sequence[SemaphoreKeys], revision: int,
+                             timeout: float) -> None:
+        """Until a slot or a waiter of one of ``semaphores`` is deleted (or a limit
+        changes) after ``revision``, at most ``timeout`` seconds: a watch per
+        semaphore, never a poll."""
+
+        async def watch(keys: SemaphoreKeys) -> None:
+            stream = self.store.watch(keys.prefix, prefix=True, start_revision=revision + 1)
+            try:
+                async for batch in stream:
+                    if any(e.kind == "delete" or e.kv.key == keys.spec for e in batch.events):
+                        return
+            finally:
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+
+        tasks = [asyncio.ensure_future(watch(k)) for k in semaphores]
+        try:
+            await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     @staticmethod
     async def _wait_unless_lost(waiting: Awaitable[T], session: Session) -> T | None:

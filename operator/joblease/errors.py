@@ -385,3 +385,35 @@ class QueueSuspendedError(JobLeaseError):
 
     def details(self) -> dict[str, Any]:
         return {"queue": self.queue}
+
+
+class SemaphoreNotFoundError(NotRegisteredError):
+    """A claim needs slots of a semaphore that has no spec in etcd."""
+
+    def __init__(self, semaphore: str) -> None:
+        JobLeaseError.__init__(self, f"semaphore {semaphore} does not exist")
+        self.job = self.semaphore = semaphore
+
+    def details(self) -> dict[str, Any]:
+        return {"semaphore": self.semaphore}
+
+
+class SemaphoreFullError(JobLeaseError):
+    """No room: the semaphore's live slots (or the claims waiting ahead) leave
+    fewer free slots than the claim needs. Nothing was written."""
+
+    reason = "full"
+    exit_code = 18
+    http_status = 409
+
+    def __init__(self, semaphore: str, job: str, limit: int, live: int, waiters: int,
+                 weight: int) -> None:
+        super().__init__(f"semaphore {semaphore} has no room for {job} ({weight} slot(s)): "
+                         f"{live} of {limit} slots live, {waiters} claim(s) waiting")
+        self.semaphore, self.job, self.limit = semaphore, job, limit
+        self.live, self.waiters, self.weight = live, waiters, weight
+        self.revision = 0  # the read's revision, to wait from
+
+    def details(self) -> dict[str, Any]:
+        return {"semaphore": self.semaphore, "job": self.job, "limit": self.limit,
+                "live": self.live, "waiters": self.waiters, "weight": self.weight}

@@ -170,7 +170,8 @@ def _kv(pb: Any) -> KeyValue:
 
 
 def _compare(c: Compare) -> Any:
-    msg = rpc_pb2.Compare(key=c.key, target=_TARGETS[c.target], result=_OPS[c.op])
+    msg = rpc_pb2.Compare(key=c.key, target=_TARGETS[c.target], result=_OPS[c.op],
+                          range_end=c.range_end)
     if c.target == "version":
         msg.version = int(c.value)
     elif c.target == "create":

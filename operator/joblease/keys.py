@@ -83,6 +83,50 @@ class JobKeys:
 
 #: The path segment under a namespace that holds its queues.
 QUEUES_SEGMENT = "_queues"
+#: The path segment under a namespace that holds its semaphores.
+SEMAPHORES_SEGMENT = "_semaphores"
+#: Slot indexes are zero-padded so that key order is index order.
+SLOT_DIGITS = 6
+
+
+@dataclass(frozen=True, order=True)
+class SemaphoreRef:
+    """A semaphore's identity: the namespace and name of its JobSemaphore."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class SemaphoreKeys:
+    """``<root>/<ns>/_semaphores/<name>/``: ``spec``, ``slots/<index>``, ``waiters/<id>``
+    (docs/semaphores.md, "Key layout")."""
+
+    prefix: bytes
+
+    @property
+    def spec(self) -> bytes:
+        return self.prefix + b"spec"
+
+    @property
+    def slots(self) -> bytes:
+        return self.prefix + b"slots/"
+
+    def slot(self, index: int) -> bytes:
+        return self.slots + str(index).zfill(SLOT_DIGITS).encode()
+
+    def slot_index(self, key: bytes) -> int:
+        return int(key[len(self.slots):])
+
+    @property
+    def waiters(self) -> bytes:
+        return self.prefix + b"waiters/"
+
+    def waiter(self, ticket: str) -> bytes:
+        return self.waiters + ticket.encode()
 
 
 @dataclass(frozen=True, order=True)
@@ -205,6 +249,10 @@ class KeySpace:
 
     def queue(self, ref: QueueRef) -> QueueKeys:
         return QueueKeys(f"{self.root}/{ref.namespace}/{QUEUES_SEGMENT}/{ref.name}/".encode())
+
+    def semaphore(self, ref: SemaphoreRef) -> SemaphoreKeys:
+        return SemaphoreKeys(
+            f"{self.root}/{ref.namespace}/{SEMAPHORES_SEGMENT}/{ref.name}/".encode())
 
     def queues_prefix(self, namespace: str) -> bytes:
         """Every queue of one namespace."""

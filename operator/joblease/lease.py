@@ -34,6 +34,7 @@ from joblease.errors import (
 )
 from joblease.keys import ItemKeys, ItemRef, JobKeys, JobRef
 from joblease.records import CheckpointRecord, Holder, ItemRecord, ResultRecord
+from joblease.slots import SlotGrant
 from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, TxnResult
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ class Lease:
         holder_value: bytes,
         checkpoint: KeyValue | None = None,
         item: ItemRecord | None = None,
+        slots: tuple[SlotGrant, ...] = (),
     ) -> None:
         self.store = store
         self.job = job
@@ -106,6 +108,10 @@ class Lease:
         self._checkpoint_kv = checkpoint
         #: for a queue item's claim: the item (its payload), read by the claim itself
         self.item = item
+        #: the semaphore slots this claim took (docs/semaphores.md); completion
+        #: and release delete them in their own transactions
+        self.slots = slots
+        self._slot_keys = [key for grant in slots for key in grant.keys]
         if session is not None:
             session.on_loss(self._on_session_loss)
             session.attach(self)
@@ -343,7 +349,8 @@ class Lease:
                 r = await self.store.txn(
                     self._ours(),
                     [Put(self._keys.result, value),
-                     *(Delete(key) for key in self._keys.completion_deletes)],
+                     *(Delete(key) for key in (*self._keys.completion_deletes,
+                                               *self._slot_keys))],
                     [Get(self._keys.holder), Get(self._keys.result)],
                 )
             except OutcomeUnknownError:
@@ -413,7 +420,8 @@ class Lease:
             return
         for _ in range(3):
             try:
-                r = await self.store.txn(self._ours(), [Delete(self._keys.holder)],
+                r = await self.store.txn(self._ours(), [Delete(self._keys.holder),
+                                                        *map(Delete, self._slot_keys)],
                                          [Get(self._keys.holder), Get(self._keys.result)])
             except OutcomeUnknownError:
                 log.info("release of %s has an unknown outcome; reading back", self.job)
@@ -483,6 +491,8 @@ class Lease:
         if isinstance(self.job, ItemRef):
             queue = {"queue": str(self.job.queue), "item": self.job.id,
                      "payload": None if self.item is None else self.item.payload}
+        if self.slots:
+            queue["semaphores"] = [grant.to_dict() for grant in self.slots]
         return {"job": str(self.job), **queue, "owner": self.owner, "claimId": self.claim_id,
                 "token": self.token, "generation": self.generation, "ttl": self.ttl,
                 "leaseId": self.lease_id, "state": self.state.value,

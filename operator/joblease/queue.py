@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import json
 import random
@@ -36,6 +37,7 @@ from joblease.errors import (
     PayloadTooLargeError,
     QueueNotFoundError,
     QueueSuspendedError,
+    SemaphoreFullError,
     StaleTokenError,
     StoreUnavailableError,
 )
@@ -49,6 +51,7 @@ from joblease.records import (
     QueueSpec,
     ResultRecord,
 )
+from joblease.slots import check_uses, semaphore_refs
 from joblease.store import Compare, Delete, Get, KeyValue, Put, TxnResult
 
 #: Candidates a claimer picks from at random, among the oldest claimable items.
@@ -203,6 +206,7 @@ class Queues:
             raise InvalidInputError(f"invalid shards {spec.shards!r}: an integer 0..100000")
         if not isinstance(spec.suspend, bool):
             raise InvalidInputError(f"invalid suspend {spec.suspend!r}: true or false")
+        check_uses(spec.semaphores)
         keys = self.keys(queue)
         value = spec.encode()
         r = await self._idempotent([Compare(keys.spec, "value", "==", value)],
@@ -356,7 +360,7 @@ class Queues:
         client = self.client
         refresh = False
         revoked: list[int] = []
-        for _ in range(6):
+        for _ in range(16):  # slot races are re-planned here (picks are random)
             spec_revision, spec = await self.spec(item.queue, refresh=refresh)
             if spec.suspend:
                 raise QueueSuspendedError(str(item.queue))
@@ -365,14 +369,15 @@ class Queues:
             attempts_from = PendingRecord.decode(pending.value).attempts_from
             job_spec = spec.job_spec()
             if job_spec.max_attempts:
-                job_spec = type(job_spec)(job_spec.lease_duration_seconds,
-                                          attempts_from + job_spec.max_attempts)
+                job_spec = dataclasses.replace(
+                    job_spec, max_attempts=attempts_from + job_spec.max_attempts)
+            slot_plan = await client.plan_slots(str(item), item.namespace, job_spec, None)
             session = await client._session(spec.lease_duration_seconds)
             try:
-                with client._using(session):
+                with client._using(session), client._reserving(slot_plan):
                     outcome = await client._claim_on(
                         item, keys, owner, spec_revision, job_spec, session, revoked,
-                        item=ItemClaim(pending.mod_revision))
+                        item=ItemClaim(pending.mod_revision), slots=slot_plan)
             except AttemptsExhaustedError:
                 await self._mark_failed(keys, pending)
                 raise
@@ -434,6 +439,7 @@ class Queues:
             _, spec = await self.spec(queue)
             if spec.suspend:
                 raise QueueSuspendedError(str(queue))
+            full: SemaphoreFullError | None = None
             while (pending := pool.take()) is not None:
                 item_id = pending.key[len(keys.field_prefix("pending")):].decode()
                 try:
@@ -442,6 +448,18 @@ class Queues:
                 except (HeldError, AttemptsExhaustedError, AlreadyCompletedError,
                         ItemNotFoundError):
                     continue  # taken, exhausted (now marked failed) or completed meanwhile
+                except SemaphoreFullError as exc:
+                    pool.candidates.append(pending)  # still claimable once a slot frees
+                    full = exc
+                    break
+            if full is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise full
+                await self.client.wait_for_slots(
+                    [k for _, k, _ in semaphore_refs(self.client.keys, queue.namespace,
+                                                     spec.semaphores)], full.revision, left)
+                continue
             revision = await pool.refill(lambda: self._candidates(keys, pool.held_hint))
             if pool.candidates:
                 continue
@@ -523,12 +541,15 @@ class Queues:
             current_owner = (holder["owner"] if holder
                              else result.owner if result else None)
             raise StaleTokenError(str(item), token, current, current_owner)
+        _, spec = await self.spec(item.queue)
         return Lease(store=self.store, session=None, job=item, keys=keys, owner=owner,
                      claim_id=holder["claimId"], token=token,
                      generation=claims.version if claims else 0,
                      ttl=int(holder.get("ttl", 0)), holder_value=holder_kv.value,
                      checkpoint=checkpoint,
-                     item=ItemRecord.decode(item_kv.value, item_kv.create_revision))
+                     item=ItemRecord.decode(item_kv.value, item_kv.create_revision),
+                     slots=await self.client.held_slots(item.namespace, spec.semaphores,
+                                                        holder["claimId"]))
 
     # -- retry, inspect ---------------------------------------------------------------------
 

@@ -87,6 +87,31 @@ def _dumps(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
 
 
+@dataclass(frozen=True, order=True)
+class SemaphoreUse:
+    """A claim's need: ``weight`` slots of the semaphore ``name`` (same namespace)."""
+
+    name: str
+    weight: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "weight": self.weight}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> SemaphoreUse:
+        if not isinstance(obj, dict):
+            raise TypeError("a semaphore use must be an object")
+        return cls(_typed(obj, "name", str, str),
+                   _typed(obj, "weight", int, int) if "weight" in obj else 1)
+
+
+def _uses(obj: dict[str, Any]) -> tuple[SemaphoreUse, ...]:
+    uses = obj.get("semaphores") or []
+    if not isinstance(uses, list):
+        raise TypeError("'semaphores' must be a list")
+    return tuple(SemaphoreUse.from_json(u) for u in uses)
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """The registration: what the operator copies from the JobLease's spec."""
@@ -94,13 +119,20 @@ class JobSpec:
     lease_duration_seconds: int
     max_attempts: int = 3
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: the semaphores every claim takes slots of, in the claim's transaction
+    #: (docs/semaphores.md); written only when there are some, so a spec
+    #: without them has the bytes it always had
+    semaphores: tuple[SemaphoreUse, ...] = ()
 
     def encode(self) -> bytes:
-        return _dumps({
+        obj: dict[str, Any] = {
             "leaseDurationSeconds": self.lease_duration_seconds,
             "maxAttempts": self.max_attempts,
             "parameters": self.parameters,
-        })
+        }
+        if self.semaphores:
+            obj["semaphores"] = [u.to_json() for u in self.semaphores]
+        return _dumps(obj)
 
     @classmethod
     def decode(cls, data: bytes) -> JobSpec:
@@ -113,6 +145,7 @@ class JobSpec:
                 lease_duration_seconds=_typed(obj, "leaseDurationSeconds", int, int),
                 max_attempts=_typed(obj, "maxAttempts", int, int) if "maxAttempts" in obj else 0,
                 parameters=dict(parameters),
+                semaphores=_uses(obj),
             )
 
 
@@ -313,11 +346,15 @@ class QueueSpec:
     max_attempts: int = 3
     suspend: bool = False
     shards: int = 0  # items "0".."shards-1" exist from creation (Indexed Jobs)
+    semaphores: tuple[SemaphoreUse, ...] = ()  # taken by every item's claim
 
     def encode(self) -> bytes:
-        return _dumps({"leaseDurationSeconds": self.lease_duration_seconds,
-                       "maxAttempts": self.max_attempts, "shards": self.shards,
-                       "suspend": self.suspend})
+        obj: dict[str, Any] = {"leaseDurationSeconds": self.lease_duration_seconds,
+                               "maxAttempts": self.max_attempts, "shards": self.shards,
+                               "suspend": self.suspend}
+        if self.semaphores:
+            obj["semaphores"] = [u.to_json() for u in self.semaphores]
+        return _dumps(obj)
 
     @classmethod
     def decode(cls, data: bytes) -> QueueSpec:
@@ -328,11 +365,13 @@ class QueueSpec:
                 max_attempts=_typed(obj, "maxAttempts", int, int) if "maxAttempts" in obj else 0,
                 suspend=_typed_bool(obj, "suspend") if "suspend" in obj else False,
                 shards=_typed(obj, "shards", int, int) if "shards" in obj else 0,
+                semaphores=_uses(obj),
             )
 
     def job_spec(self) -> JobSpec:
         """The spec an item's claim uses, as a job's."""
-        return JobSpec(self.lease_duration_seconds, self.max_attempts)
+        return JobSpec(self.lease_duration_seconds, self.max_attempts,
+                       semaphores=self.semaphores)
 
 
 def _typed_bool(obj: dict[str, Any], key: str) -> bool:
@@ -406,3 +445,61 @@ class FailedRecord:
                 failed_at=(_typed(obj, "failedAt", float, int, float)
                            if "failedAt" in obj else 0.0),
             )
+
+
+# -- semaphores (docs/semaphores.md) ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SemaphoreSpec:
+    """``S/spec``: how many slots may be live at once."""
+
+    limit: int
+
+    def encode(self) -> bytes:
+        return _dumps({"limit": self.limit})
+
+    @classmethod
+    def decode(cls, data: bytes) -> SemaphoreSpec:
+        with decoding("semaphore"):
+            return cls(_typed(_loads_object(data), "limit", int, int))
+
+
+@dataclass(frozen=True)
+class SlotRecord:
+    """``S/slots/<index>``: one slot, granted in a claim's transaction and bound
+    to its etcd lease; its create revision is the slot's token."""
+
+    holder: str  # the job or item whose claim took it
+    owner: str
+    claim_id: str
+
+    def encode(self) -> bytes:
+        return _dumps({"claimId": self.claim_id, "holder": self.holder, "owner": self.owner})
+
+    @classmethod
+    def decode(cls, data: bytes) -> SlotRecord:
+        with decoding("slot"):
+            obj = _loads_object(data)
+            return cls(_typed(obj, "holder", str, str), _typed(obj, "owner", str, str),
+                       _typed(obj, "claimId", str, str))
+
+
+@dataclass(frozen=True)
+class WaiterRecord:
+    """``S/waiters/<ticket>``: a claim waiting for slots, bound to the waiter's
+    etcd lease; its create revision is its place in line."""
+
+    holder: str
+    owner: str
+    weight: int
+
+    def encode(self) -> bytes:
+        return _dumps({"holder": self.holder, "owner": self.owner, "weight": self.weight})
+
+    @classmethod
+    def decode(cls, data: bytes) -> WaiterRecord:
+        with decoding("waiter"):
+            obj = _loads_object(data)
+            return cls(_typed(obj, "holder", str, str), _typed(obj, "owner", str, str),
+                       _typed(obj, "weight", int, int))

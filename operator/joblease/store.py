@@ -32,12 +32,18 @@ class KeyValue:
 
 @dataclass(frozen=True)
 class Compare:
-    """``target(key) op value``; a missing key has version/create/mod 0."""
+    """``target(key) op value``; a missing key has version/create/mod 0.
+
+    With ``range_end``, every key in ``[key, range_end)`` must satisfy it, and
+    an empty range compares as one missing key (etcd's rule): so
+    ``Compare(a, "create", "==", 0, range_end=b)`` holds iff no key is in the range.
+    """
 
     key: bytes
     target: Target
     op: Op
     value: int | bytes
+    range_end: bytes = b""
 
 
 @dataclass(frozen=True)

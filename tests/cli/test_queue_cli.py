@@ -145,3 +145,21 @@ def test_queue_prune_forgets_finished_items(etcd_config: EtcdConfig) -> None:
     assert as_json(jl(etcd_config, "queue", "prune", "q", "--older-than", "0",
                       "-o", "json"))["pruned"] == 1
     assert [i["item"] for i in as_json(jl(etcd_config, "items", "q", "-o", "json"))] == ["b"]
+
+
+def test_semaphore_verbs_and_a_job_that_takes_a_slot(etcd_config: EtcdConfig) -> None:
+    jl(etcd_config, "semaphore", "create", "db", "--limit", "1")
+    jl(etcd_config, "register", "a", "--ttl", LONG_TTL, "--semaphore", "db")
+    jl(etcd_config, "register", "b", "--ttl", LONG_TTL, "--semaphore", "db:1")
+    claimed = as_json(jl(etcd_config, "claim", "a", "--owner", "w", "-o", "json"))
+    assert claimed["semaphores"] == [{"semaphore": "default/db", "slots": [0],
+                                      "token": claimed["token"]}]
+    full = jl(etcd_config, "claim", "b", "--owner", "w", check=18)
+    assert full.stderr.startswith("joblease: full: semaphore default/db has no room")
+    holders = as_json(jl(etcd_config, "semaphore", "holders", "db", "-o", "json"))
+    assert (holders["limit"], holders["live"]) == (1, 1)
+    assert holders["holders"][0]["holder"] == "default/a"
+    jl(etcd_config, "release", "a", "--owner", "w", "--token", str(claimed["token"]))
+    jl(etcd_config, "claim", "b", "--owner", "w")
+    jl(etcd_config, "register", "c", "--ttl", "10", "--semaphore", "db:0", check=2)
+    jl(etcd_config, "semaphore", "create", "db", "--limit", "0", check=2)

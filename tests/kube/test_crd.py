@@ -38,6 +38,16 @@ def test_valid_joblease_accepted_with_defaults(crds_installed: ControlPlane,
                            "parameters": {"n": 1}}
 
 
+def test_semaphores_are_accepted_with_a_default_weight(crds_installed: ControlPlane,
+                                                       namespace: str) -> None:
+    crds_installed.kubectl("apply", "-n", namespace, "-f", "-", check=True,
+                           input=joblease("limited", {"leaseDurationSeconds": 30,
+                                                      "semaphores": [{"name": "billing-db"}]}))
+    got = json.loads(crds_installed.kubectl("get", "jl", "limited", "-n", namespace, "-o",
+                                            "json", check=True).stdout)
+    assert got["spec"]["semaphores"] == [{"name": "billing-db", "weight": 1}]
+
+
 @pytest.mark.parametrize(
     ("spec", "field", "why"),
     [
@@ -50,9 +60,16 @@ def test_valid_joblease_accepted_with_defaults(crds_installed: ControlPlane,
          "greater than or equal to 0"),
         ({"leaseDurationSeconds": 10, "parameters": {f"k{i}": i for i in range(65)}},
          "spec.parameters", "at most 64"),
+        ({"leaseDurationSeconds": 10, "semaphores": [{"name": "Bad_Name"}]},
+         "spec.semaphores[0].name", "should match"),
+        ({"leaseDurationSeconds": 10, "semaphores": [{"name": "db", "weight": 0}]},
+         "spec.semaphores[0].weight", "greater than or equal to 1"),
+        ({"leaseDurationSeconds": 10, "semaphores": [{"name": "db"}, {"name": "db"}]},
+         "spec.semaphores[1]", "Duplicate value"),
     ],
     ids=["ttl-1", "ttl-too-long", "ttl-string", "ttl-missing", "attempts-negative",
-         "too-many-parameters"],
+         "too-many-parameters", "semaphore-bad-name", "semaphore-weight-0",
+         "semaphore-twice"],
 )
 def test_invalid_joblease_refused(crds_installed: ControlPlane, namespace: str,
                                   spec: dict[str, object], field: str, why: str) -> None:

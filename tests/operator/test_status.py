@@ -19,6 +19,7 @@ from joblease.operator.status import (
     should_apply,
     status_from_state,
 )
+from joblease.records import SemaphoreUse
 from tests.support.mirror_fakes import SPEC, T0, FakeClient, FakeKube, settle, state
 
 
@@ -144,6 +145,19 @@ def test_spec_validation_and_matching() -> None:
         deep = [deep]
     with pytest.raises(InvalidInputError, match="nested deeper than 64"):  # 65 with the object
         spec_from_resource({"leaseDurationSeconds": 10, "parameters": {"x": deep}})
+
+
+def test_a_joblease_s_semaphores_are_registered_in_name_order() -> None:
+    spec = spec_from_resource({"leaseDurationSeconds": 10, "semaphores": [
+        {"name": "gpu", "weight": 2}, {"name": "billing-db"}]})
+    assert spec.semaphores == (SemaphoreUse("billing-db", 1), SemaphoreUse("gpu", 2))
+    assert spec_matches({"leaseDurationSeconds": 10, "maxAttempts": 3, "semaphores": [
+        {"name": "billing-db", "weight": 1}, {"name": "gpu", "weight": 2}]}, spec)
+    for bad, why in [([{"name": "Bad_Name"}], "invalid semaphore name"),
+                     ([{"name": "db", "weight": 0}], "invalid weight"),
+                     ("db", "must be a list")]:
+        with pytest.raises(InvalidInputError, match=why):
+            spec_from_resource({"leaseDurationSeconds": 10, "semaphores": bad})
 
 
 def test_events_follow_consecutive_states() -> None:

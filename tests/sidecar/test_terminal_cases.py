@@ -246,3 +246,23 @@ def test_an_unknown_on_final_action_is_refused(env: Env) -> None:
         env={**env.base_env(), "JOBLEASE_JOB_NAME": "x", "JOBLEASE_SIDECAR_ON_FINAL": "wait"})
     assert result.returncode == 2
     assert "invalid on-final action 'wait': one of serve, exit" in result.stderr
+
+
+async def test_a_job_with_semaphores_is_refused_not_claimed_past_its_limit(
+        env: Env, client: JobLeaseClient) -> None:
+    """This sidecar does not take semaphore slots yet (docs/semaphores.md): it
+    must not claim such a job without them (that would exceed the limit), so it
+    refuses it, says why, and claims nothing."""
+    from joblease.keys import SemaphoreRef
+    from joblease.records import SemaphoreUse
+    from joblease.semaphore import Semaphores
+    await Semaphores(client).create(SemaphoreRef(env.job.namespace, "db"), 1)
+    await client.register(env.job, JobSpec(lease_duration_seconds=10, max_attempts=3,
+                                           semaphores=(SemaphoreUse("db", 1),)))
+    sidecar = await _with_probe(env, "a").started()
+    lease = await _final(sidecar, "failed")
+    assert lease["reason"] == "invalid"
+    assert "takes semaphore slots" in lease["message"]
+    state = await client.get(env.job)
+    assert state.attempts == 0 and state.holder is None  # nothing claimed
+    await _stays_up_then_sigterm_exits_zero(sidecar)

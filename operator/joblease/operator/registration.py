@@ -17,7 +17,8 @@ from joblease import validation
 from joblease.client import JobLeaseClient
 from joblease.errors import InvalidInputError
 from joblease.keys import JobRef
-from joblease.records import JobSpec
+from joblease.records import JobSpec, SemaphoreUse
+from joblease.slots import check_uses
 from joblease.store import Compare
 
 GROUP = "joblease.io"
@@ -51,7 +52,20 @@ def spec_from_resource(spec: Mapping[str, Any] | None) -> JobSpec:
         raise InvalidInputError("invalid parameters: must be an object")
     parameters = dict(parameters)
     validation.json_payload(parameters, "parameters", validation.MAX_PARAMETERS_BYTES)
-    return JobSpec(lease_duration_seconds=ttl, max_attempts=max_attempts, parameters=parameters)
+    return JobSpec(lease_duration_seconds=ttl, max_attempts=max_attempts, parameters=parameters,
+                   semaphores=semaphore_uses(spec.get("semaphores")))
+
+
+def semaphore_uses(value: Any) -> tuple[SemaphoreUse, ...]:
+    """A resource's ``spec.semaphores`` (``[{name, weight}]``), checked as the
+    protocol checks it (docs/semaphores.md), in name order."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(u, Mapping) for u in value):
+        raise InvalidInputError("invalid semaphores: must be a list of {name, weight}")
+    uses = [SemaphoreUse(u.get("name"), u.get("weight", 1)) for u in value]
+    check_uses(uses)
+    return tuple(sorted(uses))
 
 
 def spec_matches(resource_spec: Mapping[str, Any] | None, registered: JobSpec | None) -> bool:

@@ -109,6 +109,11 @@ func (c *Client) Claim(ctx context.Context, job JobRef, owner string) (*Lease, e
 		if err != nil {
 			return nil, err
 		}
+		if spec.Semaphores > 0 {
+			return nil, errs.Invalid(fmt.Sprintf("job %s takes semaphore slots (its spec names %d "+
+				"semaphores), which this sidecar does not take yet; claim it with the Python library, "+
+				"joblease claim or joblease run (docs/semaphores.md)", job, spec.Semaphores))
+		}
 		s, err := c.sessionFor(ctx, spec.LeaseDurationSeconds)
 		if err != nil {
 			return nil, err

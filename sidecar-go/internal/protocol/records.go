@@ -20,6 +20,10 @@ type Spec struct {
 	LeaseDurationSeconds int64
 	MaxAttempts          int64 // 0: unlimited
 	Parameters           map[string]any
+	// Semaphores is how many semaphores the spec names (docs/semaphores.md).
+	// This sidecar does not take semaphore slots yet, so it refuses to claim
+	// such a job rather than claim it without its slots (past the limit).
+	Semaphores int
 }
 
 // EncodeSpec is JobSpec.encode.
@@ -56,7 +60,16 @@ func DecodeSpec(data []byte) (Spec, error) {
 		}
 		params = m
 	}
-	return Spec{LeaseDurationSeconds: ttl, MaxAttempts: max, Parameters: params}, nil
+	semaphores := 0
+	if u, ok := obj["semaphores"]; ok && truthy(u) {
+		list, ok := u.([]any)
+		if !ok {
+			return Spec{}, errs.Corrupt("spec", "TypeError: 'semaphores' must be a list")
+		}
+		semaphores = len(list)
+	}
+	return Spec{LeaseDurationSeconds: ttl, MaxAttempts: max, Parameters: params,
+		Semaphores: semaphores}, nil
 }
 
 // HolderValue is Holder.encode_value: the holder key's value.
