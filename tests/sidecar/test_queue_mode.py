@@ -340,3 +340,24 @@ async def test_a_suspended_queue_is_waited_on_and_claimed_once_resumed(
     # waiting is a watch: a handful of claim attempts, not a loop
     for sc in (s, one):
         assert (await sc.metrics())["joblease_sidecar_claim_attempts_total"] <= 4
+
+
+async def test_a_queue_with_semaphores_is_refused_not_drained_past_its_limit(
+        env: Env, queues: Queues, client: JobLeaseClient, conformance: Conformance) -> None:
+    """This sidecar does not take semaphore slots yet (docs/semaphores.md): an item
+    claimed without them would exceed the limit, so it refuses the queue and
+    claims nothing."""
+    from joblease.keys import SemaphoreRef
+    from joblease.records import SemaphoreUse
+    from joblease.semaphore import Semaphores
+    q = queue_ref()
+    await Semaphores(client).create(SemaphoreRef(q.namespace, "db"), 1)
+    await queues.create(q, QueueSpec(lease_duration_seconds=5, max_attempts=3,
+                                     semaphores=(SemaphoreUse("db", 1),)))
+    await queues.enqueue(q, [("a", None)])
+    s = await sidecar(env, "limited", q).started()
+    view = await poll(lambda: _final(s, conformance), 15, "the final answer")
+    assert view["error"] == "failed" and view["reason"] == "invalid", view
+    assert "takes semaphore slots" in view["message"]
+    counts = await queues.counts(q)
+    assert (counts.held, counts.pending) == (0, 1)  # nothing claimed

@@ -110,6 +110,11 @@ func (c *Client) claimItem(ctx context.Context, item ItemRef, owner string, pend
 		if spec.Suspend {
 			return nil, errs.Suspended(item.Queue.String(), readRev)
 		}
+		if spec.Semaphores > 0 {
+			return nil, errs.Invalid(fmt.Sprintf("queue %s takes semaphore slots (its spec names %d "+
+				"semaphores), which this sidecar does not take yet; claim its items with the Python "+
+				"library or joblease queue run (docs/semaphores.md)", item.Queue, spec.Semaphores))
+		}
 		if pending == nil || refresh {
 			if pending, err = c.pendingOf(ctx, item, keys); err != nil {
 				return nil, err

@@ -18,6 +18,8 @@ type QueueSpec struct {
 	MaxAttempts          int64 // 0: unlimited
 	Suspend              bool
 	Shards               int64 // items "0".."Shards-1" exist from creation
+	// Semaphores is how many semaphores the spec names: refused like a job's (Spec.Semaphores).
+	Semaphores int
 }
 
 // Encode is QueueSpec.encode.
@@ -52,6 +54,13 @@ func DecodeQueueSpec(data []byte) (QueueSpec, error) {
 		if q.Shards, err = intField("queue", obj, "shards"); err != nil {
 			return q, err
 		}
+	}
+	if u, ok := obj["semaphores"]; ok && truthy(u) {
+		list, ok := u.([]any)
+		if !ok {
+			return q, errs.Corrupt("queue", "TypeError: 'semaphores' must be a list")
+		}
+		q.Semaphores = len(list)
 	}
 	return q, nil
 }
