@@ -232,12 +232,12 @@ async def refreshes(operator: OperatorProcess, n: int) -> None:
         operator, "queue_refreshes", "ok", seen + n))
 
 
-@pytest.mark.parametrize("items", [
-    10_000,
-    pytest.param(100_000, marks=pytest.mark.soak),
-], ids=["10k", "100k"])
 async def test_many_items_cost_the_operator_no_memory_and_are_counted_exactly(
-        kube: Kube, operator: QueueOperator, client: JobLeaseClient, items: int) -> None:
+        kube: Kube, operator: QueueOperator, client: JobLeaseClient) -> None:
+    """100,000 items (about 35 s here, so in the default run): the operator's RSS
+    stays within 20 MiB of its RSS with none, and the status counts equal etcd's.
+    The operator runs throughout; see docs/operator.md#jobqueues for a restart."""
+    items = 100_000
     q = QueueRef(kube.ns, "big")
     queues = Queues(client)
     await apply(kube, "big", {"leaseDurationSeconds": 30})
@@ -261,3 +261,4 @@ async def test_many_items_cost_the_operator_no_memory_and_are_counted_exactly(
     print(f"operator RSS with 0 items {before / MIB:.1f} MiB, with {items} "
           f"{after / MIB:.1f} MiB ({(after - before) / MIB:+.1f} MiB)")
     assert after - before < 20 * MIB, (before, after)
+
