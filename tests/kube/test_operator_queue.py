@@ -87,7 +87,10 @@ async def counts_mirrored(kube: Kube, queues: Queues, q: QueueRef, *,
     so with no change in flight the two are the same revision's counts)."""
     async def probe() -> tuple[dict[str, Any], QueueCounts] | None:
         s = await status(kube, q.name)
-        counts = await queues.counts(q)
+        try:
+            counts = await queues.counts(q)
+        except QueueNotFoundError:
+            return None  # the operator has not created it yet
         if s and {k: s.get(k) for k in COUNTS} == {k: getattr(counts, k) for k in COUNTS}:
             assert s["etcdRevision"] <= counts.revision
             return s, counts
@@ -193,6 +196,27 @@ async def _metrics_with(operator: OperatorProcess, ns: str, pending: float) -> s
     return text if got == pending else None
 
 
+async def test_a_sharded_jobqueue_has_its_items_from_creation(
+        kube: Kube, operator: QueueOperator, client: JobLeaseClient) -> None:
+    q = QueueRef(kube.ns, "indexed")
+    queues = Queues(client)
+    await apply(kube, "indexed", {"leaseDurationSeconds": 5, "shards": 4})
+    s, counts = await counts_mirrored(kube, queues, q)
+    assert (counts.total, counts.pending) == (4, 4) and s["observedGeneration"] == 1
+    assert sorted(i.item.id for i in await queues.items(q)) == ["0", "1", "2", "3"]
+    # An update of another field keeps the items (re-enqueueing the shards is a no-op).
+    lease = await queues.claim(ItemRef(q, "2"), "worker")
+    await lease.complete(None)
+    await apply(kube, "indexed", {"leaseDurationSeconds": 9, "shards": 4})
+    await wait_for("new TTL in etcd", lambda: _ttl_is(queues, q, 9))
+    s, counts = await counts_mirrored(kube, queues, q)
+    assert (counts.total, counts.completed, counts.pending) == (4, 1, 3)
+
+
+async def _ttl_is(queues: Queues, q: QueueRef, ttl: int) -> bool:
+    return (await queues.spec(q, refresh=True))[1].lease_duration_seconds == ttl
+
+
 async def test_an_old_status_is_not_overwritten_with_older_counts(
         kube: Kube, operator: QueueOperator, client: JobLeaseClient) -> None:
     """A status whose etcdRevision is ahead of etcd (as if written by a newer read) is
@@ -236,7 +260,7 @@ async def test_many_items_cost_the_operator_no_memory_and_are_counted_exactly(
         kube: Kube, operator: QueueOperator, client: JobLeaseClient) -> None:
     """100,000 items (about 35 s here, so in the default run): the operator's RSS
     stays within 20 MiB of its RSS with none, and the status counts equal etcd's.
-    The operator runs throughout; see docs/operator.md#jobqueues for a restart."""
+    And so does a restarted operator's, with the items already there."""
     items = 100_000
     q = QueueRef(kube.ns, "big")
     queues = Queues(client)
@@ -258,7 +282,17 @@ async def test_many_items_cost_the_operator_no_memory_and_are_counted_exactly(
         items, 3, 2, items - 5)
     await refreshes(operator, 3)  # more refreshes at that size
     after = operator.rss()
+    # A restart with the items there: its JobLease watch snapshot and kopf's resume read
+    # etcd and the API afresh, and neither may read the items (JobLeaseClient.scan_jobs).
+    operator.stop()
+    operator.start()
+    await operator.wait_ready()
+    await refreshes(operator, 3)
+    await counts_mirrored(kube, queues, q, timeout=60)
+    restarted = operator.rss()
     print(f"operator RSS with 0 items {before / MIB:.1f} MiB, with {items} "
-          f"{after / MIB:.1f} MiB ({(after - before) / MIB:+.1f} MiB)")
+          f"{after / MIB:.1f} MiB ({(after - before) / MIB:+.1f} MiB), restarted with them "
+          f"{restarted / MIB:.1f} MiB ({(restarted - before) / MIB:+.1f} MiB)")
     assert after - before < 20 * MIB, (before, after)
+    assert restarted - before < 20 * MIB, (before, restarted)
 
