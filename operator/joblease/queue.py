@@ -29,6 +29,7 @@ from joblease.errors import (
     AlreadyCompletedError,
     AttemptsExhaustedError,
     ConflictError,
+    FencedError,
     HeldError,
     InvalidInputError,
     ItemNotFoundError,
@@ -52,7 +53,7 @@ from joblease.records import (
     ResultRecord,
 )
 from joblease.slots import check_uses, semaphore_refs
-from joblease.store import Compare, Delete, Get, KeyValue, Put, TxnResult
+from joblease.store import Compare, Delete, Get, KeyValue, Put, Txn, TxnResult, describe
 
 #: Candidates a claimer picks from at random, among the oldest claimable items.
 PICK_FROM = 16
@@ -194,10 +195,18 @@ class Queues:
 
     # -- the queue itself ------------------------------------------------------------------
 
-    async def create(self, queue: QueueRef, spec: QueueSpec) -> int:
+    async def create(self, queue: QueueRef, spec: QueueSpec, *,
+                     guard: Sequence[Compare] = ()) -> int:
         """Register ``queue`` (idempotent: the same spec again writes nothing;
         another spec replaces it, as a JobLease's registration does). With
-        ``spec.shards``, items ``0``..``shards-1`` are enqueued (payload null)."""
+        ``spec.shards``, items ``0``..``shards-1`` are enqueued (payload null).
+
+        ``guard``: extra conditions the spec write requires, as for
+        :meth:`JobLeaseClient.register` (the operator passes its leadership
+        term); if one fails nothing is written and :class:`FencedError` is
+        raised. The shard items are enqueued only after a guarded spec write
+        succeeded; their enqueue is not itself guarded (it is idempotent, and
+        what it writes is exactly what the spec that was just accepted asks for)."""
         self._check_queue(queue)
         validation.ttl(spec.lease_duration_seconds)
         validation.max_attempts(spec.max_attempts)
@@ -209,12 +218,48 @@ class Queues:
         check_uses(spec.semaphores)
         keys = self.keys(queue)
         value = spec.encode()
-        r = await self._idempotent([Compare(keys.spec, "value", "==", value)],
-                                   [Get(keys.spec)], [Put(keys.spec, value)])
+        if guard:
+            revision = await self._guarded_create(queue, keys, value, guard)
+        else:
+            revision = (await self._idempotent([Compare(keys.spec, "value", "==", value)],
+                                               [Get(keys.spec)], [Put(keys.spec, value)])
+                        ).revision
         self._specs.pop(queue, None)
         if spec.shards:
             await self.enqueue(queue, [(str(i), None) for i in range(spec.shards)])
-        return r.revision
+        return revision
+
+    async def _guarded_create(self, queue: QueueRef, keys: QueueKeys, value: bytes,
+                              guard: Sequence[Compare]) -> int:
+        """The spec write nested in a transaction whose compares are ``guard``, as
+        ``JobLeaseClient.register`` does it (the write itself uses both branches,
+        so the guard cannot join its compares: a failed guard would run the put).
+        An unknown outcome is settled by sending it again (a repeat after a commit
+        is a read); if that copy finds the guard failed, the first may have
+        committed (``written=None``)."""
+        inner = Txn((Compare(keys.spec, "value", "==", value),), (Get(keys.spec),),
+                    (Put(keys.spec, value),))
+        unknown = False
+        for attempt in range(5):
+            try:
+                r = await self.store.txn(guard, [inner], [Get(keys.spec)])
+            except OutcomeUnknownError:
+                if attempt == 4:
+                    raise
+                unknown = True
+                await asyncio.sleep(0.1 * 2**attempt)
+                continue
+            if r.succeeded:
+                return r.revision
+            if not unknown:
+                raise FencedError(f"create of queue {queue}", describe(guard))
+            now = r.kv(0)
+            detail = ("the spec holds this call's value now" if now and now.value == value
+                      else "the spec holds another value now" if now
+                      else "the queue does not exist now")
+            raise FencedError(f"create of queue {queue}", describe(guard), written=None,
+                              detail=detail)
+        raise AssertionError("unreachable")
 
     async def _idempotent(self, compares: list[Compare], success: list[Any],
                           failure: list[Any]) -> TxnResult:
@@ -243,21 +288,37 @@ class Queues:
         self._specs[queue] = entry
         return entry
 
-    async def delete(self, queue: QueueRef) -> int:
+    async def delete(self, queue: QueueRef, *, guard: Sequence[Compare] = ()) -> int:
         """Delete the queue and every item, in one transaction conditional on
         the spec it read (a re-created queue is left alone). Returns the
-        revision; raises :class:`NotRegisteredError` if there is no queue."""
+        revision; raises :class:`NotRegisteredError` if there is no queue.
+
+        ``guard``: extra conditions the delete requires (outer transaction, the
+        conditional delete nested in it, as :meth:`JobLeaseClient.unregister`);
+        if one fails nothing is deleted and :class:`FencedError` is raised
+        (``written=None`` after an unknown outcome: a first copy may have
+        committed)."""
         self._check_queue(queue)
         keys = self.keys(queue)
+        unknown = False
         for _ in range(5):
             _, kvs = await self.store.get(keys.spec)
             if not kvs:
                 raise QueueNotFoundError(str(queue))
+            condition = Compare(keys.spec, "create", "==", kvs[0].create_revision)
+            delete = Delete(keys.prefix, prefix=True)
             try:
-                r = await self.store.txn([Compare(keys.spec, "create", "==",
-                                                  kvs[0].create_revision)],
-                                         [Delete(keys.prefix, prefix=True)], [])
+                if guard:
+                    outer = await self.store.txn(guard, [Txn((condition,), (delete,))], [])
+                    if not outer.succeeded:
+                        raise FencedError(f"delete of queue {queue}", describe(guard),
+                                          written=None if unknown else False)
+                    r = outer.nested(0)
+                    r = TxnResult(r.succeeded, outer.revision, r.responses)
+                else:
+                    r = await self.store.txn([condition], [delete], [])
             except OutcomeUnknownError:
+                unknown = True
                 continue  # read again: gone or re-created means done
             self._specs.pop(queue, None)
             if r.succeeded:
