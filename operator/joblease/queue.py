@@ -146,6 +146,7 @@ class _Pool:
         self.candidates: list[KeyValue] = []
         self.revision = 0
         self.held_hint = 0  # holders seen at the last read: how far to read ahead
+        self.found = False  # whether the last read found any candidate
         self._lock = asyncio.Lock()
 
     def take(self) -> KeyValue | None:
@@ -156,13 +157,16 @@ class _Pool:
         return self.candidates.pop(random.randrange(min(PICK_FROM, len(self.candidates))))
 
     async def refill(self, read: Callable[[], Awaitable[tuple[int, list[KeyValue], int]]]
-                     ) -> int:
-        """Read again unless a concurrent claimer just did; the revision of the read."""
+                     ) -> tuple[int, bool]:
+        """Read again unless a concurrent claimer just did: the revision of the
+        read, and whether it found any candidate (the claimers that took them
+        since may have emptied the pool: that is no sign of an empty queue)."""
         revision = self.revision
         async with self._lock:
             if self.revision == revision:  # nobody refilled while we waited
                 self.revision, self.candidates, self.held_hint = await read()
-        return self.revision
+                self.found = bool(self.candidates)
+        return self.revision, self.found
 
 
 class Queues:
@@ -442,8 +446,12 @@ class Queues:
                 except (HeldError, AttemptsExhaustedError, AlreadyCompletedError,
                         ItemNotFoundError):
                     continue  # taken, exhausted (now marked failed) or completed meanwhile
-            revision = await pool.refill(lambda: self._candidates(keys, pool.held_hint))
-            if pool.candidates:
+            revision, found = await pool.refill(
+                lambda: self._candidates(keys, pool.held_hint))
+            if pool.candidates or found:
+                # Candidates (or ones that concurrent claimers took while we
+                # waited for their read): claimable items may be left, so
+                # take or read again; only a read that found none means none.
                 continue
             left = deadline - time.monotonic()
             if left <= 0:

@@ -360,3 +360,18 @@ async def test_prune_forgets_finished_items_past_their_retention(queues: Queues)
     assert (await queues.enqueue(Q, [("done", "again")])).added == ["done"]
     with pytest.raises(InvalidInputError):
         await queues.prune(Q, older_than=-1)
+
+
+async def test_concurrent_claimers_without_wait_answer_none_only_when_nothing_is_claimable(
+        queues: Queues) -> None:
+    # 64 claimers share one candidate pool; one read fills it with 32. The ones
+    # that waited for that read must not answer "nothing claimable" because the
+    # others emptied the pool meanwhile: 8 items are still free then.
+    await queues.enqueue(Q, [(f"i{n}", n) for n in range(40)])
+    await queues.spec(Q)  # cached, as a running worker has it: all 64 meet at the first read
+    got = await asyncio.wait_for(
+        asyncio.gather(*(queues.claim_next(Q, f"w{n}") for n in range(64))), 60)
+    leases = [lease for lease in got if lease is not None]
+    assert sorted(lease.job.id for lease in leases) == sorted(  # type: ignore[union-attr]
+        f"i{n}" for n in range(40))
+    assert (await queues.counts(Q)).held == 40
