@@ -53,8 +53,15 @@ from joblease.store import Compare, Delete, Get, KeyValue, Put, TxnResult
 
 #: Candidates a claimer picks from at random, among the oldest claimable items.
 PICK_FROM = 16
-#: Pending keys read beyond the held ones when looking for the next item.
+#: Pending keys read beyond the held ones when looking for the next item (at least).
 READ_AHEAD = 32
+#: etcd reads the whole pending range to sort it by create revision (a sorted
+#: range ignores its limit until after the sort), so one candidate read costs
+#: as much as the queue is long. Reading ahead one key in READ_AHEAD_SHARE of
+#: the pending set (up to READ_AHEAD_MAX) keeps that cost per claim constant
+#: (about READ_AHEAD_SHARE keys scanned per claim) instead of growing with the backlog.
+READ_AHEAD_SHARE = 64
+READ_AHEAD_MAX = 2048
 
 
 class ItemPhase(enum.StrEnum):
@@ -146,6 +153,7 @@ class _Pool:
         self.candidates: list[KeyValue] = []
         self.revision = 0
         self.held_hint = 0  # holders seen at the last read: how far to read ahead
+        self.pending_hint = 0  # pending keys counted at the last read: how much to read
         self.found = False  # whether the last read found any candidate
         self._lock = asyncio.Lock()
 
@@ -156,7 +164,7 @@ class _Pool:
             return None
         return self.candidates.pop(random.randrange(min(PICK_FROM, len(self.candidates))))
 
-    async def refill(self, read: Callable[[], Awaitable[tuple[int, list[KeyValue], int]]]
+    async def refill(self, read: Callable[[], Awaitable[tuple[int, list[KeyValue], int, int]]]
                      ) -> tuple[int, bool]:
         """Read again unless a concurrent claimer just did: the revision of the
         read, and whether it found any candidate (the claimers that took them
@@ -164,7 +172,8 @@ class _Pool:
         revision = self.revision
         async with self._lock:
             if self.revision == revision:  # nobody refilled while we waited
-                self.revision, self.candidates, self.held_hint = await read()
+                (self.revision, self.candidates, self.held_hint,
+                 self.pending_hint) = await read()
                 self.found = bool(self.candidates)
         return self.revision, self.found
 
@@ -447,7 +456,7 @@ class Queues:
                         ItemNotFoundError):
                     continue  # taken, exhausted (now marked failed) or completed meanwhile
             revision, found = await pool.refill(
-                lambda: self._candidates(keys, pool.held_hint))
+                lambda: self._candidates(keys, pool.held_hint, pool.pending_hint))
             if pool.candidates or found:
                 # Candidates (or ones that concurrent claimers took while we
                 # waited for their read): claimable items may be left, so
@@ -458,25 +467,29 @@ class Queues:
                 return None
             await self._wait_for_change(keys, revision, left)
 
-    async def _candidates(self, keys: QueueKeys, held_hint: int
-                          ) -> tuple[int, list[KeyValue], int]:
+    async def _candidates(self, keys: QueueKeys, held_hint: int, pending_hint: int
+                          ) -> tuple[int, list[KeyValue], int, int]:
         """The revision read at, the oldest pending keys that have no holder
-        (at most ``READ_AHEAD`` of them when there are that many) and the number of
-        holders, in one read-only transaction."""
+        (at most the read-ahead of them when there are that many: ``READ_AHEAD``,
+        or one in ``READ_AHEAD_SHARE`` of the ``pending_hint`` pending keys the
+        last read counted, at most ``READ_AHEAD_MAX``), the number of holders
+        and the number of pending keys, in one read-only transaction."""
         held_prefix, pending_prefix = keys.field_prefix("held"), keys.field_prefix("pending")
-        limit = held_hint + READ_AHEAD
+        ahead = min(max(READ_AHEAD, pending_hint // READ_AHEAD_SHARE), READ_AHEAD_MAX)
+        limit = held_hint + ahead
         while True:
             r = await self._read([
                 Get(held_prefix, prefix=True, keys_only=True),
-                Get(pending_prefix, prefix=True, limit=limit, oldest_first=True)])
+                Get(pending_prefix, prefix=True, limit=limit, oldest_first=True),
+                Get(pending_prefix, prefix=True, count_only=True)])
             held = {kv.key[len(held_prefix):] for kv in r.kvs(0)}
             pending = r.kvs(1)
             free = [kv for kv in pending if kv.key[len(pending_prefix):] not in held]
             # Fewer free ones than asked for although the read was cut at the
             # limit: the holders filled it; read again past them.
             if len(free) >= READ_AHEAD or len(pending) < limit:
-                return r.revision, free, len(held)
-            limit = len(held) + READ_AHEAD
+                return r.revision, free, len(held), r.count(2)
+            limit = len(held) + ahead
 
     async def _wait_for_change(self, keys: QueueKeys, revision: int, timeout: float) -> None:
         """Until a pending key is written, a holder deleted or the spec changed

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient
+from joblease import queue as queue_module
 from joblease.errors import (
     AlreadyCompletedError,
     AttemptsExhaustedError,
@@ -375,3 +376,32 @@ async def test_concurrent_claimers_without_wait_answer_none_only_when_nothing_is
     assert sorted(lease.job.id for lease in leases) == sorted(  # type: ignore[union-attr]
         f"i{n}" for n in range(40))
     assert (await queues.counts(Q)).held == 40
+
+
+async def test_two_clients_drain_a_deep_queue_each_item_once(
+        queues: Queues, etcd_config: EtcdConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A deep queue makes each candidate read take more than READ_AHEAD (one in
+    # READ_AHEAD_SHARE of the pending keys; lowered so 400 items are "deep"):
+    # two clients then work through the same large head and refuse each
+    # other's items, and still complete every item once.
+    monkeypatch.setattr(queue_module, "READ_AHEAD_SHARE", 4)
+    await queues.enqueue(Q, [(f"i{n:03d}", n) for n in range(400)])
+    done: list[str] = []
+
+    async def worker(q: Queues, name: str) -> None:
+        async for lease in q.work(Q, name):
+            done.append(lease.job.id)  # type: ignore[union-attr]
+            await lease.complete()
+
+    async with JobLeaseClient(etcd_config) as other_client:
+        other = Queues(other_client)
+        first = await other.claim_next(Q, "b")
+        assert first is not None and other._pools[Q].pending_hint == 400  # counted the backlog
+        await first.complete()
+        done.append(first.job.id)  # type: ignore[union-attr]
+        await asyncio.wait_for(asyncio.gather(
+            *(worker(queues, f"a{n}") for n in range(8)),
+            *(worker(other, f"b{n}") for n in range(8))), 120)
+    assert sorted(done) == [f"i{n:03d}" for n in range(400)]  # each exactly once
+    counts = await queues.counts(Q)
+    assert (counts.completed, counts.pending, counts.held) == (400, 0, 0)
