@@ -211,11 +211,11 @@ async def pool(n: int, concurrency: int, cycle: Any) -> dict[str, Any]:
 
 
 async def cycles_queue(client: JobLeaseClient, n: int, concurrency: int, *,
-                       backlog: int | None = None, queue: QueueRef | None = None
-                       ) -> dict[str, Any]:
+                       backlog: int | None = None, queue: QueueRef | None = None,
+                       queues: Queues | None = None) -> dict[str, Any]:
     """``claim_next`` + ``complete`` through one :class:`Queues` (its claimers
     share one candidate pool, as a worker process's do)."""
-    queues = Queues(client)
+    queues = queues or Queues(client)
     if queue is None:
         queue = new_queue()
         await queues.create(queue, QueueSpec(TTL, MAX_ATTEMPTS))
@@ -386,9 +386,15 @@ async def bench_backlog(client: JobLeaseClient, backlogs: list[int], n: int,
         setup[b] = round(time.perf_counter() - t, 2)
         made[b] = q
     runs: dict[int, list[dict[str, Any]]] = {b: [] for b in backlogs}
+    # One Queues (one candidate pool) per queue across the rounds, as a
+    # long-running worker has: a fresh one pays a short first read (it has
+    # not counted the backlog yet) and then a full one, which would weigh on
+    # a short round as no running worker feels it.
+    workers = {b: Queues(client) for b in backlogs}
     for order in rotations(list(backlogs), rounds):
         for b in order:
-            runs[b].append(await cycles_queue(client, n, concurrency, queue=made[b]))
+            runs[b].append(await cycles_queue(client, n, concurrency, queue=made[b],
+                                              queues=workers[b]))
     rows = []
     for b in backlogs:
         row = {"backlog": b, "enqueue_setup_s": setup[b],
