@@ -1,4 +1,4 @@
-"""Scanning jobs skips queues (and semaphores): ``JobLeaseClient.scan_jobs`` (and so ``list`` and the
+"""Scanning jobs skips queues and semaphores: ``JobLeaseClient.scan_jobs`` (and so ``list`` and
 operator's watch snapshot) reads every job key of a namespace, or of all, at one
 revision, and never reads a queue's items, however many (docs/queues.md: a queue
 owns ``<ns>/_queues/<queue>/``). Against a real etcd; the store is wrapped only to
