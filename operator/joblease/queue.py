@@ -681,7 +681,9 @@ class Queues:
         prefix = keys.field_prefix("items")
         r = await self._read([
             Get(prefix, prefix=True, keys_only=True, oldest_first=True,
-                limit=0 if phase else limit)])
+                limit=0 if phase else limit), Get(keys.spec)])
+        if r.kv(1) is None:
+            raise QueueNotFoundError(str(queue))
         ids = [kv.key[len(prefix):].decode() for kv in r.kvs(0)]
         out: list[ItemState] = []
         for chunk in _chunks(ids, 16):

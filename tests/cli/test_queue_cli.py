@@ -85,6 +85,7 @@ def test_a_cron_slot_is_claimed_once(etcd_config: EtcdConfig) -> None:
     (("queue", "create", "q", "--ttl", "1"), 2, "invalid"),
     (("queue", "create", "Bad_Name", "--ttl", "10"), 2, "invalid"),
     (("queue", "claim", "missing", "--owner", "w"), 3, "not_found"),
+    (("items", "missing"), 3, "not_found"),
     (("queue", "retry", "q", "taken"), 2, "invalid"),  # not failed
 ])
 def test_queue_errors_are_one_line_with_distinct_exit_codes(

@@ -213,6 +213,40 @@ async def test_a_sharded_jobqueue_has_its_items_from_creation(
     assert (counts.total, counts.completed, counts.pending) == (4, 1, 3)
 
 
+async def test_finished_items_past_their_retention_are_pruned_and_semaphores_registered(
+        kube: Kube, operator: QueueOperator, client: JobLeaseClient) -> None:
+    """``ttlSecondsAfterFinished``: the operator deletes finished items past it
+    (open ones stay); ``semaphores`` reach etcd's queue spec."""
+    q = QueueRef(kube.ns, "kept")
+    queues = Queues(client)
+    await apply(kube, "kept", {"leaseDurationSeconds": 5, "ttlSecondsAfterFinished": 0,
+                               "semaphores": [{"name": "db"}]})
+    await wait_for("queue in etcd", lambda: _exists(queues, q))
+    _, spec = await queues.spec(q, refresh=True)
+    assert [(u.name, u.weight) for u in spec.semaphores] == [("db", 1)]
+    await apply(kube, "kept", {"leaseDurationSeconds": 5, "ttlSecondsAfterFinished": 0})
+    await wait_for("semaphores dropped in etcd", lambda: _no_semaphores(queues, q))
+    await queues.enqueue(q, [("done", 1), ("open", 2)])
+    lease = await queues.claim(ItemRef(q, "done"), "w")
+    await lease.complete("ok")
+
+    async def pruned() -> bool:
+        return [s.item.id for s in await queues.items(q)] == ["open"]
+    await wait_for("the finished item pruned", pruned)
+
+
+async def _exists(queues: Queues, q: QueueRef) -> bool:
+    try:
+        await queues.spec(q, refresh=True)
+    except QueueNotFoundError:
+        return False
+    return True
+
+
+async def _no_semaphores(queues: Queues, q: QueueRef) -> bool:
+    return not (await queues.spec(q, refresh=True))[1].semaphores
+
+
 async def _ttl_is(queues: Queues, q: QueueRef, ttl: int) -> bool:
     return (await queues.spec(q, refresh=True))[1].lease_duration_seconds == ttl
 

@@ -28,11 +28,11 @@ from typing import Any
 import aiohttp
 
 from joblease.client import JobLeaseClient
-from joblease.errors import JobLeaseError, QueueNotFoundError
+from joblease.errors import InvalidInputError, JobLeaseError, QueueNotFoundError
 from joblease.keys import QueueRef
 from joblease.operator.kube import ConflictError, InvalidError, KubeApi, KubeApiError, NotFoundError
 from joblease.operator.metrics import OperatorMetrics
-from joblease.operator.queue_registration import spec_matches
+from joblease.operator.queue_registration import retention_of, spec_matches
 from joblease.operator.queue_status import same_facts, should_apply, status_from_counts
 from joblease.operator.status import observed_generation_for
 from joblease.queue import QueueCounts, Queues
@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 DEFAULT_INTERVAL = 5.0
 #: Conditional writes re-read and re-decided in a row before waiting for the next round.
 CONFLICT_RETRIES = 4
+#: Finished items a refresh deletes at most (retention), so one round stays short.
+PRUNE_PER_REFRESH = 1000
 
 
 class QueueMirror:
@@ -134,11 +136,31 @@ class QueueMirror:
         try:
             obj = await self.kube.get_queue(queue)
             await self._write(queue, obj, revision, counts, spec)
+            await self._prune(queue, obj, counts)
         except _ContendedError:
             log.info("status of queue %s kept conflicting; next round in %.0fs", queue,
                      self.interval)
         except NotFoundError:
             self.metrics.status_patches.labels("not_found").inc()
+
+    async def _prune(self, queue: QueueRef, obj: dict[str, Any],
+                     counts: QueueCounts | None) -> None:
+        """Retention: finished items older than ``spec.ttlSecondsAfterFinished``
+        are deleted, at most ``PRUNE_PER_REFRESH`` a round (docs/queues.md,
+        "Prune"). Deleting a finished item is conditional on it (a retried one
+        is kept), so a deposed leader doing it too is harmless."""
+        if counts is None or not (counts.completed or counts.failed):
+            return
+        try:
+            retention = retention_of(obj.get("spec"))
+        except InvalidInputError as exc:
+            log.warning("queue %s: %s; nothing pruned", queue, exc)
+            return
+        if retention is not None:
+            pruned = await self.queues.prune(queue, retention, limit=PRUNE_PER_REFRESH)
+            if pruned:
+                log.info("queue %s: %d finished items past their retention deleted", queue,
+                         pruned)
 
     async def _write(self, queue: QueueRef, obj: dict[str, Any], revision: int,
                           counts: QueueCounts | None, spec: QueueSpec | None) -> None:

@@ -16,6 +16,7 @@ from joblease import validation
 from joblease.client import JobLeaseClient
 from joblease.errors import InvalidInputError, QueueNotFoundError
 from joblease.keys import JobRef, QueueRef
+from joblease.operator.registration import semaphore_uses
 from joblease.queue import Queues
 from joblease.records import QueueSpec
 from joblease.store import Compare
@@ -49,7 +50,17 @@ def spec_from_resource(spec: Mapping[str, Any] | None) -> QueueSpec:
     if isinstance(shards, bool) or not isinstance(shards, int) or not 0 <= shards <= MAX_SHARDS:
         raise InvalidInputError(f"invalid shards {shards!r}: an integer 0..{MAX_SHARDS}")
     return QueueSpec(lease_duration_seconds=ttl, max_attempts=max_attempts, suspend=suspend,
-                     shards=shards)
+                     shards=shards, semaphores=semaphore_uses(spec.get("semaphores")))
+
+
+def retention_of(spec: Mapping[str, Any] | None) -> int | None:
+    """``spec.ttlSecondsAfterFinished``: how long finished items are kept (None: forever)."""
+    value = (spec or {}).get("ttlSecondsAfterFinished")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"invalid ttlSecondsAfterFinished {value!r}: seconds >= 0")
+    return value
 
 
 def spec_matches(resource_spec: Mapping[str, Any] | None, stored: QueueSpec | None) -> bool:
