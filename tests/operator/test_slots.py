@@ -86,7 +86,7 @@ def test_a_job_made_by_hand_from_a_cronjob_runs_its_last_slot_with_a_warning() -
 
 
 def test_a_job_made_by_hand_is_refused_when_the_slot_is_unknown() -> None:
-    with pytest.raises(InjectionRefused, match="the CronJob has no slot yet"):
+    with pytest.raises(InjectionRefused, match="the CronJob has no slot to take"):
         plan_job(_job(), last_schedule=None)
     with pytest.raises(InjectionRefused, match=r"cannot be read \(TimeoutError\)"):
         plan_job(_job(), last_schedule=UnknownCronJob("TimeoutError"))

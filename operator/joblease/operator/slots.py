@@ -155,7 +155,8 @@ def plan_job(job: Mapping[str, Any], *,
     elif last_schedule is None:
         raise InjectionRefused(
             f"Job {name} was created from CronJob {owner} by hand (no {SCHEDULED_ANNOTATION}) "
-            "and the CronJob has no slot yet (no status.lastScheduleTime): name the item to "
+            "and the CronJob has no slot to take (it does not exist, or has no "
+            "status.lastScheduleTime yet): name the item to "
             f"claim with annotation {ITEM_ANNOTATION} in the Job's pod template (kubectl "
             f"create job --from=cronjob/{owner} --dry-run=client -o yaml, add it, kubectl "
             f"create -f), or {EXIT_WHEN_EMPTY_ANNOTATION}: \"true\" to drain the queue")
