@@ -37,7 +37,16 @@ func (b Backoff) Delay(attempt int, rand float64) float64 {
 
 // Config is everything the sidecar needs.
 type Config struct {
-	Job               protocol.JobRef
+	Job protocol.JobRef
+	// Queue mode (docs/sidecar.md, "Queue mode"): Queue set instead of Job.
+	// With Item, the sidecar claims that one item (created first with
+	// ItemCreate: a CronJob slot); without, it drains the queue, one item
+	// after another, and with ExitWhenEmpty ends with success once no item
+	// is pending or held.
+	Queue             *protocol.QueueRef
+	Item              string
+	ItemCreate        bool
+	ExitWhenEmpty     bool
 	Owner             string
 	Etcd              etcd.Config
 	Host              string
@@ -203,7 +212,15 @@ const Usage = `Usage: joblease-sidecar [OPTIONS]
 
 Options:
   --job TEXT                      Job name [JOBLEASE_JOB_NAME]; 'ns/name' also sets the namespace.
-  --namespace TEXT                Job namespace [JOBLEASE_JOB_NAMESPACE].
+  --namespace TEXT                Job or queue namespace [JOBLEASE_JOB_NAMESPACE].
+  --queue TEXT                    Work on this queue instead of a job [JOBLEASE_QUEUE];
+                                  'ns/queue' also sets the namespace.
+  --item TEXT                     Queue mode: claim this one item, e.g. an Indexed Job's
+                                  $JOB_COMPLETION_INDEX [JOBLEASE_ITEM]; unset: drain the queue.
+  --item-create                   Queue mode: enqueue the item first if absent (a CronJob
+                                  slot) [JOBLEASE_ITEM_CREATE; false].
+  --exit-when-empty               Draining: end with success once no item is pending or
+                                  held [JOBLEASE_EXIT_WHEN_EMPTY; false].
   --owner TEXT                    Owner identity [JOBLEASE_OWNER; default POD_NAME/POD_UID].
   --host TEXT                     API listen address [JOBLEASE_SIDECAR_HOST; 127.0.0.1].
   --port INTEGER                  API port, 0 = any [JOBLEASE_SIDECAR_PORT; 8470].
@@ -239,9 +256,12 @@ func Parse(args []string, env map[string]string) (Config, error) {
 	str := map[string]*string{}
 	for _, n := range []string{"job", "namespace", "owner", "host", "port", "port-file", "probe-host", "probe-port",
 		"probe-port-file", "token-file", "on-loss", "on-final", "worker-pid-file", "worker-process-name",
-		"api-token-file", "max-result-bytes", "claim-backoff-initial", "claim-backoff-max", "registration-wait", "log-level"} {
+		"api-token-file", "max-result-bytes", "claim-backoff-initial", "claim-backoff-max", "registration-wait", "log-level",
+		"queue", "item"} {
 		str[n] = fs.String(n, "", "")
 	}
+	itemCreate := fs.Bool("item-create", false, "")
+	exitWhenEmpty := fs.Bool("exit-when-empty", false, "")
 	rel := fs.Bool("release-on-term", false, "")
 	norel := fs.Bool("no-release-on-term", false, "")
 	if err := fs.Parse(args); err != nil {
@@ -272,6 +292,34 @@ func Parse(args []string, env map[string]string) (Config, error) {
 			job = name
 		}
 		c.Job = protocol.ParseJobRef(job, ns)
+	}
+	queue := env["JOBLEASE_QUEUE"]
+	if v, ok := flagv("queue"); ok && v != "" {
+		queue = v
+	}
+	if queue != "" {
+		qns := namespace
+		if nsSet && ns != "" {
+			qns = ns
+		}
+		q := protocol.ParseQueueRef(queue, qns)
+		c.Queue = &q
+	}
+	c.Item = env["JOBLEASE_ITEM"]
+	if v, ok := flagv("item"); ok {
+		c.Item = v
+	}
+	if c.ItemCreate, err = parseBool(env["JOBLEASE_ITEM_CREATE"], "JOBLEASE_ITEM_CREATE"); err != nil {
+		return c, err
+	}
+	if set["item-create"] {
+		c.ItemCreate = *itemCreate
+	}
+	if c.ExitWhenEmpty, err = parseBool(env["JOBLEASE_EXIT_WHEN_EMPTY"], "JOBLEASE_EXIT_WHEN_EMPTY"); err != nil {
+		return c, err
+	}
+	if set["exit-when-empty"] {
+		c.ExitWhenEmpty = *exitWhenEmpty
 	}
 	c.Owner = firstNonEmpty(env["JOBLEASE_OWNER"], defaultOwner(env))
 	if c.Etcd, err = etcdFromEnv(env); err != nil {
@@ -386,14 +434,53 @@ func Parse(args []string, env map[string]string) (Config, error) {
 	if v, ok := flagv("on-final"); ok && !oneOf(v, "serve", "exit") {
 		return c, errs.Invalid(fmt.Sprintf("Invalid value for '--on-final': %s is not one of 'serve', 'exit'.", errs.PyRepr(v)))
 	}
+	if c.Queue != nil {
+		if c.Job.Name != "" {
+			return c, errs.Invalid(fmt.Sprintf("both a job (%s) and a queue (%s): set JOBLEASE_JOB_NAME or JOBLEASE_QUEUE, "+
+				"not both", c.Job.Name, c.Queue))
+		}
+		return c, c.validate()
+	}
+	for name, given := range map[string]bool{"JOBLEASE_ITEM (--item)": c.Item != "",
+		"JOBLEASE_ITEM_CREATE (--item-create)": c.ItemCreate, "JOBLEASE_EXIT_WHEN_EMPTY (--exit-when-empty)": c.ExitWhenEmpty} {
+		if given {
+			return c, errs.Invalid(name + " is for queue mode: set JOBLEASE_QUEUE (or --queue) too")
+		}
+	}
 	if c.Job.Name == "" {
-		return c, errs.Invalid("no job name: set JOBLEASE_JOB_NAME (or --job)")
+		return c, errs.Invalid("no job name: set JOBLEASE_JOB_NAME (or --job), or JOBLEASE_QUEUE (or --queue)")
 	}
 	return c, c.validate()
 }
 
+// Name is what the sidecar works on, for logs: the job, or the queue (and item).
+func (c Config) Name() string {
+	switch {
+	case c.Queue == nil:
+		return c.Job.String()
+	case c.Item != "":
+		return protocol.ItemRef{Queue: *c.Queue, ID: c.Item}.String()
+	}
+	return c.Queue.String()
+}
+
 func (c Config) validate() error {
-	if err := protocol.ValidateJob(c.Job); err != nil {
+	if c.Queue != nil {
+		if err := protocol.ValidateQueue(*c.Queue); err != nil {
+			return err
+		}
+		if c.Item != "" {
+			if err := protocol.ValidateItemID(c.Item); err != nil {
+				return err
+			}
+			if c.ExitWhenEmpty {
+				return errs.Invalid("JOBLEASE_EXIT_WHEN_EMPTY is for draining a queue; with JOBLEASE_ITEM the sidecar " +
+					"claims that one item: unset one of them")
+			}
+		} else if c.ItemCreate {
+			return errs.Invalid("JOBLEASE_ITEM_CREATE needs JOBLEASE_ITEM: the id of the item to create (a CronJob slot)")
+		}
+	} else if err := protocol.ValidateJob(c.Job); err != nil {
 		return err
 	}
 	if err := protocol.ValidateOwner(c.Owner); err != nil {
@@ -433,7 +520,19 @@ func (c Config) Describe() map[string]any {
 	for i, e := range c.Etcd.Endpoints {
 		eps[i] = e
 	}
-	return map[string]any{"job": c.Job.String(), "owner": c.Owner, "etcdEndpoints": eps, "etcdTLS": c.Etcd.TLS(),
+	var queue, item any
+	if c.Queue != nil {
+		queue = c.Queue.String()
+		if c.Item != "" {
+			item = c.Item
+		}
+	}
+	job := any(c.Job.String())
+	if c.Queue != nil {
+		job = nil
+	}
+	return map[string]any{"job": job, "queue": queue, "item": item, "itemCreate": c.ItemCreate,
+		"exitWhenEmpty": c.ExitWhenEmpty, "owner": c.Owner, "etcdEndpoints": eps, "etcdTLS": c.Etcd.TLS(),
 		"etcdAuth": c.Etcd.Username != "", "root": c.Etcd.Root, "listen": fmt.Sprintf("%s:%d", c.Host, c.Port),
 		"probeListen": probe, "tokenFile": token, "onLoss": c.OnLoss, "onFinal": c.OnFinal,
 		"releaseOnTerm": c.ReleaseOnTerm, "apiAuth": c.APIToken != "", "maxResultBytes": int64(c.MaxResultBytes),

@@ -119,6 +119,8 @@ func TestHelpStatesTheDefaultsParseUses(t *testing.T) {
 		"JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX":     strconv.FormatFloat(c.Backoff.Maximum, 'g', -1, 64),
 		"JOBLEASE_SIDECAR_REGISTRATION_WAIT":     strconv.FormatFloat(c.RegistrationWait, 'g', -1, 64),
 		"JOBLEASE_LOG_LEVEL":                     c.LogLevel,
+		"JOBLEASE_ITEM_CREATE":                   strconv.FormatBool(c.ItemCreate),
+		"JOBLEASE_EXIT_WHEN_EMPTY":               strconv.FormatBool(c.ExitWhenEmpty),
 	}
 	stated := map[string]string{}
 	for _, m := range regexp.MustCompile(`\[(JOBLEASE_[A-Z_]+); ([^\]]+)\]`).FindAllStringSubmatch(Usage, -1) {
@@ -134,6 +136,52 @@ func TestHelpStatesTheDefaultsParseUses(t *testing.T) {
 	for name := range stated {
 		if _, ok := actual[name]; !ok {
 			t.Errorf("--help states a default for %s that this test does not check", name)
+		}
+	}
+}
+
+func TestQueueModeIsReadFromTheEnvironmentAndFlags(t *testing.T) {
+	base := map[string]string{"JOBLEASE_OWNER": "o", "POD_NAMESPACE": "team-a"}
+	with := func(extra map[string]string) map[string]string {
+		env := map[string]string{}
+		for k, v := range base {
+			env[k] = v
+		}
+		for k, v := range extra {
+			env[k] = v
+		}
+		return env
+	}
+	c, err := Parse(nil, with(map[string]string{"JOBLEASE_QUEUE": "files"}))
+	if err != nil || c.Queue == nil || c.Queue.String() != "team-a/files" || c.Item != "" || c.Name() != "team-a/files" {
+		t.Fatalf("drain mode: %+v %v", c, err)
+	}
+	c, err = Parse(nil, with(map[string]string{"JOBLEASE_QUEUE": "ns/nightly", "JOBLEASE_ITEM": "2026-12-01T23:00:00Z",
+		"JOBLEASE_ITEM_CREATE": "true"}))
+	if err != nil || c.Queue.String() != "ns/nightly" || c.Item != "2026-12-01T23:00:00Z" || !c.ItemCreate {
+		t.Fatalf("slot mode: %+v %v", c, err)
+	}
+	c, err = Parse([]string{"--queue", "shards", "--item", "7", "--namespace", "b"}, base)
+	if err != nil || c.Queue.String() != "b/shards" || c.Item != "7" || c.Name() != "b/shards/7" {
+		t.Fatalf("flags: %+v %v", c, err)
+	}
+	c, err = Parse([]string{"--exit-when-empty"}, with(map[string]string{"JOBLEASE_QUEUE": "q"}))
+	if err != nil || !c.ExitWhenEmpty {
+		t.Fatalf("--exit-when-empty: %+v %v", c, err)
+	}
+	for name, env := range map[string]map[string]string{
+		"job and queue":            {"JOBLEASE_QUEUE": "q", "JOBLEASE_JOB_NAME": "j"},
+		"item without queue":       {"JOBLEASE_JOB_NAME": "j", "JOBLEASE_ITEM": "1"},
+		"create without item":      {"JOBLEASE_QUEUE": "q", "JOBLEASE_ITEM_CREATE": "true"},
+		"exit-when-empty and item": {"JOBLEASE_QUEUE": "q", "JOBLEASE_ITEM": "1", "JOBLEASE_EXIT_WHEN_EMPTY": "1"},
+		"bad item id":              {"JOBLEASE_QUEUE": "q", "JOBLEASE_ITEM": "a/b"},
+		"bad queue name":           {"JOBLEASE_QUEUE": "_queues"},
+		"bad bool":                 {"JOBLEASE_QUEUE": "q", "JOBLEASE_EXIT_WHEN_EMPTY": "maybe"},
+	} {
+		if _, err := Parse(nil, with(env)); err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if e, ok := err.(*errs.Error); !ok || e.Kind != errs.KindInvalid {
+			t.Errorf("%s: %v is not a usage error", name, err)
 		}
 	}
 }

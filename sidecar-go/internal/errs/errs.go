@@ -44,6 +44,8 @@ const (
 	KindCorrupt
 	KindLeaseNotFound
 	KindClaimOutcomeUnknown
+	KindSuspended
+	KindConflict
 )
 
 func (e *Error) Error() string { return e.Message }
@@ -89,6 +91,35 @@ func Invalid(msg string) *Error { return newErr(KindInvalid, "invalid", 2, 400, 
 func NotRegistered(job string) *Error {
 	return newErr(KindNotRegistered, "not_found", 3, 404, fmt.Sprintf("job %s is not registered", job),
 		pyjson.Obj{{Key: "job", Value: job}})
+}
+
+// QueueNotFound is a NotRegistered for a queue with no spec (QueueNotFoundError).
+func QueueNotFound(queue string) *Error {
+	return newErr(KindNotRegistered, "not_found", 3, 404, fmt.Sprintf("queue %s does not exist", queue),
+		pyjson.Obj{{Key: "queue", Value: queue}})
+}
+
+// ItemNotFound is a NotRegistered for an id never enqueued (ItemNotFoundError).
+func ItemNotFound(item string) *Error {
+	return newErr(KindNotRegistered, "not_found", 3, 404,
+		fmt.Sprintf("item %s was never enqueued (or its queue was deleted)", item), pyjson.Obj{{Key: "item", Value: item}})
+}
+
+// Suspended: the queue's spec says suspend (QueueSuspendedError). Revision is
+// the one the spec was read at: a waiter watches the spec from the next one.
+func Suspended(queue string, revision int64) *Error {
+	e := newErr(KindSuspended, "suspended", 17, 409,
+		fmt.Sprintf("queue %s is suspended: no item is claimed until it is resumed", queue), pyjson.Obj{{Key: "queue", Value: queue}})
+	e.Revision = revision
+	return e
+}
+
+// Conflict: an enqueue named an id stored with another payload (ConflictError).
+func Conflict(queue, item string) *Error {
+	return newErr(KindConflict, "conflict", 16, 409,
+		fmt.Sprintf("item %s of queue %s is already enqueued with another payload; re-enqueueing an id must repeat "+
+			"its payload (nothing of this batch was written)", PyRepr(item), queue),
+		pyjson.Obj{{Key: "queue", Value: queue}, {Key: "item", Value: item}})
 }
 
 func Held(job, owner string, token, generation, revision int64) *Error {

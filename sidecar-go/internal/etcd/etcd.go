@@ -19,6 +19,7 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -316,10 +317,30 @@ func (r TxnResult) KV(i int) *KV {
 
 // Op is one operation of a transaction branch.
 type Op struct {
-	kind  int // 0 get, 1 put, 2 delete
+	kind  int // 0 get, 1 put, 2 delete, 3 get of a prefix
 	key   string
 	value []byte
 	lease int64
+	rng   RangeOpts
+}
+
+// RangeOpts shape a GetPrefix op (a queue's "oldest pending keys" read).
+type RangeOpts struct {
+	KeysOnly bool
+	// Limit: at most this many keys (0: all).
+	Limit int64
+	// OldestFirst sorts by create revision, ascending (etcd sorts before it limits).
+	OldestFirst bool
+}
+
+// GetPrefixOp reads every key under prefix inside a transaction.
+func GetPrefixOp(prefix string, o RangeOpts) Op { return Op{kind: 3, key: prefix, rng: o} }
+
+// PrefixEnd is the range end of prefix (prefixes end in '/', never 0xff).
+func PrefixEnd(prefix string) []byte {
+	end := []byte(prefix)
+	end[len(end)-1]++
+	return end
 }
 
 func Get(key string) Op { return Op{kind: 0, key: key} }
@@ -338,6 +359,10 @@ func CreateEq(key string, rev int64) Cmp {
 func ModEq(key string, rev int64) Cmp {
 	return &pb.Compare{Key: []byte(key), Target: pb.Compare_MOD, Result: pb.Compare_EQUAL,
 		TargetUnion: &pb.Compare_ModRevision{ModRevision: rev}}
+}
+func CreateNe(key string, rev int64) Cmp {
+	return &pb.Compare{Key: []byte(key), Target: pb.Compare_CREATE, Result: pb.Compare_NOT_EQUAL,
+		TargetUnion: &pb.Compare_CreateRevision{CreateRevision: rev}}
 }
 func VersionEq(key string, v int64) Cmp {
 	return &pb.Compare{Key: []byte(key), Target: pb.Compare_VERSION, Result: pb.Compare_EQUAL,
@@ -363,6 +388,12 @@ func requestOps(ops []Op) []*pb.RequestOp {
 				Key: []byte(op.key), Value: op.value, Lease: op.lease}}})
 		case 2:
 			out = append(out, &pb.RequestOp{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: []byte(op.key)}}})
+		case 3:
+			rr := &pb.RangeRequest{Key: []byte(op.key), RangeEnd: PrefixEnd(op.key), KeysOnly: op.rng.KeysOnly, Limit: op.rng.Limit}
+			if op.rng.OldestFirst {
+				rr.SortOrder, rr.SortTarget = pb.RangeRequest_ASCEND, pb.RangeRequest_CREATE
+			}
+			out = append(out, &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: rr}})
 		}
 	}
 	return out
@@ -371,7 +402,7 @@ func requestOps(ops []Op) []*pb.RequestOp {
 func hasWrite(ops ...[]Op) bool {
 	for _, branch := range ops {
 		for _, op := range branch {
-			if op.kind != 0 {
+			if op.kind == 1 || op.kind == 2 {
 				return true
 			}
 		}
@@ -586,9 +617,24 @@ func (w watchFinal) Error() string { return w.err.Error() }
 // token; a compacted revision or a permission refusal ends the wait with an
 // error. The stream is closed before WatchChange returns.
 func (s *Store) WatchChange(ctx context.Context, key string, startRevision int64) (bool, error) {
+	return s.WatchUntil(ctx, key, nil, startRevision, func(Event) bool { return true })
+}
+
+// Event is one change a watch saw: Deleted tells a delete from a put.
+type Event struct {
+	Key     []byte
+	Deleted bool
+}
+
+// WatchUntil is WatchChange over the keys from key to end (nil: key alone)
+// that waits for the first event match accepts (a queue waiter wakes for a
+// new pending key or a deleted holder, not for every write under the queue).
+// A reopened stream replays from startRevision; replayed events that did not
+// match do not match the second time either.
+func (s *Store) WatchUntil(ctx context.Context, key string, end []byte, startRevision int64, match func(Event) bool) (bool, error) {
 	failures, reauthenticated := 0, false
 	for {
-		changed, accepted, used, err := s.watchOnce(ctx, key, startRevision)
+		changed, accepted, used, err := s.watchOnce(ctx, key, end, startRevision, match)
 		if ctx.Err() != nil {
 			return false, nil
 		}
@@ -629,7 +675,7 @@ func (s *Store) WatchChange(ctx context.Context, key string, startRevision int64
 
 // watchOnce runs one Watch stream until its first event or error; accepted:
 // etcd created the watch; used: the auth token it carried.
-func (s *Store) watchOnce(ctx context.Context, key string, startRevision int64) (changed, accepted bool, used string, err error) {
+func (s *Store) watchOnce(ctx context.Context, key string, end []byte, startRevision int64, match func(Event) bool) (changed, accepted bool, used string, err error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the stream on the server too
 	actx, used, err := s.authContext(wctx)
@@ -648,7 +694,7 @@ func (s *Store) watchOnce(ctx context.Context, key string, startRevision int64) 
 		return false, false, used, err
 	}
 	if err := stream.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{
-		CreateRequest: &pb.WatchCreateRequest{Key: []byte(key), StartRevision: startRevision}}}); err != nil {
+		CreateRequest: &pb.WatchCreateRequest{Key: []byte(key), RangeEnd: end, StartRevision: startRevision}}}); err != nil {
 		return false, false, used, err
 	}
 	for {
@@ -667,8 +713,10 @@ func (s *Store) watchOnce(ctx context.Context, key string, startRevision int64) 
 			return false, accepted, used, status.Error(codes.Unavailable, "watch cancelled: "+resp.CancelReason)
 		}
 		accepted = true
-		if len(resp.Events) > 0 {
-			return true, true, used, nil
+		for _, ev := range resp.Events {
+			if ev.Kv != nil && match(Event{Key: ev.Kv.Key, Deleted: ev.Type == mvccpb.DELETE}) {
+				return true, true, used, nil
+			}
 		}
 	}
 }

@@ -24,6 +24,8 @@ type Client struct {
 	session *session.Session
 	specRev int64
 	spec    *Spec
+	// queueSpecs: the queues' specs as last read (queue.go).
+	queueSpecs map[QueueRef]cachedQueueSpec
 }
 
 // NewClient over store, keys under root.
@@ -109,7 +111,7 @@ func (c *Client) Claim(ctx context.Context, job JobRef, owner string) (*Lease, e
 		if err != nil {
 			return nil, err
 		}
-		lease, again, err := c.claimOn(ctx, job, keys, owner, specRev, spec, s, &revoked)
+		lease, again, err := c.claimOn(ctx, job, keys, owner, specRev, spec, s, &revoked, 0)
 		if err != nil || lease != nil {
 			return lease, err
 		}
@@ -123,8 +125,12 @@ func (c *Client) Claim(ctx context.Context, job JobRef, owner string) (*Lease, e
 	return nil, errs.Unavailable(fmt.Sprintf("claim of %s did not settle after several attempts", job))
 }
 
+// claimOn is one claim transaction bound to s: the lease, or whether to
+// re-read the spec before trying again. For a queue item (keys.IsItem()),
+// spec is its queue's with the round's attempts (QueueSpec.jobSpec) and the
+// item's pending key must still have pendingRev (docs/queues.md, "Claim an item").
 func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner string, specRev int64, spec Spec,
-	s *session.Session, revoked *[]string) (*Lease, bool, error) {
+	s *session.Session, revoked *[]string, pendingRev int64) (*Lease, bool, error) {
 	claimID := newClaimID()
 	ttl := spec.LeaseDurationSeconds
 	holderValue, err := HolderValue(owner, claimID, ttl, now())
@@ -139,10 +145,15 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 	if spec.MaxAttempts > 0 {
 		cmps = append(cmps, etcd.VersionLess(keys.Claims(), spec.MaxAttempts))
 	}
-	r, err := c.Store.Txn(ctx, cmps,
-		[]etcd.Op{etcd.Put(keys.Holder(), holderValue, s.LeaseID), etcd.Put(keys.Claims(), claimValue, 0),
-			etcd.Get(keys.Claims()), etcd.Get(keys.Checkpoint())},
-		[]etcd.Op{etcd.Get(keys.Spec()), etcd.Get(keys.Holder()), etcd.Get(keys.Result()), etcd.Get(keys.Claims())})
+	success := []etcd.Op{etcd.Put(keys.Holder(), holderValue, s.LeaseID), etcd.Put(keys.Claims(), claimValue, 0),
+		etcd.Get(keys.Claims()), etcd.Get(keys.Checkpoint())}
+	failure := []etcd.Op{etcd.Get(keys.Spec()), etcd.Get(keys.Holder()), etcd.Get(keys.Result()), etcd.Get(keys.Claims())}
+	if keys.IsItem() {
+		cmps = append(cmps, etcd.ModEq(keys.Pending(), pendingRev))
+		success = append(success, etcd.Get(keys.Item()))
+		failure = append(failure, etcd.Get(keys.Pending()))
+	}
+	r, err := c.Store.Txn(ctx, cmps, success, failure)
 	switch {
 	case errs.Is(err, errs.KindLeaseNotFound):
 		c.dropSession("etcd no longer knows the lease")
@@ -159,7 +170,17 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 		if claims != nil {
 			gen = claims.Version
 		}
-		return newLease(c.Store, s, job, keys, owner, claimID, r.Revision, gen, ttl, holderValue, r.KV(3)), false, nil
+		l := newLease(c.Store, s, job, keys, owner, claimID, r.Revision, gen, ttl, holderValue, r.KV(3))
+		if keys.IsItem() {
+			if err := l.setItem(ctx, r.KV(4)); err != nil {
+				return nil, false, err
+			}
+		}
+		return l, false, nil
+	}
+	if keys.IsItem() {
+		again, err := itemRefused(job, r, specRev, spec, pendingRev)
+		return nil, again, err
 	}
 	again, err := c.refused(job, r, specRev)
 	return nil, again, err
@@ -242,10 +263,19 @@ func retryRead[T any](ctx context.Context, timeout time.Duration, fn func() (T, 
 func (c *Client) resolveAmbiguous(ctx context.Context, job JobRef, keys JobKeys, owner, claimID string,
 	holderValue []byte, s *session.Session, spec Spec, revoked *[]string) (*Lease, error) {
 	fields, err := retryRead(ctx, ReadBackTimeout, func() (map[string]*etcd.KV, error) {
-		_, kvs, err := c.Store.GetPrefix(ctx, keys.Prefix)
+		// The fields the lease needs, at one revision (an item's keys are
+		// spread over its queue's sub-prefixes, so no one prefix read).
+		names := []string{"holder", "claims", "checkpoint", "item"}
+		ops := []etcd.Op{etcd.Get(keys.Holder()), etcd.Get(keys.Claims()), etcd.Get(keys.Checkpoint())}
+		if keys.IsItem() {
+			ops = append(ops, etcd.Get(keys.Item()))
+		}
+		r, err := c.Store.Txn(ctx, nil, ops, nil)
 		out := map[string]*etcd.KV{}
-		for i := range kvs {
-			out[strings.TrimPrefix(string(kvs[i].Key), keys.Prefix)] = &kvs[i]
+		for i := range ops {
+			if kv := r.KV(i); kv != nil {
+				out[names[i]] = kv
+			}
 		}
 		return out, err
 	})
@@ -259,7 +289,13 @@ func (c *Client) resolveAmbiguous(ctx context.Context, job JobRef, keys JobKeys,
 		if cl := fields["claims"]; cl != nil {
 			gen = cl.Version
 		}
-		return newLease(c.Store, s, job, keys, owner, claimID, h.CreateRevision, gen, s.TTL, holderValue, fields["checkpoint"]), nil
+		l := newLease(c.Store, s, job, keys, owner, claimID, h.CreateRevision, gen, s.TTL, holderValue, fields["checkpoint"])
+		if keys.IsItem() {
+			if err := l.setItem(ctx, fields["item"]); err != nil {
+				return nil, err
+			}
+		}
+		return l, nil
 	}
 	slog.Info(fmt.Sprintf("ambiguous claim of %s not visible; revoking lease %x so it cannot commit late", job, s.LeaseID))
 	if !c.endSession(ctx, s) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"github.com/joblease/joblease/sidecar-go/internal/errs"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,6 +44,11 @@ type Lease struct {
 	Generation  int64
 	TTL         int64
 	holderValue []byte
+	// Item is the queue item this lease holds (nil: a job); Job then names
+	// it as "<queue>/<id>" in its namespace, so messages say "ns/queue/id"
+	// as Python's do. Payload is the item's, as enqueued.
+	Item    *ItemRef
+	Payload any
 
 	mu           sync.Mutex
 	state        State
@@ -63,6 +69,26 @@ func newLease(store *etcd.Store, s *session.Session, job JobRef, keys JobKeys, o
 	})
 	s.OnLoss(func(why string) { l.lose("etcd lease lost: " + why) })
 	return l
+}
+
+// setItem reads the claimed item's record into the lease. A record that
+// cannot be decoded gives the item back (the worker could not be told its
+// payload) and says why.
+func (l *Lease) setItem(ctx context.Context, kv *etcd.KV) error {
+	// Job is itemJob(ref): "<queue>/<id>" in the queue's namespace.
+	ref := ItemRef{Queue: QueueRef{l.Job.Namespace, strings.TrimSuffix(l.Job.Name, "/"+l.keys.ItemID)}, ID: l.keys.ItemID}
+	l.Item = &ref
+	if kv == nil { // a pending key is only ever written with its item
+		_ = l.Release(ctx)
+		return errs.ItemNotFound(ref.String())
+	}
+	rec, err := DecodeItem(kv.Value, kv.CreateRevision)
+	if err != nil {
+		_ = l.Release(ctx)
+		return err
+	}
+	l.Payload = rec.Payload
+	return nil
 }
 
 // Session the lease is bound to.
@@ -267,7 +293,11 @@ func (l *Lease) Complete(ctx context.Context, result any) (Result, error) {
 		return Result{}, errs.Invalid("invalid result: " + err.Error())
 	}
 	for range 3 {
-		r, err := l.store.Txn(ctx, l.ours(), []etcd.Op{etcd.Put(l.keys.Result(), value, 0), etcd.Delete(l.keys.Holder())},
+		ops := []etcd.Op{etcd.Put(l.keys.Result(), value, 0)}
+		for _, k := range l.keys.completionDeletes() {
+			ops = append(ops, etcd.Delete(k))
+		}
+		r, err := l.store.Txn(ctx, l.ours(), ops,
 			[]etcd.Op{etcd.Get(l.keys.Holder()), etcd.Get(l.keys.Result())})
 		if errs.Is(err, errs.KindOutcomeUnknown) {
 			slog.Info(fmt.Sprintf("completion of %s has an unknown outcome; reading back", l.Job))

@@ -11,15 +11,46 @@ import (
 	"github.com/joblease/joblease/sidecar-go/internal/pyjson"
 )
 
+// name is what the sidecar works on, for logs (nameLocked without the lock held).
+func (r *Runner) name() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.nameLocked()
+}
+
+// claimOnce is one claim of this sidecar's job, or of its one queue item
+// (created first for a CronJob slot).
+func (r *Runner) claimOnce() (*protocol.Lease, error) {
+	switch {
+	case r.cfg.Queue == nil:
+		return r.client.Claim(r.ctx, r.cfg.Job, r.cfg.Owner)
+	case r.cfg.ItemCreate:
+		return r.client.ClaimOrCreateItem(r.ctx, *r.item, r.cfg.Owner)
+	}
+	return r.client.ClaimItem(r.ctx, *r.item, r.cfg.Owner)
+}
+
+// holderKey is the holder key of the job or item being claimed.
+func (r *Runner) holderKey() string {
+	if r.cfg.Queue != nil {
+		return protocol.QueueKeysOf(r.client.Root, *r.cfg.Queue).Item(r.cfg.Item).Holder()
+	}
+	return protocol.Keys(r.client.Root, r.cfg.Job).Holder()
+}
+
+// suspendedWait: how long one wait for a suspended queue's spec to change
+// lasts before the claim looks again (the watch wakes it at once on a change).
+const suspendedWait = time.Minute
+
 // claim with backoff: a lease, or the exit code of a final answer (0 if the
-// job is already completed; the phase is then completed or failed), or 0
-// when stopped while claiming.
+// job or item is already completed; the phase is then completed or failed),
+// or 0 when stopped while claiming.
 func (r *Runner) claim() (*protocol.Lease, int) {
 	cfg := r.cfg
 	registrationDeadline := time.Now().Add(time.Duration(cfg.RegistrationWait * float64(time.Second)))
 	for attempt := 0; !r.stopping(); attempt++ {
 		r.Metrics.Inc(r.Metrics.ClaimAttempts)
-		lease, err := r.client.Claim(r.ctx, cfg.Job, cfg.Owner)
+		lease, err := r.claimOnce()
 		if err == nil {
 			return lease, 0
 		}
@@ -42,7 +73,7 @@ func (r *Runner) claim() (*protocol.Lease, int) {
 					token = kv.Value
 				}
 			}
-			r.log.Info("job already completed; nothing to do", "job", cfg.Job.String(), "completedBy", owner, "token", token)
+			r.log.Info("job already completed; nothing to do", "job", r.name(), "completedBy", owner, "token", token)
 			st := r.readState()
 			r.mu.Lock()
 			if st != nil {
@@ -57,11 +88,17 @@ func (r *Runner) claim() (*protocol.Lease, int) {
 			return nil, r.failed(e, e.Message)
 		case errs.KindNotRegistered:
 			if !time.Now().Before(registrationDeadline) {
-				r.log.Error("job is not registered", "job", cfg.Job.String(), "waited", cfg.RegistrationWait, "exitCode", e.ExitCode)
-				return nil, r.failed(e, fmt.Sprintf("job %s is not registered (waited %s s): is there a JobLease of "+
-					"that name in this namespace?", cfg.Job, pyG(cfg.RegistrationWait)))
+				r.log.Error("job is not registered", "job", r.name(), "waited", cfg.RegistrationWait, "exitCode", e.ExitCode)
+				return nil, r.failed(e, r.notRegisteredMessage(e))
 			}
-			r.log.Info("job not registered yet; waiting", "job", cfg.Job.String())
+			r.log.Info("job not registered yet; waiting", "job", r.name())
+		case errs.KindSuspended:
+			r.log.Info("queue suspended; waiting for it to be resumed", "queue", cfg.Queue.String())
+			specKey := protocol.QueueKeysOf(r.client.Root, *cfg.Queue).Spec()
+			if r.waitForKeyChange(specKey, e.Revision, suspendedWait) {
+				attempt = -1
+				continue
+			}
 		case errs.KindHeld:
 			var holder, token, gen any
 			for _, kv := range e.Details {
@@ -78,7 +115,7 @@ func (r *Runner) claim() (*protocol.Lease, int) {
 			// Wake when the holder key changes (released, expired), not a backoff
 			// later; the backoff stays the longest wait, and a little jitter keeps
 			// the waiters of one job from claiming in lock step.
-			if r.waitForHolderChange(e.Revision, time.Duration(cfg.Backoff.Delay(attempt, rand.Float64())*float64(time.Second))) {
+			if r.waitForKeyChange(r.holderKey(), e.Revision, time.Duration(cfg.Backoff.Delay(attempt, rand.Float64())*float64(time.Second))) {
 				r.sleepOrStop(time.Duration(cfg.Backoff.Initial / 2 * rand.Float64() * float64(time.Second)))
 			}
 			continue
@@ -88,17 +125,49 @@ func (r *Runner) claim() (*protocol.Lease, int) {
 			r.log.Warn("the claim committed but its lease was already gone; claiming again", "reason", e.Message)
 		default:
 			r.log.Error("cannot claim", "reason", e.Message, "exitCode", e.ExitCode)
-			return nil, r.failed(e, fmt.Sprintf("cannot claim job %s: %s", cfg.Job, e.Message))
+			return nil, r.failed(e, fmt.Sprintf("cannot claim %s: %s", r.what(), e.Message))
 		}
 		r.sleepOrStop(time.Duration(cfg.Backoff.Delay(attempt, rand.Float64()) * float64(time.Second)))
 	}
 	return nil, 0
 }
 
-// waitForHolderChange: did the holder key change after revision within
-// timeout? A stop request ends the wait at once (false); so does a watch
-// error (false, logged at debug: the next claim reports what is wrong).
-func (r *Runner) waitForHolderChange(revision int64, timeout time.Duration) bool {
+// what the claim is of, in a failure message: "job ns/name", "item ns/queue/id", "queue ns/queue".
+func (r *Runner) what() string {
+	switch {
+	case r.cfg.Queue == nil:
+		return "job " + r.cfg.Job.String()
+	case r.cfg.Item != "":
+		return "item " + r.cfg.Name()
+	}
+	return "queue " + r.cfg.Queue.String()
+}
+
+func (r *Runner) notRegisteredMessage(e *errs.Error) string {
+	wait := pyG(r.cfg.RegistrationWait)
+	switch {
+	case r.cfg.Queue == nil:
+		return fmt.Sprintf("job %s is not registered (waited %s s): is there a JobLease of that name in this namespace?",
+			r.cfg.Job, wait)
+	case hasDetail(e, "item"):
+		return fmt.Sprintf("%s (waited %s s): was it enqueued?", e.Message, wait)
+	}
+	return fmt.Sprintf("%s (waited %s s): is there a queue of that name in this namespace?", e.Message, wait)
+}
+
+func hasDetail(e *errs.Error, key string) bool {
+	for _, kv := range e.Details {
+		if kv.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// waitForKeyChange: did key (a holder, a queue's spec) change after revision
+// within timeout? A stop request ends the wait at once (false); so does a
+// watch error (false, logged at debug: the next claim reports what is wrong).
+func (r *Runner) waitForKeyChange(key string, revision int64, timeout time.Duration) bool {
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel() // also ends the watch stream
 	go func() {
@@ -108,11 +177,25 @@ func (r *Runner) waitForHolderChange(revision int64, timeout time.Duration) bool
 		case <-ctx.Done():
 		}
 	}()
-	changed, err := r.client.WaitForHolderChange(ctx, r.cfg.Job, revision, timeout)
+	changed, err := r.client.WaitForKeyChange(ctx, key, revision, timeout)
 	if err != nil {
-		r.log.Debug("watch of the holder ended", "job", r.cfg.Job.String(), "reason", err.Error())
+		r.log.Debug("watch ended", "key", key, "reason", err.Error())
 	}
 	return changed && !r.stopping()
+}
+
+// stopCtx is r.ctx, also ended by a stop request (the waits of a draining
+// sidecar end at once on SIGTERM).
+func (r *Runner) stopCtx() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(r.ctx)
+	go func() {
+		select {
+		case <-r.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 func pyG(f float64) string { return fmt.Sprintf("%g", f) }
@@ -135,18 +218,34 @@ func (r *Runner) failed(e *errs.Error, message string) int {
 	return e.ExitCode
 }
 
-// lifecycle claims, then holds until the lease ends. It returns an exit code
-// and true when the sidecar must exit now.
+// lifecycle claims, then holds until the lease ends (a draining sidecar:
+// item after item, drain.go). It returns an exit code and true when the
+// sidecar must exit now.
 func (r *Runner) lifecycle() (int, bool) {
+	if r.cfg.Queue != nil && r.cfg.Item == "" {
+		return r.drain()
+	}
 	lease, code := r.claim()
 	if lease == nil {
-		if r.stopping() || r.cfg.OnFinal == "exit" {
-			return code, true
-		}
-		r.log.Info("serving the final answer until stopped", "job", r.cfg.Job.String(), "state", string(r.PhaseNow()), "exitCode", code)
-		return 0, false
+		return r.final(code)
 	}
 	r.held(lease)
+	r.hold(lease)
+	return 0, false
+}
+
+// final: the claim ended without a lease (a final answer, or a stop).
+func (r *Runner) final(code int) (int, bool) {
+	if r.stopping() || r.cfg.OnFinal == "exit" {
+		return code, true
+	}
+	r.log.Info("serving the final answer until stopped", "job", r.name(), "state", string(r.PhaseNow()), "exitCode", code)
+	return 0, false
+}
+
+// hold waits until the lease ends (completed, released, lost, expired) or a
+// stop is requested (true).
+func (r *Runner) hold(lease *protocol.Lease) bool {
 	for {
 		remaining := lease.Remaining()
 		if lease.State() != protocol.Held || remaining <= 0 {
@@ -159,7 +258,7 @@ func (r *Runner) lifecycle() (int, bool) {
 		case <-t.C:
 		case <-r.stop:
 			t.Stop()
-			return 0, false
+			return true
 		}
 		t.Stop()
 	}
@@ -172,7 +271,7 @@ func (r *Runner) lifecycle() (int, bool) {
 		r.leaseEndedLocked(reason)
 	}
 	r.mu.Unlock()
-	return 0, false
+	return false
 }
 
 // End is how the claim and hold ended: ExitNow says the sidecar must exit at
@@ -215,7 +314,7 @@ func (r *Runner) Shutdown() {
 		if lease != nil {
 			token = lease.Token
 		}
-		r.log.Warn("stopping before etcd could say whether the completion committed", "job", r.cfg.Job.String(),
+		r.log.Warn("stopping before etcd could say whether the completion committed", "job", r.name(),
 			"reason", r.endReason, "token", token)
 	}
 	if phase == HeldPhase && lease != nil && r.cfg.ReleaseOnTerm {

@@ -39,6 +39,8 @@ const (
 	Failed     Phase = "failed"
 	Released   Phase = "released"
 	Stopping   Phase = "stopping"
+	// Waiting: draining a queue, nothing claimable now; a watch wakes the claim.
+	Waiting Phase = "waiting"
 )
 
 // Answer is what an operation's outcome means, in the protocol's terms; only
@@ -90,6 +92,14 @@ type Runner struct {
 	endReason            string
 	exitCode             *int
 	settling             bool
+	// Queue mode: item is the item claimed or being claimed (nil while a
+	// draining sidecar has none); drained: the queue had nothing left to
+	// claim (JOBLEASE_EXIT_WHEN_EMPTY), a final answer like an already
+	// completed job; last: how the previous item of a draining sidecar
+	// ended, so a retried request under its token gets the same answer.
+	item    *protocol.ItemRef
+	drained bool
+	last    *endedItem
 
 	opMu     sync.Mutex // one API operation at a time (the Python _op_lock)
 	stop     chan struct{}
@@ -103,6 +113,9 @@ func New(cfg config.Config, client *protocol.Client, log *slog.Logger) *Runner {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Runner{cfg: cfg, client: client, Metrics: metrics.New(), log: log, phase: Claiming,
 		stop: make(chan struct{}), ctx: ctx, cancel: cancel}
+	if cfg.Queue != nil && cfg.Item != "" {
+		r.item = &protocol.ItemRef{Queue: *cfg.Queue, ID: cfg.Item}
+	}
 	return r
 }
 
@@ -161,7 +174,7 @@ func (r *Runner) Ready() bool {
 	defer r.mu.Unlock()
 	phase := r.currentLocked()
 	ok := phase == HeldPhase || (!r.gateOpened && (phase == Failed ||
-		(phase == Completed && r.completedBeforeClaim) || (phase == Lost && r.lossFoundNoWorker)))
+		(phase == Completed && (r.completedBeforeClaim || r.drained)) || (phase == Lost && r.lossFoundNoWorker)))
 	if ok {
 		r.gateOpened = true
 	}
@@ -172,6 +185,9 @@ func (r *Runner) held(lease *protocol.Lease) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.lease = lease
+	if lease.Item != nil {
+		r.item = lease.Item
+	}
 	r.setPhase(HeldPhase)
 	r.Metrics.Inc(r.Metrics.Claims)
 	r.log.Info("lease held", "job", lease.Job.String(), "token", lease.Token, "generation", lease.Generation, "ttl", lease.TTL)
@@ -181,9 +197,7 @@ func (r *Runner) held(lease *protocol.Lease) {
 		return
 	}
 	if r.cfg.TokenFile != "" {
-		info, _ := pyjson.Spaced(pyjson.Obj{{Key: "job", Value: lease.Job.String()}, {Key: "namespace", Value: lease.Job.Namespace},
-			{Key: "name", Value: lease.Job.Name}, {Key: "owner", Value: lease.Owner}, {Key: "token", Value: lease.Token},
-			{Key: "generation", Value: lease.Generation}, {Key: "ttl", Value: lease.TTL}})
+		info, _ := pyjson.Spaced(tokenInfo(lease))
 		stillHeld := func() bool { return r.currentLocked() == HeldPhase }
 		// token.json first: whoever sees the token file finds its companion.
 		ok, err := WriteAtomic(r.cfg.TokenJSONFile(), append(info, '\n'), stillHeld)
@@ -209,6 +223,28 @@ func (r *Runner) RemoveStaleFiles() error {
 	return removeStale(r.cfg.TokenFile, r.cfg.TokenJSONFile(), r.cfg.PortFile, r.cfg.ProbePortFile)
 }
 
+// tokenInfo is token.json: for a queue item, "job" is "ns/queue/id" and
+// "queue" and "item" replace "name".
+func tokenInfo(lease *protocol.Lease) pyjson.Obj {
+	head := pyjson.Obj{{Key: "job", Value: lease.Job.String()}, {Key: "namespace", Value: lease.Job.Namespace}}
+	if lease.Item != nil {
+		head = append(head, pyjson.KV{Key: "queue", Value: lease.Item.Queue.String()}, pyjson.KV{Key: "item", Value: lease.Item.ID})
+	} else {
+		head = append(head, pyjson.KV{Key: "name", Value: lease.Job.Name})
+	}
+	return append(head, pyjson.KV{Key: "owner", Value: lease.Owner}, pyjson.KV{Key: "token", Value: lease.Token},
+		pyjson.KV{Key: "generation", Value: lease.Generation}, pyjson.KV{Key: "ttl", Value: lease.TTL})
+}
+
+// nameLocked is what the sidecar works on now, for logs: the job, or the
+// item (the queue while a draining sidecar holds none).
+func (r *Runner) nameLocked() string {
+	if r.item != nil {
+		return r.item.String()
+	}
+	return r.cfg.Name()
+}
+
 func (r *Runner) dropTokenFiles() {
 	removeQuietly(r.cfg.TokenFile)
 	removeQuietly(r.cfg.TokenJSONFile())
@@ -225,7 +261,7 @@ func (r *Runner) leaseEndedLocked(reason string) {
 		// on its way: what the worker asked for is true either way.
 		r.setPhase(Released)
 		r.dropTokenFiles()
-		r.log.Info("lease ended while its release was in flight", "job", r.cfg.Job.String(), "reason", reason)
+		r.log.Info("lease ended while its release was in flight", "job", r.nameLocked(), "reason", reason)
 		return
 	}
 	if !r.completionSent {
@@ -236,7 +272,7 @@ func (r *Runner) leaseEndedLocked(reason string) {
 	r.setPhase(Completing)
 	r.dropTokenFiles()
 	r.log.Info("lease ended while a completion may have committed; reading the result",
-		"job", r.cfg.Job.String(), "reason", reason, "token", r.lease.Token)
+		"job", r.nameLocked(), "reason", reason, "token", r.lease.Token)
 	if !r.settling {
 		r.settling = true
 		go r.settleUntilKnown()
@@ -264,7 +300,7 @@ func (r *Runner) onLossLocked(reason string, act bool) {
 	if act {
 		action = r.cfg.OnLoss
 	}
-	r.log.Warn("lease lost", "job", r.cfg.Job.String(), "token", token, "reason", reason, "action", action)
+	r.log.Warn("lease lost", "job", r.nameLocked(), "token", token, "reason", reason, "action", action)
 	if !act {
 		return
 	}
@@ -330,7 +366,19 @@ func (r *Runner) sleepOrStop(d time.Duration) {
 func (r *Runner) readState() *protocol.JobState {
 	ctx, cancel := context.WithTimeout(r.ctx, 3*time.Second)
 	defer cancel()
-	st, err := r.client.ReadState(ctx, r.cfg.Job)
+	var st protocol.JobState
+	var err error
+	r.mu.Lock()
+	item := r.item
+	r.mu.Unlock()
+	switch {
+	case r.cfg.Queue == nil:
+		st, err = r.client.ReadState(ctx, r.cfg.Job)
+	case item != nil:
+		st, err = r.client.ReadItemState(ctx, *item)
+	default: // draining, between items: no item to read
+		return nil
+	}
 	if err != nil {
 		r.log.Info("could not read the job's state", "reason", err.Error())
 		return nil
@@ -488,6 +536,11 @@ func (r *Runner) Complete(token int64, result any) Outcome {
 		r.mu.Unlock()
 		return o
 	}
+	if r.last != nil && r.last.token == token && r.last.result != nil {
+		o := answer(Done, r.last.result.Dict()) // a retried completion of the item before this one
+		r.mu.Unlock()
+		return o
+	}
 	if phase == Completing && lease != nil && lease.Token == token {
 		r.mu.Unlock()
 		if st := r.settle(); st != nil {
@@ -587,7 +640,7 @@ func (r *Runner) Release(token int64) Outcome {
 	r.mu.Lock()
 	phase := r.currentLocked()
 	lease := r.lease
-	if phase == Released && lease != nil && lease.Token == token {
+	if (phase == Released && lease != nil && lease.Token == token) || (r.last != nil && r.last.token == token && r.last.released) {
 		r.mu.Unlock()
 		return answer(Done, pyjson.Obj{{Key: "state", Value: "released"}, {Key: "token", Value: token}})
 	}
@@ -639,7 +692,14 @@ func (r *Runner) LeaseView() Outcome {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	phase := r.currentLocked()
-	base := pyjson.Obj{{Key: "state", Value: string(phase)}, {Key: "job", Value: r.cfg.Job.String()}, {Key: "owner", Value: r.cfg.Owner}}
+	base := pyjson.Obj{{Key: "state", Value: string(phase)}, {Key: "job", Value: r.nameLocked()}, {Key: "owner", Value: r.cfg.Owner}}
+	if r.cfg.Queue != nil {
+		var id any
+		if r.item != nil {
+			id = r.item.ID
+		}
+		base = append(base, pyjson.KV{Key: "queue", Value: r.cfg.Queue.String()}, pyjson.KV{Key: "item", Value: id})
+	}
 	with := func(head pyjson.Obj, tail ...pyjson.KV) pyjson.Obj {
 		return append(append(append(pyjson.Obj{}, head...), base...), tail...)
 	}
@@ -647,11 +707,22 @@ func (r *Runner) LeaseView() Outcome {
 	switch {
 	case phase == HeldPhase && lease != nil:
 		rem := float64(int64(lease.Remaining().Seconds()*1000+0.5)) / 1000
-		return answer(Done, append(append(pyjson.Obj{}, base...), pyjson.KV{Key: "token", Value: lease.Token},
+		held := append(append(pyjson.Obj{}, base...), pyjson.KV{Key: "token", Value: lease.Token},
 			pyjson.KV{Key: "generation", Value: lease.Generation}, pyjson.KV{Key: "ttl", Value: lease.TTL},
-			pyjson.KV{Key: "remainingSeconds", Value: rem}, pyjson.KV{Key: "checkpoint", Value: lease.CheckpointDict()}))
+			pyjson.KV{Key: "remainingSeconds", Value: rem}, pyjson.KV{Key: "checkpoint", Value: lease.CheckpointDict()})
+		if lease.Item != nil {
+			held = append(held, pyjson.KV{Key: "payload", Value: lease.Payload})
+		}
+		return answer(Done, held)
 	case phase == Claiming:
 		return answer(NotYet, base)
+	case phase == Waiting:
+		return answer(NotYet, with(nil, pyjson.KV{Key: "message", Value: "waiting for an item: none of queue " +
+			r.cfg.Queue.String() + " is claimable now"}))
+	case phase == Completed && r.drained:
+		return answer(Refused, with(pyjson.Obj{{Key: "error", Value: "completed"}},
+			pyjson.KV{Key: "message", Value: "queue " + r.cfg.Queue.String() + " has no item left to claim (none pending " +
+				"or held); nothing to do"}, pyjson.KV{Key: "result", Value: nil}, pyjson.KV{Key: "exitCode", Value: 0}))
 	case phase == Completing:
 		return answer(Refused, with(pyjson.Obj{{Key: "error", Value: "completing"}}, pyjson.KV{Key: "message",
 			Value: "the lease ended while a completion was in flight; the job's result decides whether it completed"}))
@@ -689,4 +760,12 @@ func (r *Runner) LeaseView() Outcome {
 			pyjson.KV{Key: "message", Value: "the lease was released"}))
 	}
 	return answer(NotYet, base)
+}
+
+// endedItem is how an item of a draining sidecar ended (completed with
+// result, or released) under token.
+type endedItem struct {
+	token    int64
+	result   *protocol.Result
+	released bool
 }

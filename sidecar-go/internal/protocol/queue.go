@@ -1,0 +1,475 @@
+package protocol
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/joblease/joblease/sidecar-go/internal/errs"
+	"github.com/joblease/joblease/sidecar-go/internal/etcd"
+	"github.com/joblease/joblease/sidecar-go/internal/pyjson"
+)
+
+// Queue items (docs/queues.md): an item is a job of its queue, so claiming
+// one is claimOn on the item's keys with the queue's spec in place of the
+// job's and the item's pending key compared too; the lease, its renewal,
+// completion (which also deletes the pending key), release and checkpoints
+// are the job's. This file adds picking the next item, waiting for one on a
+// watch, enqueueing a CronJob slot, and marking exhausted items failed, as
+// joblease.queue does.
+
+const (
+	// PickFrom: a claimer picks at random among this many of the oldest
+	// claimable items, so many claimers do not all race for the head.
+	PickFrom = 16
+	// ReadAhead: pending keys read beyond the held ones when looking for the next item.
+	ReadAhead = 32
+)
+
+// itemJob is the name an item goes by in a lease and in errors: "<queue>/<id>"
+// in the queue's namespace, so JobRef.String() is Python's str(ItemRef).
+func itemJob(item ItemRef) JobRef {
+	return JobRef{Namespace: item.Queue.Namespace, Name: item.Queue.Name + "/" + item.ID}
+}
+
+// queueSpec is the queue's spec and its mod revision, cached per queue (a
+// changed spec fails the claim's first compare and is read again), and the
+// revision the read was answered at.
+func (c *Client) queueSpec(ctx context.Context, queue QueueRef, refresh bool) (int64, QueueSpec, int64, error) {
+	if c.queueSpecs == nil {
+		c.queueSpecs = map[QueueRef]cachedQueueSpec{}
+	}
+	if cached, ok := c.queueSpecs[queue]; ok && !refresh {
+		return cached.modRev, cached.spec, cached.readRev, nil
+	}
+	rev, kv, err := c.Store.Get(ctx, QueueKeysOf(c.Root, queue).Spec())
+	if err != nil {
+		return 0, QueueSpec{}, 0, err
+	}
+	if kv == nil {
+		delete(c.queueSpecs, queue)
+		return 0, QueueSpec{}, rev, errs.QueueNotFound(queue.String())
+	}
+	spec, err := DecodeQueueSpec(kv.Value)
+	if err != nil {
+		return 0, QueueSpec{}, rev, err
+	}
+	c.queueSpecs[queue] = cachedQueueSpec{kv.ModRevision, spec, rev}
+	return kv.ModRevision, spec, rev, nil
+}
+
+type cachedQueueSpec struct {
+	modRev  int64
+	spec    QueueSpec
+	readRev int64
+}
+
+// ClaimItem claims this item (an Indexed Job's index). It refuses like
+// Claim, with Suspended (before anything is sent), ItemNotFound and
+// QueueNotFound; an item found exhausted is marked failed before
+// AttemptsExhausted is returned.
+func (c *Client) ClaimItem(ctx context.Context, item ItemRef, owner string) (*Lease, error) {
+	if err := ValidateQueue(item.Queue); err != nil {
+		return nil, err
+	}
+	if err := ValidateItemID(item.ID); err != nil {
+		return nil, err
+	}
+	if err := ValidateOwner(owner); err != nil {
+		return nil, err
+	}
+	return c.claimItem(ctx, item, owner, nil)
+}
+
+// ClaimOrCreateItem claims this item, enqueueing it first (payload null) if
+// it is absent: a CronJob slot. A slot already completed answers
+// AlreadyCompleted; one enqueued with another payload, Conflict.
+func (c *Client) ClaimOrCreateItem(ctx context.Context, item ItemRef, owner string) (*Lease, error) {
+	if err := ValidateOwner(owner); err != nil {
+		return nil, err
+	}
+	if _, err := c.Enqueue(ctx, item, nil); err != nil {
+		return nil, err
+	}
+	return c.ClaimItem(ctx, item, owner)
+}
+
+// claimItem: pending is the item's pending key as a claim-next read it (nil: read it here).
+func (c *Client) claimItem(ctx context.Context, item ItemRef, owner string, pending *etcd.KV) (*Lease, error) {
+	keys := QueueKeysOf(c.Root, item.Queue).Item(item.ID)
+	job := itemJob(item)
+	refresh := false
+	var revoked []string
+	for range 6 {
+		specRev, spec, readRev, err := c.queueSpec(ctx, item.Queue, refresh)
+		if err != nil {
+			return nil, err
+		}
+		if spec.Suspend {
+			return nil, errs.Suspended(item.Queue.String(), readRev)
+		}
+		if pending == nil || refresh {
+			if pending, err = c.pendingOf(ctx, item, keys); err != nil {
+				return nil, err
+			}
+		}
+		rec, err := DecodePending(pending.Value)
+		if err != nil {
+			return nil, err
+		}
+		jobSpec := spec.jobSpec(rec.AttemptsFrom)
+		s, err := c.sessionFor(ctx, spec.LeaseDurationSeconds)
+		if err != nil {
+			return nil, err
+		}
+		lease, _, err := c.claimOn(ctx, job, keys, owner, specRev, jobSpec, s, &revoked, pending.ModRevision)
+		if errs.Is(err, errs.KindExhausted) {
+			c.markFailed(ctx, keys, pending)
+			return nil, err
+		}
+		if err != nil || lease != nil {
+			return lease, err
+		}
+		refresh = true // the spec or the pending key changed (or a claim was revoked): read both again
+	}
+	if len(revoked) > 0 {
+		return nil, errs.Unavailable(fmt.Sprintf("claim of item %s did not settle after several attempts; claims with "+
+			"tokens %s committed and were ended by the revoke that settled their unknown outcome (each used an attempt)",
+			item, strings.Join(revoked, ", ")))
+	}
+	return nil, errs.Unavailable(fmt.Sprintf("claim of item %s did not settle after several attempts", item))
+}
+
+// pendingOf is the item's pending key, or the error that says why it has none
+// (no queue, never enqueued, completed, failed).
+func (c *Client) pendingOf(ctx context.Context, item ItemRef, keys JobKeys) (*etcd.KV, error) {
+	r, err := retryRead(ctx, ReadBackTimeout, func() (etcd.TxnResult, error) {
+		return c.Store.Txn(ctx, nil, []etcd.Op{etcd.Get(keys.Pending()), etcd.Get(keys.Item()), etcd.Get(keys.Result()),
+			etcd.Get(keys.Claims()), etcd.Get(keys.Spec())}, nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	pending, record, result, claims, spec := r.KV(0), r.KV(1), r.KV(2), r.KV(3), r.KV(4)
+	switch {
+	case pending != nil:
+		return pending, nil
+	case spec == nil:
+		return nil, errs.QueueNotFound(item.Queue.String())
+	case record == nil:
+		return nil, errs.ItemNotFound(item.String())
+	case result != nil:
+		rec, err := DecodeResult(result.Value, result.ModRevision)
+		if err != nil {
+			return nil, err
+		}
+		return nil, errs.AlreadyCompleted(item.String(), rec.Owner, rec.Token, rec.Generation)
+	}
+	var gen int64
+	if claims != nil {
+		gen = claims.Version
+	}
+	return nil, errs.AttemptsExhausted(item.String(), gen, gen) // failed: out of the queue until retried
+}
+
+// itemRefused explains a failed claim of an item; (true, nil) when the
+// queue's spec or the item's pending key merely changed (read them again).
+func itemRefused(job JobRef, r etcd.TxnResult, specRev int64, spec Spec, pendingRev int64) (bool, error) {
+	specKV, holderKV, resultKV, claimsKV, pendingKV := r.KV(0), r.KV(1), r.KV(2), r.KV(3), r.KV(4)
+	name := job.String()
+	if specKV == nil {
+		queue, _, _ := strings.Cut(job.Name, "/")
+		return false, errs.QueueNotFound(QueueRef{job.Namespace, queue}.String())
+	}
+	var gen int64
+	if claimsKV != nil {
+		gen = claimsKV.Version
+	}
+	if resultKV != nil {
+		rec, err := DecodeResult(resultKV.Value, 0)
+		if err != nil {
+			return false, err
+		}
+		return false, errs.AlreadyCompleted(name, rec.Owner, rec.Token, rec.Generation)
+	}
+	if holderKV != nil {
+		h, err := DecodeHolder(holderKV.Value)
+		if err != nil {
+			return false, err
+		}
+		return false, errs.Held(name, h.Owner, holderKV.CreateRevision, gen, r.Revision)
+	}
+	if specKV.ModRevision != specRev {
+		return true, nil
+	}
+	if pendingKV == nil { // neither completed nor pending: failed (or the queue was re-created)
+		return false, errs.AttemptsExhausted(name, gen, spec.MaxAttempts)
+	}
+	if pendingKV.ModRevision != pendingRev {
+		return true, nil
+	}
+	if spec.MaxAttempts > 0 && gen >= spec.MaxAttempts {
+		return false, errs.AttemptsExhausted(name, gen, spec.MaxAttempts)
+	}
+	return true, nil
+}
+
+// markFailed moves an exhausted item out of the pending set (docs/queues.md,
+// "Mark failed"); a compare that fails means someone else settled it first.
+// Best effort: if etcd cannot be reached, the next claimer that meets the
+// item marks it (until then it is counted pending).
+func (c *Client) markFailed(ctx context.Context, keys JobKeys, pending *etcd.KV) {
+	r, err := c.Store.Txn(ctx, nil, []etcd.Op{etcd.Get(keys.Claims())}, nil)
+	if err != nil {
+		return
+	}
+	var version int64
+	if kv := r.KV(0); kv != nil {
+		version = kv.Version
+	}
+	value, err := FailedRecord{Generation: version, FailedAt: now()}.Encode()
+	if err != nil {
+		return
+	}
+	_, _ = c.Store.Txn(ctx, []etcd.Cmp{etcd.ModEq(keys.Pending(), pending.ModRevision), etcd.CreateEq(keys.Holder(), 0),
+		etcd.VersionEq(keys.Result(), 0), etcd.VersionEq(keys.Claims(), version)},
+		[]etcd.Op{etcd.Delete(keys.Pending()), etcd.Put(keys.Failed(), value, 0)}, nil)
+}
+
+// NoItem is why ClaimNext claimed nothing: Revision is the one to watch from
+// (WaitForClaimable), Empty that the queue had no pending item at all (none
+// waiting and none held: nothing can become claimable without an enqueue or
+// a retry).
+type NoItem struct {
+	Revision int64
+	Empty    bool
+}
+
+// ClaimNext claims one of the oldest claimable items of queue (docs/queues.md,
+// "Claim the next item"): it reads the held keys (keys only) and the oldest
+// len(held)+ReadAhead pending keys by create revision, drops the held ones
+// and claims one of the PickFrom oldest left at random; a refused pick is
+// dropped and another tried. It returns a lease, or nil and what to wait
+// from when nothing was claimable (it never waits itself). Suspended is
+// returned as Claim would, before anything is sent.
+func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*Lease, NoItem, error) {
+	if err := ValidateQueue(queue); err != nil {
+		return nil, NoItem{}, err
+	}
+	if err := ValidateOwner(owner); err != nil {
+		return nil, NoItem{}, err
+	}
+	keys := QueueKeysOf(c.Root, queue)
+	pendingPrefix := keys.FieldPrefix("pending")
+	for {
+		revision, candidates, anyPending, err := c.candidates(ctx, keys)
+		if err != nil {
+			return nil, NoItem{}, err
+		}
+		_, spec, readRev, err := c.queueSpec(ctx, queue, false)
+		if err != nil {
+			return nil, NoItem{}, err
+		}
+		if spec.Suspend {
+			return nil, NoItem{}, errs.Suspended(queue.String(), readRev)
+		}
+		settled := false // a pick left the pending set meanwhile (completed, failed): the window moved
+		for len(candidates) > 0 {
+			pick := rand.IntN(min(PickFrom, len(candidates)))
+			pending := candidates[pick]
+			candidates = append(candidates[:pick], candidates[pick+1:]...)
+			id := strings.TrimPrefix(string(pending.Key), pendingPrefix)
+			lease, err := c.claimItem(ctx, ItemRef{queue, id}, owner, &pending)
+			if err == nil {
+				return lease, NoItem{}, nil
+			}
+			switch {
+			case errs.Is(err, errs.KindHeld):
+				continue // taken meanwhile; its holder's delete wakes a waiter
+			case errs.Is(err, errs.KindExhausted, errs.KindCompleted):
+				settled = true // now failed or completed: no longer pending
+				continue
+			case errs.Is(err, errs.KindNotRegistered) && hasDetail(err, "item"): // gone with a re-created queue
+				settled = true
+				continue
+			}
+			return nil, NoItem{}, err
+		}
+		if !settled {
+			return nil, NoItem{Revision: revision, Empty: !anyPending}, nil
+		}
+		// Items left the head of the queue: pending items beyond the window
+		// read may be claimable now, and their keys make no event to wake on.
+	}
+}
+
+// candidates reads the held ids, then the oldest pending keys, and returns
+// the revision of the first read (a waiter watches from just after it, so a
+// holder deleted between the two reads still wakes it), the pending keys
+// without a holder, and whether any pending key exists at all.
+func (c *Client) candidates(ctx context.Context, keys QueueKeys) (int64, []etcd.KV, bool, error) {
+	heldPrefix, pendingPrefix := keys.FieldPrefix("held"), keys.FieldPrefix("pending")
+	r, err := retryRead(ctx, ReadBackTimeout, func() (etcd.TxnResult, error) {
+		return c.Store.Txn(ctx, nil, []etcd.Op{etcd.GetPrefixOp(heldPrefix, etcd.RangeOpts{KeysOnly: true})}, nil)
+	})
+	if err != nil {
+		return 0, nil, false, err
+	}
+	revision := r.Revision
+	held := map[string]bool{}
+	if len(r.Gets) > 0 {
+		for _, kv := range r.Gets[0] {
+			held[strings.TrimPrefix(string(kv.Key), heldPrefix)] = true
+		}
+	}
+	r, err = retryRead(ctx, ReadBackTimeout, func() (etcd.TxnResult, error) {
+		return c.Store.Txn(ctx, nil, []etcd.Op{etcd.GetPrefixOp(pendingPrefix,
+			etcd.RangeOpts{Limit: int64(len(held) + ReadAhead), OldestFirst: true})}, nil)
+	})
+	if err != nil {
+		return 0, nil, false, err
+	}
+	var free []etcd.KV
+	var all []etcd.KV
+	if len(r.Gets) > 0 {
+		all = r.Gets[0]
+	}
+	for _, kv := range all {
+		if !held[strings.TrimPrefix(string(kv.Key), pendingPrefix)] {
+			free = append(free, kv)
+		}
+	}
+	return revision, free, len(all) > 0, nil
+}
+
+// WaitForClaimable waits until, after revision, a pending key of queue is
+// written (an enqueue, a retry), a holder deleted (a completion, a release,
+// an expiry) or the queue's spec changed (resumed, deleted), at most timeout
+// and no longer than ctx: true if one came. A watch, never a poll. Like
+// WaitForHolderChange, a watch error it cannot retry ends the wait early
+// with false and the error; the caller claims again and learns what is wrong.
+func (c *Client) WaitForClaimable(ctx context.Context, queue QueueRef, revision int64, timeout time.Duration) (bool, error) {
+	keys := QueueKeysOf(c.Root, queue)
+	pending, held, spec := keys.FieldPrefix("pending"), keys.FieldPrefix("held"), keys.Spec()
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return c.Store.WatchUntil(wctx, keys.Prefix, etcd.PrefixEnd(keys.Prefix), revision+1, func(ev etcd.Event) bool {
+		key := string(ev.Key)
+		return (!ev.Deleted && strings.HasPrefix(key, pending)) || (ev.Deleted && strings.HasPrefix(key, held)) || key == spec
+	})
+}
+
+// WaitForKeyChange waits for a put or delete of key after revision (an item's holder, or its queue's spec).
+func (c *Client) WaitForKeyChange(ctx context.Context, key string, revision int64, timeout time.Duration) (bool, error) {
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return c.Store.WatchChange(wctx, key, revision+1)
+}
+
+// Enqueue adds one item (docs/queues.md, "Enqueue", for a batch of one): an
+// id already stored with the same payload is left as it is (re-enqueueing is
+// a no-op, even for a completed or failed item; false), one stored with
+// another payload is refused with Conflict; otherwise the item and its
+// pending key are written in one transaction conditional on the queue
+// existing and the item not (true). An unknown outcome is settled by
+// sending it again: a copy that committed makes the next fail its compares
+// and read back as the same payload.
+func (c *Client) Enqueue(ctx context.Context, item ItemRef, payload any) (bool, error) {
+	if err := ValidateQueue(item.Queue); err != nil {
+		return false, err
+	}
+	if err := ValidateItemID(item.ID); err != nil {
+		return false, err
+	}
+	want, err := payloadBytes(payload, item.ID)
+	if err != nil {
+		return false, err
+	}
+	keys := QueueKeysOf(c.Root, item.Queue).Item(item.ID)
+	for attempt := 0; attempt < 5; attempt++ {
+		stamp := now()
+		itemValue, err := ItemRecord{Payload: payload, EnqueuedAt: stamp}.Encode()
+		if err != nil {
+			return false, errs.Invalid("invalid payload: " + err.Error())
+		}
+		pendingValue, err := PendingRecord{Since: stamp}.Encode()
+		if err != nil {
+			return false, err
+		}
+		r, err := c.Store.Txn(ctx, []etcd.Cmp{etcd.CreateNe(keys.Spec(), 0), etcd.CreateEq(keys.Item(), 0)},
+			[]etcd.Op{etcd.Put(keys.Item(), itemValue, 0), etcd.Put(keys.Pending(), pendingValue, 0)},
+			[]etcd.Op{etcd.Get(keys.Spec()), etcd.Get(keys.Item())})
+		if errs.Is(err, errs.KindOutcomeUnknown, errs.KindUnavailable) {
+			select {
+			case <-ctx.Done():
+				return false, err
+			case <-time.After(time.Duration(100<<attempt) * time.Millisecond):
+			}
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+		if r.Succeeded {
+			return true, nil
+		}
+		if r.KV(0) == nil {
+			return false, errs.QueueNotFound(item.Queue.String())
+		}
+		stored := r.KV(1)
+		rec, err := DecodeItem(stored.Value, stored.CreateRevision)
+		if err != nil {
+			return false, err
+		}
+		have, err := pyjson.Sorted(rec.Payload)
+		if err != nil {
+			return false, err
+		}
+		if string(have) != string(want) {
+			return false, errs.Conflict(item.Queue.String(), item.ID)
+		}
+		return false, nil // already there (a concurrent enqueue, or an earlier copy of this one)
+	}
+	return false, errs.OutcomeUnknown(fmt.Sprintf("enqueueing item %s did not settle", item))
+}
+
+// ReadItemState reads what the sidecar needs of an item at one revision:
+// whether its queue exists, its live holder and its result (undecodable
+// records left empty, as ReadState does).
+func (c *Client) ReadItemState(ctx context.Context, item ItemRef) (JobState, error) {
+	keys := QueueKeysOf(c.Root, item.Queue).Item(item.ID)
+	r, err := c.Store.Txn(ctx, nil, []etcd.Op{etcd.Get(keys.Spec()), etcd.Get(keys.Holder()), etcd.Get(keys.Result())}, nil)
+	if err != nil {
+		return JobState{}, err
+	}
+	var st JobState
+	st.Registered = r.KV(0) != nil
+	if kv := r.KV(1); kv != nil {
+		if h, err := DecodeHolder(kv.Value); err == nil {
+			st.HolderToken, st.HolderOwner = kv.CreateRevision, h.Owner
+		}
+	}
+	if kv := r.KV(2); kv != nil {
+		if res, err := DecodeResult(kv.Value, kv.ModRevision); err == nil {
+			st.Result = &res
+		}
+	}
+	return st, nil
+}
+
+// hasDetail: err is a protocol error whose details name key (an
+// ItemNotFound names the item, a QueueNotFound the queue).
+func hasDetail(err error, key string) bool {
+	e, ok := errs.As(err)
+	if !ok {
+		return false
+	}
+	for _, kv := range e.Details {
+		if kv.Key == key {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,371 @@
+package protocol
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/joblease/joblease/sidecar-go/internal/errs"
+	"github.com/joblease/joblease/sidecar-go/internal/etcd"
+	"github.com/joblease/joblease/sidecar-go/internal/etcdtest"
+)
+
+// Queue items against a real etcd (docs/queues.md): the claim of an item and
+// its refusals, completion leaving the pending set, exhausted items marked
+// failed, claim-next over many items and two claimers, the watch a waiter
+// sleeps on, claim-or-create, and read-back after a lost claim answer.
+
+func createQueue(t *testing.T, s *etcd.Store, q QueueRef, spec QueueSpec) {
+	t.Helper()
+	value, err := spec.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Txn(context.Background(), nil, []etcd.Op{etcd.Put(QueueKeysOf(DefaultRoot, q).Spec(), value, 0)}, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func enqueue(t *testing.T, c *Client, q QueueRef, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		if added, err := c.Enqueue(context.Background(), ItemRef{q, id}, map[string]any{"id": id}); err != nil || !added {
+			t.Fatalf("enqueue %s: added %v, %v", id, added, err)
+		}
+	}
+}
+
+func getKV(t *testing.T, s *etcd.Store, key string) *etcd.KV {
+	t.Helper()
+	_, kv, err := s.Get(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+func TestAnItemIsClaimedHeldCompletedOnceAndLeavesThePendingSet(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx := context.Background()
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "files"}
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 2, MaxAttempts: 3})
+	a := NewClient(newStore(t, ep), DefaultRoot)
+	enqueue(t, a, q, "x")
+	item := ItemRef{q, "x"}
+	keys := QueueKeysOf(DefaultRoot, q).Item("x")
+
+	la, err := a.ClaimItem(ctx, item, "worker-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if la.Generation != 1 || la.Item == nil || *la.Item != item || la.Job.String() != "default/files/x" {
+		t.Fatalf("lease %+v item %v", la, la.Item)
+	}
+	if p, ok := la.Payload.(map[string]any); !ok || p["id"] != "x" {
+		t.Fatalf("payload %#v", la.Payload)
+	}
+	if kv := getKV(t, admin, keys.Holder()); kv == nil || kv.CreateRevision != la.Token {
+		t.Fatalf("holder %+v, token %d", kv, la.Token)
+	}
+	b := NewClient(newStore(t, ep), DefaultRoot)
+	if _, err := b.ClaimItem(ctx, item, "worker-b"); !errs.Is(err, errs.KindHeld) || !strings.Contains(err.Error(), "default/files/x") {
+		t.Fatalf("second claim: %v", err)
+	}
+	// The seed example per item: A's etcd lease goes, B claims with a larger token, A's completion is stale.
+	if err := admin.Revoke(ctx, la.Session().LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	lb, err := b.ClaimItem(ctx, item, "worker-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lb.Token <= la.Token || lb.Generation != 2 {
+		t.Fatalf("b: token %d (a had %d), generation %d", lb.Token, la.Token, lb.Generation)
+	}
+	if _, err := la.Complete(ctx, "from a"); !errs.Is(err, errs.KindStale) {
+		t.Fatalf("a's completion after b's claim: %v", err)
+	}
+	if kv := getKV(t, admin, keys.Result()); kv != nil {
+		t.Fatalf("a stale completion wrote %s", kv.Value)
+	}
+	res, err := lb.Complete(ctx, map[string]any{"ok": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Token != lb.Token || res.Generation != 2 {
+		t.Fatalf("result %+v", res)
+	}
+	if getKV(t, admin, keys.Pending()) != nil || getKV(t, admin, keys.Holder()) != nil {
+		t.Fatal("the completion left the pending or holder key")
+	}
+	// Completed is final: claiming again says so, with who and which token.
+	_, err = NewClient(newStore(t, ep), DefaultRoot).ClaimItem(ctx, item, "worker-c")
+	if !errs.Is(err, errs.KindCompleted) || !strings.Contains(err.Error(), fmt.Sprintf("token %d", lb.Token)) {
+		t.Fatalf("claim of a completed item: %v", err)
+	}
+	// Re-enqueueing the same payload is a no-op even now; another payload is a conflict that writes nothing.
+	if added, err := a.Enqueue(ctx, item, map[string]any{"id": "x"}); err != nil || added {
+		t.Fatalf("re-enqueue: %v %v", added, err)
+	}
+	before := getKV(t, admin, keys.Item())
+	if _, err := a.Enqueue(ctx, item, "other"); !errs.Is(err, errs.KindConflict) {
+		t.Fatalf("enqueue with another payload: %v", err)
+	} else if e, _ := errs.As(err); e.Status != 409 || e.ExitCode != 16 || e.Reason != "conflict" {
+		t.Fatalf("conflict error %+v", e)
+	}
+	if after := getKV(t, admin, keys.Item()); after.ModRevision != before.ModRevision || getKV(t, admin, keys.Pending()) != nil {
+		t.Fatal("a refused enqueue wrote something")
+	}
+}
+
+func TestRefusalsSayWhyBeforeWritingAnything(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx := context.Background()
+	admin := newStore(t, ep)
+	c := NewClient(newStore(t, ep), DefaultRoot)
+	q := QueueRef{"default", "refusals"}
+	if _, err := c.ClaimItem(ctx, ItemRef{q, "x"}, "w"); !errs.Is(err, errs.KindNotRegistered) || !hasDetail(err, "queue") {
+		t.Fatalf("no queue: %v", err)
+	}
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 5})
+	if _, err := c.ClaimItem(ctx, ItemRef{q, "x"}, "w"); !errs.Is(err, errs.KindNotRegistered) || !hasDetail(err, "item") {
+		t.Fatalf("no item: %v", err)
+	} else if e, _ := errs.As(err); e.Status != 404 || e.Reason != "not_found" {
+		t.Fatalf("not found %+v", e)
+	}
+	for _, bad := range []string{"", "a/b", "x y"} {
+		if _, err := c.ClaimItem(ctx, ItemRef{q, bad}, "w"); !errs.Is(err, errs.KindInvalid) {
+			t.Fatalf("id %q: %v", bad, err)
+		}
+	}
+	enqueue(t, c, q, "x")
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 5, Suspend: true})
+	rev, _, _ := admin.GetPrefix(ctx, QueueKeysOf(DefaultRoot, q).Prefix)
+	for _, claim := range []func() error{
+		func() error { _, err := c.ClaimItem(ctx, ItemRef{q, "x"}, "w"); return err },
+		func() error { _, _, err := c.ClaimNext(ctx, q, "w"); return err },
+	} {
+		err := claim()
+		if e, ok := errs.As(err); !ok || e.Kind != errs.KindSuspended || e.Status != 409 || e.ExitCode != 17 || e.Reason != "suspended" {
+			t.Fatalf("suspended queue: %v", err)
+		}
+	}
+	if now, _, _ := admin.GetPrefix(ctx, QueueKeysOf(DefaultRoot, q).Prefix); now != rev {
+		t.Fatalf("a refused claim wrote (revision %d -> %d)", rev, now)
+	}
+}
+
+func TestAnExhaustedItemIsMarkedFailedAndSkippedByClaimNext(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx := context.Background()
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "exhaust"}
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 5, MaxAttempts: 1})
+	c := NewClient(newStore(t, ep), DefaultRoot)
+	enqueue(t, c, q, "a")
+	l, err := c.ClaimItem(ctx, ItemRef{q, "a"}, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Revoke(ctx, l.Session().LeaseID); err != nil { // its one attempt ends without a result
+		t.Fatal(err)
+	}
+	enqueue(t, c, q, "b")
+	keys := QueueKeysOf(DefaultRoot, q).Item("a")
+	_, err = NewClient(newStore(t, ep), DefaultRoot).ClaimItem(ctx, ItemRef{q, "a"}, "w2")
+	if !errs.Is(err, errs.KindExhausted) {
+		t.Fatalf("claim of an exhausted item: %v", err)
+	}
+	failed := getKV(t, admin, keys.Failed())
+	if failed == nil || getKV(t, admin, keys.Pending()) != nil {
+		t.Fatal("the exhausted item was not marked failed")
+	}
+	if rec, err := DecodeFailed(failed.Value); err != nil || rec.Generation != 1 {
+		t.Fatalf("failed record %+v %v", rec, err)
+	}
+	next, _, err := NewClient(newStore(t, ep), DefaultRoot).ClaimNext(ctx, q, "w3")
+	if err != nil || next == nil || next.Item.ID != "b" {
+		t.Fatalf("claim next: %v %v", next, err)
+	}
+}
+
+func TestTwoClaimersDrainAQueueAndEachItemIsCompletedOnce(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx := context.Background()
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "drain"}
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 10, MaxAttempts: 3})
+	producer := NewClient(newStore(t, ep), DefaultRoot)
+	var ids []string
+	for i := range 50 { // more than PickFrom and ReadAhead
+		ids = append(ids, fmt.Sprintf("item-%02d", i))
+	}
+	enqueue(t, producer, q, ids...)
+	var mu sync.Mutex
+	done := map[string]int{}
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	for w := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := NewClient(newStore(t, ep), DefaultRoot)
+			for {
+				l, miss, err := c.ClaimNext(ctx, q, fmt.Sprintf("worker-%d", w))
+				if err != nil {
+					errc <- err
+					return
+				}
+				if l == nil {
+					if !miss.Empty { // the other claimer holds the rest: wait for its completions
+						if _, err := c.WaitForClaimable(ctx, q, miss.Revision, 5*time.Second); err != nil {
+							errc <- err
+							return
+						}
+						continue
+					}
+					return
+				}
+				if _, err := l.Complete(ctx, l.Item.ID); err != nil {
+					errc <- err
+					return
+				}
+				mu.Lock()
+				done[l.Item.ID]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if done[id] != 1 {
+			t.Fatalf("item %s completed %d times", id, done[id])
+		}
+	}
+	_, kvs, _ := admin.GetPrefix(ctx, QueueKeysOf(DefaultRoot, q).FieldPrefix("pending"))
+	_, results, _ := admin.GetPrefix(ctx, QueueKeysOf(DefaultRoot, q).FieldPrefix("results"))
+	if len(kvs) != 0 || len(results) != len(ids) {
+		t.Fatalf("%d pending, %d results left", len(kvs), len(results))
+	}
+}
+
+func TestAWaiterWakesOnAnEnqueueOrAHolderGoingNotOnAPoll(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx := context.Background()
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "wake"}
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 5})
+	c := NewClient(newStore(t, ep), DefaultRoot)
+	l, miss, err := c.ClaimNext(ctx, q, "w")
+	if err != nil || l != nil || !miss.Empty {
+		t.Fatalf("an empty queue: %v %+v %v", l, miss, err)
+	}
+	// Nothing happens: the wait ends by its timeout, having sent no claim.
+	if woke, err := c.WaitForClaimable(ctx, q, miss.Revision, 300*time.Millisecond); woke || err != nil {
+		t.Fatalf("woke %v (%v) with nothing enqueued", woke, err)
+	}
+	// An enqueue after the revision read wakes it, even one made before the wait began.
+	enqueue(t, NewClient(newStore(t, ep), DefaultRoot), q, "x")
+	start := time.Now()
+	if woke, err := c.WaitForClaimable(ctx, q, miss.Revision, 10*time.Second); !woke || err != nil {
+		t.Fatalf("no wake on an enqueue: %v %v", woke, err)
+	}
+	other := NewClient(newStore(t, ep), DefaultRoot)
+	held, _, err := other.ClaimNext(ctx, q, "other")
+	if err != nil || held == nil {
+		t.Fatalf("claim: %v %v", held, err)
+	}
+	l, miss, err = c.ClaimNext(ctx, q, "w")
+	if err != nil || l != nil || miss.Empty {
+		t.Fatalf("all held: %v %+v %v (held items are not an empty queue)", l, miss, err)
+	}
+	// The holder's release wakes the waiter, which then claims the item.
+	woke := make(chan bool, 1)
+	go func() {
+		ok, _ := c.WaitForClaimable(ctx, q, miss.Revision, 10*time.Second)
+		woke <- ok
+	}()
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !<-woke {
+		t.Fatal("no wake on the holder's release")
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatalf("the wakes took %v", time.Since(start))
+	}
+	if l, _, err := c.ClaimNext(ctx, q, "w"); err != nil || l == nil || l.Item.ID != "x" || l.Generation != 2 {
+		t.Fatalf("claim after the wake: %v %v", l, err)
+	}
+}
+
+func TestClaimOrCreateEnqueuesTheSlotOnceAndACompletedSlotIsFinal(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx := context.Background()
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "nightly"}
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 5, MaxAttempts: 3})
+	slot := ItemRef{q, "2026-12-01T23:00:00Z"}
+	c := NewClient(newStore(t, ep), DefaultRoot)
+	l, err := c.ClaimOrCreateItem(ctx, slot, "pod-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Payload != nil || l.Generation != 1 {
+		t.Fatalf("slot payload %#v generation %d", l.Payload, l.Generation)
+	}
+	if _, err := NewClient(newStore(t, ep), DefaultRoot).ClaimOrCreateItem(ctx, slot, "pod-b"); !errs.Is(err, errs.KindHeld) {
+		t.Fatalf("a second pod for the slot: %v", err)
+	}
+	if _, err := l.Complete(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewClient(newStore(t, ep), DefaultRoot).ClaimOrCreateItem(ctx, slot, "pod-c"); !errs.Is(err, errs.KindCompleted) {
+		t.Fatalf("a late pod for a completed slot: %v", err)
+	}
+	_, items, _ := admin.GetPrefix(ctx, QueueKeysOf(DefaultRoot, q).FieldPrefix("items"))
+	if len(items) != 1 || items[0].Version != 1 {
+		t.Fatalf("the slot's item was written %d times / %d items", items[0].Version, len(items))
+	}
+	if _, err := c.ClaimOrCreateItem(ctx, ItemRef{QueueRef{"default", "absent"}, "s"}, "pod"); !errs.Is(err, errs.KindNotRegistered) {
+		t.Fatalf("a slot of no queue: %v", err)
+	}
+}
+
+// read-back: an item claim that committed but whose answer was lost is found
+// by its claim id and used, with the item's payload.
+func TestAnAmbiguousItemClaimThatCommittedIsFoundByItsClaimID(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx := context.Background()
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "ambiguous"}
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 5})
+	enqueue(t, NewClient(newStore(t, ep), DefaultRoot), q, "x")
+	keys := QueueKeysOf(DefaultRoot, q).Item("x")
+	pending := getKV(t, admin, keys.Pending())
+	store, faults := etcdtest.NewFaultyStore(t, ep)
+	c := NewClient(store, DefaultRoot)
+	faults.LoseNextAnswers(etcdtest.Txn, 1) // the claim is the first transaction (pending given, spec read by Range)
+	l, err := c.claimItem(ctx, ItemRef{q, "x"}, "worker-a", pending)
+	if err != nil || faults.LostAnswers(etcdtest.Txn) != 1 {
+		t.Fatalf("claim: %v (%d answers lost)", err, faults.LostAnswers(etcdtest.Txn))
+	}
+	kv := getKV(t, admin, keys.Holder())
+	if kv == nil || kv.CreateRevision != l.Token || l.Generation != 1 {
+		t.Fatalf("handle token %d generation %d; holder %+v", l.Token, l.Generation, kv)
+	}
+	if p, ok := l.Payload.(map[string]any); !ok || p["id"] != "x" {
+		t.Fatalf("payload after read-back %#v", l.Payload)
+	}
+	if _, err := l.Complete(ctx, 1); err != nil || getKV(t, admin, keys.Pending()) != nil {
+		t.Fatalf("complete after read-back: %v", err)
+	}
+}

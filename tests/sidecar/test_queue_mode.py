@@ -1,0 +1,289 @@
+"""The Go sidecar in queue mode (docs/sidecar.md, "Queue mode"; docs/queues.md) on a real
+etcd, driven as a worker drives it: the Python library enqueues and the sidecar drains,
+the seed example per item, a single-item sidecar whose item is already completed, a
+CronJob slot created by the sidecar, and records crossing between the two implementations
+through etcd (Python-written items read by Go, Go-written records and results read by
+Python). Every answer is also held to docs/sidecar-api.yaml.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from joblease import JobLeaseClient
+from joblease.errors import HeldError
+from joblease.keys import ItemRef, QueueRef
+from joblease.lease import Lease
+from joblease.queue import ItemPhase, Queues
+from joblease.records import ItemRecord, PendingRecord, QueueSpec
+from tests.sidecar.test_openapi import Conformance
+from tests.support.etcd_keys import snapshot, writes
+from tests.support.sidecar_process import Env, Sidecar
+from tests.waiting import poll
+
+VECTORS = json.loads((Path(__file__).resolve().parents[1] / "vectors" / "queue_records.json")
+                     .read_text())
+
+
+@pytest.fixture
+def queues(client: JobLeaseClient) -> Queues:
+    return Queues(client)
+
+
+@pytest.fixture
+def conformance() -> Conformance:
+    return Conformance()
+
+
+def queue_ref() -> QueueRef:
+    return QueueRef("default", "q-" + uuid.uuid4().hex[:8])
+
+
+def sidecar(env: Env, name: str, queue: QueueRef, **extra: str) -> Sidecar:
+    """A sidecar in queue mode: JOBLEASE_QUEUE instead of the job the harness would name."""
+    return env.sidecar(name, JOBLEASE_JOB_NAME="", JOBLEASE_QUEUE=str(queue),
+                       JOBLEASE_SIDECAR_RATE_LIMIT="off", **extra)
+
+
+async def lease_view(s: Sidecar, conformance: Conformance) -> dict[str, Any]:
+    r = await s.request("GET", "/v1/lease")
+    conformance.check("/v1/lease", "GET", r)
+    return {"status": r.status_code, **r.json()}
+
+
+async def post(s: Sidecar, conformance: Conformance, path: str, body: dict[str, Any]
+               ) -> tuple[int, dict[str, Any]]:
+    r = await s.request("POST", path, json=body)
+    conformance.check(path, "POST", r)
+    return r.status_code, r.json()
+
+
+async def next_answer(s: Sidecar, conformance: Conformance, after_token: int = 0,
+                      timeout: float = 15) -> dict[str, Any]:
+    """What a draining worker waits for: a held item newer than ``after_token``, or a final answer."""
+    async def check() -> dict[str, Any] | None:
+        view = await lease_view(s, conformance)
+        if view["status"] == 200 and view["token"] > after_token:
+            return view
+        return view if view["status"] == 409 else None
+    answer: dict[str, Any] = await poll(check, timeout, f"{s.name}'s next item")
+    return answer
+
+
+async def test_the_sidecar_drains_what_python_enqueued_each_item_completed_once(
+        env: Env, queues: Queues, conformance: Conformance) -> None:
+    q = queue_ref()
+    await queues.create(q, QueueSpec(lease_duration_seconds=10, max_attempts=3))
+    payloads = {f"f{i}": {"file": f"s3://bucket/{i}", "n": i} for i in range(4)}
+    await queues.enqueue(q, list(payloads.items()))
+    s = await sidecar(env, "drain", q, JOBLEASE_EXIT_WHEN_EMPTY="true").started()
+    seen: dict[str, int] = {}
+    token = 0
+    for _ in payloads:
+        view = await next_answer(s, conformance, token)
+        assert view["status"] == 200, view
+        assert view["state"] == "held" and view["queue"] == str(q), view
+        item = view["item"]
+        assert view["job"] == f"{q}/{item}"
+        assert view["payload"] == payloads[item]  # the payload Python enqueued, over HTTP
+        assert s.token_file.read_text().strip() == str(view["token"])  # rewritten per item
+        info = json.loads((s.workdir / "token.json").read_text())
+        assert (info["queue"], info["item"], info["token"]) == (str(q), item, view["token"])
+        token = view["token"]
+        status, body = await post(s, conformance, "/v1/complete",
+                                  {"token": token, "result": {"did": view["payload"]["file"]}})
+        assert status == 200 and body["token"] == token, body
+        # a retried completion of this item gets the same answer, even once the next is held
+        status, again = await post(s, conformance, "/v1/complete",
+                                   {"token": token, "result": {"did": view["payload"]["file"]}})
+        assert (status, again) == (200, body)
+        seen[item] = token
+    assert sorted(seen) == sorted(payloads)
+    final = await next_answer(s, conformance, token)
+    assert final["status"] == 409 and final["error"] == "completed", final
+    assert final["exitCode"] == 0 and final["item"] is None and final["result"] is None
+    s.signal(signal.SIGTERM)  # a native sidecar is stopped once the worker exited
+    assert await s.wait_exit(15) == 0, s.output()
+    for item, tok in seen.items():
+        state = await queues.item(ItemRef(q, item))
+        assert state.phase is ItemPhase.COMPLETED
+        assert state.result is not None and state.result.token == tok
+        assert state.result.result == {"did": payloads[item]["file"]}
+        assert state.generation == 1  # claimed once, completed once
+    counts = await queues.counts(q)
+    assert (counts.total, counts.completed, counts.pending, counts.held) == (4, 4, 0, 0)
+
+
+async def test_an_empty_queue_is_waited_on_with_a_watch_not_a_poll(
+        env: Env, queues: Queues, conformance: Conformance) -> None:
+    q = queue_ref()
+    await queues.create(q, QueueSpec(lease_duration_seconds=10, max_attempts=0))
+    # claim retries 20-40 s apart: only the watch can make it claim within seconds
+    s = await sidecar(env, "waiter", q, JOBLEASE_SIDECAR_CLAIM_BACKOFF_INITIAL="20",
+                      JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX="40").started()
+    waiting = await poll(lambda: _waiting(s, conformance), 15, "the sidecar to wait for an item")
+    assert waiting["item"] is None and waiting["queue"] == str(q)
+    assert "waiting for an item" in waiting["message"]
+    ready = await s.request("GET", "/readyz")
+    conformance.check("/readyz", "GET", ready)
+    assert ready.status_code == 503 and ready.json()["state"] == "waiting"
+    await queues.enqueue(q, [("late", {"k": "v"})])
+    enqueued = time.monotonic()
+    view = await next_answer(s, conformance, 0, timeout=10)
+    assert view["status"] == 200 and view["item"] == "late" and view["payload"] == {"k": "v"}
+    assert time.monotonic() - enqueued < 5, "claimed a backoff late: no watch woke it"
+    # a released item is claimable at once: the draining sidecar claims it again (generation 2)
+    status, body = await post(s, conformance, "/v1/release", {"token": view["token"]})
+    assert status == 200 and body == {"state": "released", "token": view["token"]}
+    again = await next_answer(s, conformance, view["token"], timeout=10)
+    assert again["item"] == "late" and again["generation"] == 2
+    metrics = await s.metrics()
+    assert metrics["joblease_sidecar_claims_total"] == 2
+
+
+async def _waiting(s: Sidecar, conformance: Conformance) -> dict[str, Any] | None:
+    view = await lease_view(s, conformance)
+    return view if view["state"] == "waiting" else None
+
+
+async def test_a_paused_item_holder_loses_and_its_completion_is_stale(
+        env: Env, queues: Queues, client: JobLeaseClient, conformance: Conformance) -> None:
+    """The seed example per item: A holds x (TTL 2 s) and is SIGSTOPped past its TTL;
+    Python claims x with a larger token; A resumed cannot complete: 409 stale, nothing
+    written; Python's completion is the one accepted."""
+    q = queue_ref()
+    await queues.create(q, QueueSpec(lease_duration_seconds=2, max_attempts=0))
+    await queues.enqueue(q, [("x", {"part": 1})])
+    a = await sidecar(env, "a", q, JOBLEASE_ITEM="x").started()
+    lease_a = await a.held()
+    assert lease_a["item"] == "x" and lease_a["payload"] == {"part": 1}
+    a.signal(signal.SIGSTOP)
+    paused = time.monotonic()
+
+    async def python_claims() -> Lease | None:
+        try:
+            return await queues.claim(ItemRef(q, "x"), "python-b")
+        except HeldError:
+            return None
+    lease_b: Lease = await poll(python_claims, 15, "Python to claim x after A's TTL")
+    assert time.monotonic() - paused > 1.5  # only once A's TTL ran out in etcd
+    assert lease_b.token > lease_a["token"] and lease_b.generation == lease_a["generation"] + 1
+
+    a.signal(signal.SIGCONT)
+    after = await lease_view(a, conformance)
+    assert after["status"] == 409 and after["error"] == "lost", after
+    assert not a.token_file.exists()
+    prefix = queues.keys(q).prefix
+    before = await snapshot(client.store, prefix)
+    status, body = await post(a, conformance, "/v1/complete",
+                              {"token": lease_a["token"], "result": "from a"})
+    assert status == 409 and body["error"] == "stale", body
+    assert body["token"] == lease_a["token"] and body["currentToken"] == lease_b.token
+    assert not writes(before, await snapshot(client.store, prefix))  # nothing written
+    await lease_b.complete({"by": "python"})
+    state = await queues.item(ItemRef(q, "x"))
+    assert state.result is not None and state.result.token == lease_b.token
+
+
+async def test_a_single_item_sidecar_on_a_completed_item_ends_without_work(
+        env: Env, queues: Queues, conformance: Conformance) -> None:
+    """As for a completed JobLease: 409 completed with exit code 0 and the result, no
+    token file, and with on-final exit the sidecar exits 0 (the pod ends Succeeded)."""
+    q = queue_ref()
+    await queues.create(q, QueueSpec(lease_duration_seconds=5, max_attempts=3, shards=3))
+    done = await queues.claim(ItemRef(q, "1"), "earlier-pod")
+    await done.complete({"shard": 1})
+    s = sidecar(env, "done", q, JOBLEASE_ITEM="1", JOBLEASE_SIDECAR_ON_FINAL="exit")
+    assert await s.wait_exit(15) == 0, s.output()
+    assert s.logged("job already completed; nothing to do")
+    assert not s.token_file.exists()
+    served = await sidecar(env, "served", q, JOBLEASE_ITEM="1").started()
+    view = await poll(lambda: _final(served, conformance), 15, "the final answer")
+    assert view["error"] == "completed" and view["exitCode"] == 0
+    assert view["result"]["result"] == {"shard": 1} and view["result"]["token"] == done.token
+    assert view["job"] == f"{q}/1" and view["item"] == "1"
+    ready = await served.request("GET", "/readyz")  # a startup probe must pass once
+    assert ready.status_code == 200
+    # another shard of the same Indexed Job is claimed as usual
+    other = await sidecar(env, "shard0", q, JOBLEASE_ITEM="0").started()
+    held = await other.held()
+    assert held["item"] == "0" and held["payload"] is None
+
+
+async def _final(s: Sidecar, conformance: Conformance) -> dict[str, Any] | None:
+    view = await lease_view(s, conformance)
+    return view if view["status"] == 409 else None
+
+
+async def test_records_cross_between_python_and_go_through_etcd(
+        env: Env, queues: Queues, client: JobLeaseClient, conformance: Conformance) -> None:
+    """Python-written items (the shared vectors' payloads) are read by Go byte-exact over
+    HTTP; a CronJob slot the Go sidecar creates and completes is read by Python, its
+    records byte for byte what Python writes."""
+    q = queue_ref()
+    await queues.create(q, QueueSpec(lease_duration_seconds=5, max_attempts=3))
+    both = [v for v in VECTORS["item"] if v["direction"] == "both"]
+    for v in both:
+        await queues.enqueue(q, [(v["name"], v["meaning"]["payload"])])
+        s = await sidecar(env, "read-" + v["name"], q, JOBLEASE_ITEM=v["name"]).started()
+        view = await s.held()
+        # the number beyond 2**53 and the escaped text arrive exactly as enqueued
+        assert view["payload"] == v["meaning"]["payload"], v["name"]
+        status, _ = await post(s, conformance, "/v1/complete",
+                               {"token": view["token"], "result": v["meaning"]["payload"]})
+        assert status == 200
+        state = await queues.item(ItemRef(q, v["name"]))
+        assert state.result is not None and state.result.result == v["meaning"]["payload"]
+
+    slot = "2026-12-01T23:00:00Z"
+    s = await sidecar(env, "slot", q, JOBLEASE_ITEM=slot, JOBLEASE_ITEM_CREATE="true").started()
+    view = await s.held()
+    assert view["item"] == slot and view["payload"] is None and view["generation"] == 1
+    keys = queues.keys(q).item(slot)
+    _, item_kvs = await client.store.get(keys.item)
+    _, pending_kvs = await client.store.get(keys.pending)
+    record = ItemRecord.decode(item_kvs[0].value)  # Go-written, read by Python
+    assert record.payload is None
+    assert ItemRecord(None, record.enqueued_at).encode() == item_kvs[0].value  # byte for byte
+    pending = PendingRecord.decode(pending_kvs[0].value)
+    assert PendingRecord(pending.attempts_from, pending.since).encode() == pending_kvs[0].value
+    assert pending.attempts_from == 0
+    status, body = await post(s, conformance, "/v1/checkpoint",
+                              {"token": view["token"], "data": {"step": 1}})
+    assert status == 200
+    status, body = await post(s, conformance, "/v1/complete",
+                              {"token": view["token"], "result": {"rows": 7}})
+    assert status == 200
+    state = await queues.item(ItemRef(q, slot))
+    assert state.phase is ItemPhase.COMPLETED and state.result is not None
+    assert (state.result.token, state.result.result) == (view["token"], {"rows": 7})
+    _, pending_after = await client.store.get(keys.pending)
+    assert pending_after == []  # the completion left the pending set
+    # a second pod for the same slot, after it completed, does no work
+    late = sidecar(env, "late", q, JOBLEASE_ITEM=slot, JOBLEASE_ITEM_CREATE="true",
+                   JOBLEASE_SIDECAR_ON_FINAL="exit")
+    assert await late.wait_exit(15) == 0, late.output()
+    assert late.logged("job already completed; nothing to do")
+    counts = await queues.counts(q)
+    assert (counts.total, counts.completed) == (len(both) + 1, len(both) + 1)
+
+
+async def test_queue_mode_settings_are_refused_when_they_contradict(env: Env) -> None:
+    """Bad settings are usage errors (exit 2) before anything connects."""
+    q = queue_ref()
+    for name, extra in {
+        "both": {"JOBLEASE_JOB_NAME": "j", "JOBLEASE_QUEUE": str(q)},
+        "create-without-item": {"JOBLEASE_JOB_NAME": "", "JOBLEASE_QUEUE": str(q),
+                                "JOBLEASE_ITEM_CREATE": "true"},
+        "bad-id": {"JOBLEASE_JOB_NAME": "", "JOBLEASE_QUEUE": str(q), "JOBLEASE_ITEM": "a/b"},
+    }.items():
+        s = env.sidecar("bad-" + name, **extra)
+        assert await s.wait_exit(15) == 2, s.output()
+        assert "Error:" in s.output()
