@@ -23,14 +23,14 @@ OWNER = {"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "uid": 
 
 
 def _job(*, scheduled: str | None = None, owned: bool = True, indexed: bool = False,
-         **template_notes: str) -> dict[str, Any]:
+         notes: dict[str, str] | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": "nightly-29000000"}
     if scheduled is not None:
         meta["annotations"] = {SCHEDULED_ANNOTATION: scheduled}
     if owned:
         meta["ownerReferences"] = [OWNER]
     spec: dict[str, Any] = {"template": {
-        "metadata": {"annotations": {"joblease.io/queue": "nightly", **template_notes}},
+        "metadata": {"annotations": {"joblease.io/queue": "nightly", **(notes or {})}},
         "spec": {"restartPolicy": "Never", "securityContext": {"runAsUser": 65532},
                  "containers": [{"name": "worker", "image": "busybox"}]}}}
     if indexed:
@@ -97,8 +97,8 @@ def test_a_job_made_by_hand_is_refused_when_the_slot_is_unknown() -> None:
 @pytest.mark.parametrize("job", [
     _job(owned=False),                                    # a plain Job: drains
     _job(owned=False, indexed=True),                      # an Indexed Job: its indexes
-    _job(scheduled="2026-12-01T23:05:00Z", **{"joblease.io/item": "fixed"}),  # chosen
-    _job(scheduled="2026-12-01T23:05:00Z", **{"joblease.io/exit-when-empty": "true"}),
+    _job(scheduled="2026-12-01T23:05:00Z", notes={"joblease.io/item": "fixed"}),  # chosen
+    _job(scheduled="2026-12-01T23:05:00Z", notes={"joblease.io/exit-when-empty": "true"}),
 ])
 def test_jobs_that_are_not_slots_are_left_alone(job: dict[str, Any]) -> None:
     assert plan_job(job).patch == [] and plan_job(job).warnings == []
@@ -114,11 +114,11 @@ def test_a_job_without_a_queue_is_not_touched() -> None:
 @pytest.mark.parametrize(("job", "says"), [
     (_job(scheduled="2026-12-01T23:05:00Z", indexed=True),
      "an Indexed Job created by CronJob nightly"),
-    (_job(owned=False, indexed=True, **{"joblease.io/item": "a"}),
+    (_job(owned=False, indexed=True, notes={"joblease.io/item": "a"}),
      "annotation joblease.io/item in the template of an Indexed Job"),
-    (_job(scheduled="2026-12-01T23:05:00Z", **{"joblease.io/on-loss": "kill"}),
+    (_job(scheduled="2026-12-01T23:05:00Z", notes={"joblease.io/on-loss": "kill"}),
      "invalid annotation joblease.io/on-loss"),
-    (_job(scheduled="2026-12-01T23:05:00Z", **{"joblease.io/job": "x"}),
+    (_job(scheduled="2026-12-01T23:05:00Z", notes={"joblease.io/job": "x"}),
      "annotations joblease.io/job and joblease.io/queue both set"),
 ])
 def test_bad_templates_are_refused_at_the_job_saying_why(job: dict[str, Any],
