@@ -24,6 +24,9 @@ lasts until a file exists), so a fault lands while an item is held.
   waits for the first slot (up to a minute) and the next (one more).
 - Deployment of 3 drains 1,000 items while one pod is deleted: every item completed
   exactly once; its one in-flight item, released, is the only one claimed twice.
+  (Its example is applied as written.)
+- The Indexed Job and CronJob examples applied as written: every index and the first
+  slot completed once, one ledger write each.
 """
 
 from __future__ import annotations
@@ -384,3 +387,37 @@ def test_deployment_drains_1000_items_exactly_once_while_a_pod_is_deleted(
         assert book["highestToken"] == s["result"]["token"], (item, book)
         # one accepted write per claim at most; two only for the item claimed twice
         assert 1 <= len(book["entries"]) <= s["generation"], (item, book)
+
+
+def test_the_indexed_job_and_cronjob_examples_as_written(
+        cluster: Cluster, queue_namespace: str) -> None:
+    """``kubectl apply -f`` of the two files, unmodified (the fault tests above add only
+    the hold file): every index and the first slot completed once, one ledger write each."""
+    ns = queue_namespace
+    _cli(cluster, ns, "queue", "create", "shards", "--ttl", "30", "--max-attempts", "3",
+         "--shards", "8")
+    _cli(cluster, ns, "queue", "create", "report", "--ttl", "30", "--max-attempts", "3")
+    for name in ("queue-indexed-job.yaml", "queue-cronjob.yaml"):
+        r = cluster.kubectl("apply", "-n", ns, "-f", str(EXAMPLES / name))
+        assert r.returncode == 0, r.stderr
+    try:
+        state = wait_until(lambda: job_condition(cluster, ns, "shards"), timeout=300,
+                           interval=1, what="Job shards Complete or Failed")
+        assert state == "Complete", _describe(cluster, ns)
+        (run,) = wait_until(lambda: _scheduled(cluster, ns)[:1] or None, timeout=150,
+                            interval=1, what="the CronJob's first run")
+
+        def run_done() -> str | None:
+            return job_condition(cluster, ns, run["metadata"]["name"])
+        assert wait_until(run_done, timeout=240, interval=1,
+                          what="the first run done") == "Complete", _describe(cluster, ns)
+    finally:
+        cluster.kubectl("delete", "cronjob", "report", "-n", ns, "--wait=false")
+    shards = _items(cluster, ns, "shards")
+    assert sorted(shards) == [str(i) for i in range(8)]
+    assert all(s["phase"] == "Completed" and s["generation"] == 1 for s in shards.values())
+    _assert_one_write_each(cluster, ns, "shards", shards)
+    slot = _slot_of(run)
+    report = {i: s for i, s in _items(cluster, ns, "report").items() if i == slot}
+    assert report and report[str(slot)]["phase"] == "Completed", _items(cluster, ns, "report")
+    _assert_one_write_each(cluster, ns, "report", report)
