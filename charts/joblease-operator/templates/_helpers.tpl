@@ -121,6 +121,13 @@ RBAC rules on JobLeases, shared by the ClusterRole (scope cluster) and each Role
   resourceNames: [{{ $workerSecret | quote }}]
   verbs: ["get"]
 {{- end }}
+{{- if .Values.webhook.enabled }}
+# The slot webhook reads a CronJob's status.lastScheduleTime when a Job is made from
+# it by hand (kubectl create job --from=cronjob/x): get only.
+- apiGroups: ["batch"]
+  resources: ["cronjobs"]
+  verbs: ["get"]
+{{- end }}
 {{- end }}
 
 {{/* The etcd client Secret injected sidecars mount from their namespace (may be empty). */}}

@@ -181,6 +181,15 @@ class KubeApi:
         except NotFoundError:
             return None
 
+    async def get_cronjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The CronJob (batch/v1), or None if it does not exist (the webhook reads its
+        ``status.lastScheduleTime`` for a Job made from it by hand)."""
+        try:
+            return await self._request(
+                "GET", f"/apis/batch/v1/namespaces/{namespace}/cronjobs/{name}")
+        except NotFoundError:
+            return None
+
     async def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._request("POST", self._secret_path(namespace), body)
 

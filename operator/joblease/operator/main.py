@@ -68,6 +68,7 @@ from joblease.operator.tenants import (
 )
 from joblease.operator.webhook import (
     WebhookConfig,
+    kube_cronjob_lookup,
     kube_lookup,
     kube_secret_lookup,
     serve_webhook,
@@ -336,7 +337,8 @@ async def run_operator(config: OperatorConfig) -> None:
     # Auth API) and lends it to the client, which closes it.
     store = EtcdStore(etcd)
     async with serve_webhook(config.webhook, kube_lookup(kube.get),
-                             kube_secret_lookup(kube.get_secret)), \
+                             kube_secret_lookup(kube.get_secret),
+                             kube_cronjob_lookup(kube.get_cronjob)), \
             JobLeaseClient(etcd, store=store) as client:
         runner = await _serve_probes(config, metrics, client, replica)
         log.info("joblease operator %s: etcd %s root %s, %s%s", identity,
