@@ -14,8 +14,8 @@ import jsonpatch  # type: ignore[import-untyped]
 import pytest
 import yaml
 
+from joblease.operator.cron_slots import SCHEDULED_ANNOTATION, plan_job
 from joblease.operator.injection import COMPLETION_INDEX_ANNOTATION, SidecarSettings, plan
-from joblease.operator.slots import SCHEDULED_ANNOTATION, plan_job
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SCRIPT = (EXAMPLES / "workers" / "queue-worker.sh").read_text()

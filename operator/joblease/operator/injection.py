@@ -27,7 +27,7 @@ queue instead of a JobLease. Which item it claims follows the pod's shape: an
 Indexed Job's pod claims its completion index (``JOBLEASE_ITEM`` from the pod's
 ``batch.kubernetes.io/job-completion-index`` annotation, through the downward
 API), a pod whose template names ``joblease.io/item`` claims that one (a CronJob
-slot, written by :mod:`joblease.operator.slots` into the Job's template), and
+slot, written by :mod:`joblease.operator.cron_slots` into the Job's template), and
 any other pod (a Deployment's) drains the queue.
 
 Idempotent: a pod that already has a container named ``joblease`` is not
@@ -48,7 +48,7 @@ PREFIX = "joblease.io/"
 JOB_ANNOTATION = PREFIX + "job"
 #: Queue mode: the JobQueue's name (same namespace); excludes ``joblease.io/job``.
 QUEUE_ANNOTATION = PREFIX + "queue"
-#: Queue mode: claim this one item (a CronJob slot: :mod:`joblease.operator.slots`).
+#: Queue mode: claim this one item (a CronJob slot: :mod:`joblease.operator.cron_slots`).
 ITEM_ANNOTATION = PREFIX + "item"
 #: Queue mode, with an item: enqueue it first if absent ("true"/"false").
 ITEM_CREATE_ANNOTATION = PREFIX + "item-create"

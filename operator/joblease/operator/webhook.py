@@ -8,7 +8,7 @@ leader runs kopf). So this server is started by ``run_operator`` beside kopf,
 needs neither kopf nor etcd, and keeps serving whatever kopf does.
 
 ``POST /mutate-jobs`` takes a Job's AdmissionReview and names the CronJob slot
-its queue-mode pods claim (:func:`joblease.operator.slots.plan_job`); for a Job
+its queue-mode pods claim (:func:`joblease.operator.cron_slots.plan_job`); for a Job
 made by hand from a CronJob it reads the CronJob's ``status.lastScheduleTime``
 (that lookup is not advisory: without it the slot is unknown, and the Job is
 refused saying so).
@@ -52,6 +52,7 @@ from aiohttp import web
 from joblease.envvars import read_int, read_str
 from joblease.errors import InvalidInputError
 from joblease.keys import JobRef
+from joblease.operator.cron_slots import UnknownCronJob, cronjob_owner, plan_job
 from joblease.operator.injection import (
     Injection,
     InjectionRefused,
@@ -64,7 +65,6 @@ from joblease.operator.injection import (
     wants_injection,
 )
 from joblease.operator.kube import NotFoundError
-from joblease.operator.slots import UnknownCronJob, cronjob_owner, plan_job
 
 log = logging.getLogger(__name__)
 

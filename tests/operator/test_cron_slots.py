@@ -1,4 +1,4 @@
-"""CronJob slots (joblease.operator.slots.plan_job): the Job → the item its pods claim.
+"""CronJob slots (joblease.operator.cron_slots.plan_job): the Job → the item its pods claim.
 Pure functions of dicts; the patch applied with a real RFC 6902 implementation."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from typing import Any
 import jsonpatch  # type: ignore[import-untyped]
 import pytest
 
-from joblease.operator.injection import InjectionRefused, SidecarSettings, plan
-from joblease.operator.slots import (
+from joblease.operator.cron_slots import (
     SCHEDULED_ANNOTATION,
     UnknownCronJob,
     cronjob_owner,
     plan_job,
     slot_id,
 )
+from joblease.operator.injection import InjectionRefused, SidecarSettings, plan
 from joblease.operator.webhook import job_review_response
 
 OWNER = {"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "uid": "u1",
