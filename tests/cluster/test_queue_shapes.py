@@ -59,12 +59,16 @@ def _docs(name: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
 
 
-def _with_hold(docs: list[dict[str, Any]], namespace: str, items: str | None = None) -> str:
+def _with_hold(docs: list[dict[str, Any]], namespace: str, items: str | None = None,
+               queue: dict[str, Any] | None = None) -> str:
     """The example's documents in ``namespace``, its worker given the hold file (and
-    which items)."""
+    which items), its JobQueue's spec updated with ``queue`` (shorter TTLs)."""
     docs = copy.deepcopy(docs)
     for doc in docs:
         doc["metadata"]["namespace"] = namespace
+        if doc["kind"] == "JobQueue":
+            doc["spec"].update(queue or {})
+            continue
         spec = doc.get("spec") or {}
         template = (spec.get("jobTemplate") or {}).get("spec", spec).get("template")
         if template is None:
@@ -92,6 +96,20 @@ def _cli(cluster: Cluster, namespace: str, *args: str, stdin: str | None = None,
             raise AssertionError(f"joblease {' '.join(args)} -> {r.returncode}: "
                                  f"{r.stdout[-2000:]}{r.stderr[-2000:]}")
         time.sleep(1)  # poll interval; the deadline bounds the wait
+
+
+def _queue_ready(cluster: Cluster, namespace: str, queue: str, timeout: float = 120
+                 ) -> dict[str, Any]:
+    """The queue's counts once the operator created it in etcd from its JobQueue."""
+    def ready() -> dict[str, Any] | None:
+        try:
+            got: dict[str, Any] = _cli(cluster, namespace, "queue", "get", queue)
+        except AssertionError:  # not_found until the operator registered it
+            return None
+        return got
+    found: dict[str, Any] = wait_until(ready, timeout=timeout, interval=1,
+                                       what=f"queue {queue} created from its JobQueue")
+    return found
 
 
 def _items(cluster: Cluster, namespace: str, queue: str) -> dict[str, dict[str, Any]]:
@@ -195,10 +213,10 @@ def _assert_one_write_each(cluster: Cluster, ns: str, queue: str,
 def test_indexed_job_every_index_once_despite_a_deleted_and_a_frozen_pod(
         cluster: Cluster, queue_namespace: str) -> None:
     ns, ttl = queue_namespace, 5
-    _cli(cluster, ns, "queue", "create", "shards", "--ttl", str(ttl), "--max-attempts", "4",
-         "--shards", "8")
     # the example, its items 1 and 2 held at their first attempt (the faults land there)
-    cluster.apply(_with_hold(_docs("queue-indexed-job.yaml"), ns, items="1 2"))
+    cluster.apply(_with_hold(_docs("queue-indexed-job.yaml"), ns, items="1 2",
+                             queue={"leaseDurationSeconds": ttl, "maxAttempts": 4}))
+    assert _queue_ready(cluster, ns, "shards")["total"] == 8
     selector = "job-name=shards"
     held: dict[str, dict[str, Any]] = {}
     for i in ("1", "2"):
@@ -271,10 +289,11 @@ def _scheduled(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
 def test_cronjob_slots_run_at_most_once_with_overlapping_and_duplicate_jobs(
         cluster: Cluster, queue_namespace: str) -> None:
     ns = queue_namespace
-    _cli(cluster, ns, "queue", "create", "report", "--ttl", "5", "--max-attempts", "3")
     # the example, its worker slower than the schedule: each slot's first attempt lasts
     # until the test lets it go
-    cluster.apply(_with_hold(_docs("queue-cronjob.yaml"), ns))
+    cluster.apply(_with_hold(_docs("queue-cronjob.yaml"), ns,
+                             queue={"leaseDurationSeconds": 5}))
+    _queue_ready(cluster, ns, "report")
     try:
         (run1,) = wait_until(lambda: _scheduled(cluster, ns) or None, timeout=150,
                              interval=1, what="the CronJob's first run")
@@ -346,14 +365,14 @@ def test_cronjob_slots_run_at_most_once_with_overlapping_and_duplicate_jobs(
 def test_deployment_drains_1000_items_exactly_once_while_a_pod_is_deleted(
         cluster: Cluster, queue_namespace: str, tmp_path: Path) -> None:
     ns, total = queue_namespace, 1000
-    _cli(cluster, ns, "queue", "create", "files", "--ttl", "10", "--max-attempts", "3")
+    r = cluster.kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "queue-deployment.yaml"))
+    assert r.returncode == 0, r.stderr  # the example as written: its JobQueue and workers
+    _queue_ready(cluster, ns, "files")
     lines = "".join(json.dumps({"id": f"f{n:04d}", "payload": {"n": n}}) + "\n"
                     for n in range(total))
     added = _cli(cluster, ns, "queue", "enqueue", "files", "--file", "-", stdin=lines)
     assert added["added"] == total, added
     began = time.monotonic()
-    r = cluster.kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "queue-deployment.yaml"))
-    assert r.returncode == 0, r.stderr  # the example as written
 
     def completed() -> int:
         return int(_cli(cluster, ns, "queue", "get", "files")["completed"])
@@ -394,9 +413,6 @@ def test_the_indexed_job_and_cronjob_examples_as_written(
     """``kubectl apply -f`` of the two files, unmodified (the fault tests above add only
     the hold file): every index and the first slot completed once, one ledger write each."""
     ns = queue_namespace
-    _cli(cluster, ns, "queue", "create", "shards", "--ttl", "30", "--max-attempts", "3",
-         "--shards", "8")
-    _cli(cluster, ns, "queue", "create", "report", "--ttl", "30", "--max-attempts", "3")
     for name in ("queue-indexed-job.yaml", "queue-cronjob.yaml"):
         r = cluster.kubectl("apply", "-n", ns, "-f", str(EXAMPLES / name))
         assert r.returncode == 0, r.stderr

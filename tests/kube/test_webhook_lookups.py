@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 
-from joblease.operator.injection import JOB_ANNOTATION, SidecarSettings
+from joblease.operator.injection import JOB_ANNOTATION, QUEUE_ANNOTATION, SidecarSettings
 from joblease.operator.kube import KubeApi, login
 from joblease.operator.webhook import (
     PATH,
     WebhookConfig,
     WebhookServer,
     kube_lookup,
+    kube_queue_lookup,
     kube_secret_lookup,
 )
 from tests.support.controlplane import ControlPlane
@@ -83,6 +84,43 @@ async def test_a_namespace_without_the_etcd_client_secret_gets_a_warning_not_a_h
             "apiVersion": "joblease.io/v1alpha1", "kind": "JobLease",
             "metadata": {"name": "report"}, "spec": {"leaseDurationSeconds": 10}}))
         status, answer = await post_review(srv.port, tmp_path, PATH, _review(namespace))
+        assert status == 200 and answer["response"]["patch"]
+        assert "warnings" not in answer["response"], answer["response"]
+    finally:
+        await srv.stop()
+        await kube.close()
+
+
+async def test_a_queue_pod_whose_jobqueue_is_missing_gets_a_warning(
+        crds_installed: ControlPlane, namespace: str, kubeconfig_env: None,
+        tmp_path: Path) -> None:
+    """Queue mode looks up the JobQueue the pod names, as a job pod's JobLease: missing,
+    a warning (the sidecar would wait and fail); applied, none."""
+    cp = crds_installed
+    write_cert(tmp_path, "webhook")
+    kube = KubeApi(login)
+    config = WebhookConfig(port=0, host="127.0.0.1", cert_file=str(tmp_path / "tls.crt"),
+                           key_file=str(tmp_path / "tls.key"), settings=SidecarSettings())
+    srv = WebhookServer(config, kube_lookup(kube.get), kube_secret_lookup(kube.get_secret),
+                        queue_lookup=kube_queue_lookup(kube.get_queue))
+    review = _review(namespace)
+    pod = review["request"]["object"]
+    pod["metadata"]["annotations"] = {QUEUE_ANNOTATION: "files"}
+    pod["spec"]["restartPolicy"] = "Always"
+    cp.kubectl("create", "secret", "generic", "joblease-etcd-client", "-n", namespace,
+               "--from-literal=ca.crt=x", check=True)
+    await srv.start()
+    try:
+        assert srv.port is not None
+        status, answer = await post_review(srv.port, tmp_path, PATH, review)
+        assert status == 200 and answer["response"]["patch"]
+        assert answer["response"]["warnings"] == [
+            f"joblease: JobQueue {namespace}/files does not exist (yet): the sidecar waits "
+            "for the queue and the pod fails (exit 3, not found) if it never comes"]
+        cp.kubectl("apply", "-n", namespace, "-f", "-", check=True, input=json.dumps({
+            "apiVersion": "joblease.io/v1alpha1", "kind": "JobQueue",
+            "metadata": {"name": "files"}, "spec": {"leaseDurationSeconds": 10}}))
+        status, answer = await post_review(srv.port, tmp_path, PATH, review)
         assert status == 200 and answer["response"]["patch"]
         assert "warnings" not in answer["response"], answer["response"]
     finally:

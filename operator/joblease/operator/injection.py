@@ -311,9 +311,10 @@ def plan(pod: Mapping[str, Any], settings: SidecarSettings, *, namespace: str,
          missing_secrets: Collection[str] = ()) -> Injection:
     """The patch that injects the sidecar into ``pod`` (see the module docstring).
 
-    ``joblease_exists``: whether the JobLease ``namespace/<job>`` exists (None: not
-    known). A missing one is admitted with a warning, not refused: a Job and its
-    JobLease are often applied together and the pod may come first; the sidecar
+    ``joblease_exists``: whether the JobLease ``namespace/<job>`` (in queue mode:
+    the JobQueue ``namespace/<queue>``) exists (None: not known). A missing one
+    is admitted with a warning, not refused: a Job and its JobLease (or JobQueue)
+    are often applied together and the pod may come first; the sidecar
     then waits for the registration (``JOBLEASE_SIDECAR_REGISTRATION_WAIT``) and
     the pod fails with "not registered" if it never comes.
 
@@ -338,6 +339,10 @@ def plan(pod: Mapping[str, Any], settings: SidecarSettings, *, namespace: str,
     warnings: list[str] = []
     if options.queue:
         warnings += _queue_warnings(spec, options)
+        if joblease_exists is False:
+            warnings.append(
+                f"JobQueue {namespace}/{options.queue} does not exist (yet): the sidecar "
+                "waits for the queue and the pod fails (exit 3, not found) if it never comes")
     elif joblease_exists is False:
         warnings.append(
             f"JobLease {namespace}/{options.job} does not exist (yet): the sidecar waits for "

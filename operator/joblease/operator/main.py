@@ -70,6 +70,7 @@ from joblease.operator.webhook import (
     WebhookConfig,
     kube_cronjob_lookup,
     kube_lookup,
+    kube_queue_lookup,
     kube_secret_lookup,
     serve_webhook,
 )
@@ -338,7 +339,8 @@ async def run_operator(config: OperatorConfig) -> None:
     store = EtcdStore(etcd)
     async with serve_webhook(config.webhook, kube_lookup(kube.get),
                              kube_secret_lookup(kube.get_secret),
-                             kube_cronjob_lookup(kube.get_cronjob)), \
+                             kube_cronjob_lookup(kube.get_cronjob),
+                             kube_queue_lookup(kube.get_queue)), \
             JobLeaseClient(etcd, store=store) as client:
         runner = await _serve_probes(config, metrics, client, replica)
         log.info("joblease operator %s: etcd %s root %s, %s%s", identity,

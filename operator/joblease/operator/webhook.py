@@ -51,7 +51,7 @@ from aiohttp import web
 
 from joblease.envvars import read_int, read_str
 from joblease.errors import InvalidInputError
-from joblease.keys import JobRef
+from joblease.keys import JobRef, QueueRef
 from joblease.operator.cron_slots import UnknownCronJob, cronjob_owner, plan_job
 from joblease.operator.injection import (
     Injection,
@@ -84,6 +84,8 @@ SecretLookup = Callable[[str, str], Awaitable[bool | None]]
 #: ``await last_schedule(namespace, name)`` of a CronJob → its ``status.lastScheduleTime``
 #: (None: never scheduled, or no such CronJob), or :class:`UnknownCronJob`.
 CronJobLookup = Callable[[str, str], Awaitable["str | UnknownCronJob | None"]]
+#: Whether a JobQueue exists (None: the lookup failed), like :data:`JobLeaseLookup`.
+QueueLookup = Callable[[QueueRef], Awaitable[bool | None]]
 
 
 #: Where the serving certificate (``tls.crt``) and key (``tls.key``) are mounted.
@@ -182,6 +184,13 @@ def kube_lookup(get: Callable[[JobRef], Awaitable[dict[str, Any]]]) -> JobLeaseL
     return exists
 
 
+def kube_queue_lookup(get: Callable[[QueueRef], Awaitable[dict[str, Any]]]) -> QueueLookup:
+    """A :data:`QueueLookup` from ``KubeApi.get_queue`` (see :func:`advisory`)."""
+    async def exists(ref: QueueRef) -> bool | None:
+        return await advisory(f"JobQueue {ref.namespace}/{ref.name}", lambda: get(ref))
+    return exists
+
+
 def kube_secret_lookup(get: Callable[[str, str], Awaitable[dict[str, Any] | None]]
                        ) -> SecretLookup:
     """A :data:`SecretLookup` from ``KubeApi.get_secret`` (None: not found)."""
@@ -272,11 +281,13 @@ def review_response(review: Any, settings: SidecarSettings,
 class WebhookServer:
     def __init__(self, config: WebhookConfig, lookup: JobLeaseLookup | None = None,
                  secret_lookup: SecretLookup | None = None,
-                 cronjob_lookup: CronJobLookup | None = None) -> None:
+                 cronjob_lookup: CronJobLookup | None = None,
+                 queue_lookup: QueueLookup | None = None) -> None:
         self.config = config
         self.lookup = lookup
         self.secret_lookup = secret_lookup
         self.cronjob_lookup = cronjob_lookup
+        self.queue_lookup = queue_lookup
         self._runner: web.AppRunner | None = None
         self._reload: asyncio.Task[None] | None = None
         self._ssl: ssl.SSLContext | None = None
@@ -345,14 +356,20 @@ class WebhookServer:
         """The JobLease's existence, the missing Secrets the pod would mount, and what
         could not be looked up (each lookup :func:`advisory`, all at once)."""
         secrets = installation_secrets(self.config.settings)
-        # queue mode: no JobLease to look up (a missing queue fails the pod saying so)
-        jobs = ([self.lookup(JobRef(namespace, options.job))]
-                if self.lookup and options.job else [])
+        # the resource the pod names: its JobLease, or in queue mode its JobQueue
+        jobs: list[Awaitable[bool | None]] = []
+        named = ""
+        if options.queue:
+            if self.queue_lookup:
+                jobs, named = [self.queue_lookup(QueueRef(namespace, options.queue))], "JobQueue"
+        elif self.lookup and options.job:
+            jobs, named = [self.lookup(JobRef(namespace, options.job))], "JobLease"
         finds = ([self.secret_lookup(namespace, name) for name in secrets]
                  if self.secret_lookup else [])
         found = await asyncio.gather(*jobs, *finds)
         exists = found[0] if jobs else None
-        unknown = [f"JobLease {namespace}/{options.job}"] if jobs and exists is None else []
+        unknown = ([f"{named} {namespace}/{options.queue or options.job}"]
+                   if jobs and exists is None else [])
         missing = []
         for name, there in zip(secrets, found[len(jobs):], strict=False):
             if there is False:
@@ -429,13 +446,14 @@ def pod_name(review: Any) -> str:
 @contextlib.asynccontextmanager
 async def serve_webhook(config: WebhookConfig | None, lookup: JobLeaseLookup | None,
                         secret_lookup: SecretLookup | None = None,
-                        cronjob_lookup: CronJobLookup | None = None
+                        cronjob_lookup: CronJobLookup | None = None,
+                        queue_lookup: QueueLookup | None = None
                         ) -> AsyncIterator[WebhookServer | None]:
     """Serve while the block runs, if ``config`` is given (the hook ``run_operator`` uses)."""
     if config is None:
         yield None
         return
-    server = WebhookServer(config, lookup, secret_lookup, cronjob_lookup)
+    server = WebhookServer(config, lookup, secret_lookup, cronjob_lookup, queue_lookup)
     await server.start()
     try:
         yield server
