@@ -372,6 +372,7 @@ func VersionLess(key string, v int64) Cmp {
 	return &pb.Compare{Key: []byte(key), Target: pb.Compare_VERSION, Result: pb.Compare_LESS,
 		TargetUnion: &pb.Compare_Version{Version: v}}
 }
+
 // CreateEqRange: every key in [key, end) has create revision rev (rev 0: no key
 // there at all; etcd compares an empty range as one absent key).
 func CreateEqRange(key string, end []byte, rev int64) Cmp {

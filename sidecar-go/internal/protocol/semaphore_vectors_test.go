@@ -124,7 +124,7 @@ func TestSemaphoreKeyLayoutMatchesTheSharedVectors(t *testing.T) {
 	var all struct {
 		Layout []struct {
 			Root, Namespace, Semaphore, Prefix, Spec, Slots, Waiters, Ticket, Waiter string
-			Slot                                                                   map[string]string
+			Slot                                                                     map[string]string
 		}
 	}
 	load(t, "semaphore_keys.json", &all)
