@@ -383,15 +383,15 @@ func (c *Client) WaitForSlots(ctx context.Context, namespace string, uses []Sema
 	return first.changed, first.err
 }
 
-// Semaphores is what a job's (or a queue's) spec names, for a waiter: the
-// spec as this client last read it.
-func (c *Client) SemaphoresOf(ctx context.Context, job JobRef) ([]SemaphoreUse, error) {
+// SemaphoresOf is what a job's spec names and its TTL, for a waiter (the
+// spec as this client last read it: the claim that was refused read it).
+func (c *Client) SemaphoresOf(ctx context.Context, job JobRef) ([]SemaphoreUse, int64, error) {
 	_, spec, err := c.readSpec(ctx, job, Keys(c.Root, job), false)
-	return spec.Semaphores, err
+	return spec.Semaphores, spec.LeaseDurationSeconds, err
 }
 
-// QueueSemaphores is what a queue's spec names (as last read).
-func (c *Client) QueueSemaphores(ctx context.Context, queue QueueRef) ([]SemaphoreUse, error) {
+// QueueSemaphores is what a queue's spec names and its TTL (as last read).
+func (c *Client) QueueSemaphores(ctx context.Context, queue QueueRef) ([]SemaphoreUse, int64, error) {
 	_, spec, _, err := c.queueSpec(ctx, queue, false)
-	return spec.Semaphores, err
+	return spec.Semaphores, spec.LeaseDurationSeconds, err
 }
