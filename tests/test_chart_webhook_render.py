@@ -82,3 +82,32 @@ def test_helm_template_shows_a_fresh_webhook_certificate_whose_ca_is_the_ca_bund
     second, second_bundle = webhook_tls()
     assert first_bundle == first["ca.crt"] and second_bundle == second["ca.crt"]
     assert first["tls.crt"] != second["tls.crt"]
+
+
+def test_the_webhook_sees_queue_pods_and_the_jobs_of_queue_templates_only() -> None:
+    """Pods annotated joblease.io/job or joblease.io/queue; Jobs whose pod template names a
+    queue (their CronJob slot is copied into the template); both behind the same namespace
+    opt-in. The operator may read CronJobs (a hand-made Job's last slot) and nothing else
+    of batch."""
+    docs = render({})
+    (config,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+    pods, jobs = config["webhooks"]
+    assert pods["name"] == "inject.joblease.io" and jobs["name"] == "slots.joblease.io"
+    assert pods["rules"][0]["resources"] == ["pods"]
+    assert "'joblease.io/queue' in object.metadata.annotations" in (
+        pods["matchConditions"][0]["expression"])
+    assert jobs["rules"] == [{"apiGroups": ["batch"], "apiVersions": ["v1"],
+                              "operations": ["CREATE"], "resources": ["jobs"],
+                              "scope": "Namespaced"}]
+    assert jobs["clientConfig"]["service"]["path"] == "/mutate-jobs"
+    assert jobs["clientConfig"]["caBundle"] == pods["clientConfig"]["caBundle"]
+    assert jobs["namespaceSelector"] == pods["namespaceSelector"]
+    assert ("'joblease.io/queue' in object.spec.template.metadata.annotations"
+            in jobs["matchConditions"][0]["expression"])
+    batch = [rule for d in docs if d["kind"] in ("Role", "ClusterRole")
+             for rule in d.get("rules") or [] if "batch" in rule["apiGroups"]]
+    assert batch == [{"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": ["get"]}]
+    off = render({"webhook.enabled": False})
+    assert not [d for d in off if d["kind"] == "MutatingWebhookConfiguration"]
+    assert not [rule for d in off if d["kind"] in ("Role", "ClusterRole")
+                for rule in d.get("rules") or [] if "batch" in rule["apiGroups"]]

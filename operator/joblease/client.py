@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from collections import Counter, OrderedDict, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -53,7 +53,15 @@ from joblease.errors import (
     WaitSessionLostError,
 )
 from joblease.etcd_store import EtcdConfig, EtcdStore
-from joblease.keys import ItemKeys, ItemRef, JobKeys, JobRef, KeySpace, SemaphoreKeys, SemaphoreRef
+from joblease.keys import (
+    ItemKeys,
+    ItemRef,
+    JobKeys,
+    JobRef,
+    KeySpace,
+    SemaphoreKeys,
+    SemaphoreRef,
+)
 from joblease.lease import Lease
 from joblease.records import (
     CheckpointRecord,
@@ -81,10 +89,14 @@ from joblease.store import (
     TxnResult,
     WatchEvent,
     describe,
+    prefix_end,
 )
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: Keys per read when scanning jobs (:meth:`JobLeaseClient.scan_jobs`).
+SCAN_PAGE = 512
 
 
 @dataclass(frozen=True)
@@ -1087,9 +1099,48 @@ class JobLeaseClient:
         revision, grouped = await self._snapshot(namespace)
         return [assemble(job, fields, revision) for job, fields in sorted(grouped.items())]
 
+    async def scan_jobs(self, namespace: str | None = None, *, keys_only: bool = False
+                        ) -> tuple[int, Sequence[KeyValue]]:
+        """Every key of every job of ``namespace`` (``None``: all) at one revision,
+        without the keys of queues and semaphores (``<ns>/_queues/``,
+        ``<ns>/_semaphores/``), which may be 100,000s of items nobody scanning
+        jobs wants: read in pages of :data:`SCAN_PAGE` keys
+        at the first page's revision, jumping over each namespace's queues. The
+        memory is a page plus the jobs', whatever the queues hold. A compaction of
+        that revision mid-scan starts the scan again."""
+        start = self.keys.namespace_prefix(namespace)
+        end = prefix_end(start)
+        root = self.keys.root.encode() + b"/"
+        for _ in range(5):
+            revision, cursor = 0, start
+            found: MutableSequence[KeyValue] = []
+            try:
+                while True:
+                    current, kvs = await self.store.get(cursor, end=end, limit=SCAN_PAGE,
+                                                        revision=revision, keys_only=keys_only)
+                    revision = revision or current
+                    for kv in kvs:
+                        # <root>/<ns>/_queues/..., _semaphores/...: no job is named
+                        # "_...", so skip each such subtree of the namespace at once
+                        namespace_end = kv.key.find(b"/", len(root))
+                        if kv.key.startswith(b"/_", namespace_end):
+                            segment_end = kv.key.find(b"/", namespace_end + 1)
+                            if segment_end > 0:
+                                cursor = prefix_end(kv.key[:segment_end + 1])
+                                break
+                        found.append(kv)
+                    else:
+                        if len(kvs) < SCAN_PAGE:
+                            return revision, found
+                        cursor = kvs[-1].key + b"\0"
+            except CompactedError:
+                log.info("revision %d compacted during a scan of the jobs; scanning again",
+                         revision)
+        raise StoreUnavailableError("scan of the jobs kept falling behind compactions")
+
     async def _snapshot(self, namespace: str | None
                         ) -> tuple[int, dict[JobRef, dict[str, KeyValue]]]:
-        revision, kvs = await self.store.get(self.keys.namespace_prefix(namespace), prefix=True)
+        revision, kvs = await self.scan_jobs(namespace)
         grouped: dict[JobRef, dict[str, KeyValue]] = defaultdict(dict)
         for kv in kvs:
             parsed = self.keys.parse(kv.key)

@@ -407,11 +407,12 @@ class EtcdStore:
         return _txn_result(success, failure, resp)
 
     async def get(
-        self, key: bytes, *, prefix: bool = False, revision: int = 0, keys_only: bool = False
+        self, key: bytes, *, prefix: bool = False, revision: int = 0, keys_only: bool = False,
+        end: bytes = b"", limit: int = 0
     ) -> tuple[int, list[KeyValue]]:
         request = rpc_pb2.RangeRequest(
-            key=key, range_end=prefix_end(key) if prefix else b"", revision=revision,
-            keys_only=keys_only)
+            key=key, range_end=end or (prefix_end(key) if prefix else b""), revision=revision,
+            keys_only=keys_only, limit=limit)
         timeout = self.config.request_timeout
         resp = await self._call_raw(
             lambda s, md: s.kv.Range(request, timeout=timeout, metadata=md), write=False)

@@ -29,6 +29,7 @@ from joblease.errors import (
     AlreadyCompletedError,
     AttemptsExhaustedError,
     ConflictError,
+    FencedError,
     HeldError,
     InvalidInputError,
     ItemNotFoundError,
@@ -52,12 +53,19 @@ from joblease.records import (
     ResultRecord,
 )
 from joblease.slots import check_uses, semaphore_refs
-from joblease.store import Compare, Delete, Get, KeyValue, Put, TxnResult
+from joblease.store import Compare, Delete, Get, KeyValue, Put, Txn, TxnResult, describe
 
 #: Candidates a claimer picks from at random, among the oldest claimable items.
 PICK_FROM = 16
-#: Pending keys read beyond the held ones when looking for the next item.
+#: Pending keys read beyond the held ones when looking for the next item (at least).
 READ_AHEAD = 32
+#: etcd reads the whole pending range to sort it by create revision (a sorted
+#: range ignores its limit until after the sort), so one candidate read costs
+#: as much as the queue is long. Reading ahead one key in READ_AHEAD_SHARE of
+#: the pending set (up to READ_AHEAD_MAX) keeps that cost per claim constant
+#: (about READ_AHEAD_SHARE keys scanned per claim) instead of growing with the backlog.
+READ_AHEAD_SHARE = 64
+READ_AHEAD_MAX = 2048
 
 
 class ItemPhase(enum.StrEnum):
@@ -149,6 +157,8 @@ class _Pool:
         self.candidates: list[KeyValue] = []
         self.revision = 0
         self.held_hint = 0  # holders seen at the last read: how far to read ahead
+        self.pending_hint = 0  # pending keys counted at the last read: how much to read
+        self.found = False  # whether the last read found any candidate
         self._lock = asyncio.Lock()
 
     def take(self) -> KeyValue | None:
@@ -158,14 +168,18 @@ class _Pool:
             return None
         return self.candidates.pop(random.randrange(min(PICK_FROM, len(self.candidates))))
 
-    async def refill(self, read: Callable[[], Awaitable[tuple[int, list[KeyValue], int]]]
-                     ) -> int:
-        """Read again unless a concurrent claimer just did; the revision of the read."""
+    async def refill(self, read: Callable[[], Awaitable[tuple[int, list[KeyValue], int, int]]]
+                     ) -> tuple[int, bool]:
+        """Read again unless a concurrent claimer just did: the revision of the
+        read, and whether it found any candidate (the claimers that took them
+        since may have emptied the pool: that is no sign of an empty queue)."""
         revision = self.revision
         async with self._lock:
             if self.revision == revision:  # nobody refilled while we waited
-                self.revision, self.candidates, self.held_hint = await read()
-        return self.revision
+                (self.revision, self.candidates, self.held_hint,
+                 self.pending_hint) = await read()
+                self.found = bool(self.candidates)
+        return self.revision, self.found
 
 
 class Queues:
@@ -194,10 +208,18 @@ class Queues:
 
     # -- the queue itself ------------------------------------------------------------------
 
-    async def create(self, queue: QueueRef, spec: QueueSpec) -> int:
+    async def create(self, queue: QueueRef, spec: QueueSpec, *,
+                     guard: Sequence[Compare] = ()) -> int:
         """Register ``queue`` (idempotent: the same spec again writes nothing;
         another spec replaces it, as a JobLease's registration does). With
-        ``spec.shards``, items ``0``..``shards-1`` are enqueued (payload null)."""
+        ``spec.shards``, items ``0``..``shards-1`` are enqueued (payload null).
+
+        ``guard``: extra conditions the spec write requires, as for
+        :meth:`JobLeaseClient.register` (the operator passes its leadership
+        term); if one fails nothing is written and :class:`FencedError` is
+        raised. The shard items are enqueued only after a guarded spec write
+        succeeded; their enqueue is not itself guarded (it is idempotent, and
+        what it writes is exactly what the spec that was just accepted asks for)."""
         self._check_queue(queue)
         validation.ttl(spec.lease_duration_seconds)
         validation.max_attempts(spec.max_attempts)
@@ -209,12 +231,48 @@ class Queues:
         check_uses(spec.semaphores)
         keys = self.keys(queue)
         value = spec.encode()
-        r = await self._idempotent([Compare(keys.spec, "value", "==", value)],
-                                   [Get(keys.spec)], [Put(keys.spec, value)])
+        if guard:
+            revision = await self._guarded_create(queue, keys, value, guard)
+        else:
+            revision = (await self._idempotent([Compare(keys.spec, "value", "==", value)],
+                                               [Get(keys.spec)], [Put(keys.spec, value)])
+                        ).revision
         self._specs.pop(queue, None)
         if spec.shards:
             await self.enqueue(queue, [(str(i), None) for i in range(spec.shards)])
-        return r.revision
+        return revision
+
+    async def _guarded_create(self, queue: QueueRef, keys: QueueKeys, value: bytes,
+                              guard: Sequence[Compare]) -> int:
+        """The spec write nested in a transaction whose compares are ``guard``, as
+        ``JobLeaseClient.register`` does it (the write itself uses both branches,
+        so the guard cannot join its compares: a failed guard would run the put).
+        An unknown outcome is settled by sending it again (a repeat after a commit
+        is a read); if that copy finds the guard failed, the first may have
+        committed (``written=None``)."""
+        inner = Txn((Compare(keys.spec, "value", "==", value),), (Get(keys.spec),),
+                    (Put(keys.spec, value),))
+        unknown = False
+        for attempt in range(5):
+            try:
+                r = await self.store.txn(guard, [inner], [Get(keys.spec)])
+            except OutcomeUnknownError:
+                if attempt == 4:
+                    raise
+                unknown = True
+                await asyncio.sleep(0.1 * 2**attempt)
+                continue
+            if r.succeeded:
+                return r.revision
+            if not unknown:
+                raise FencedError(f"create of queue {queue}", describe(guard))
+            now = r.kv(0)
+            detail = ("the spec holds this call's value now" if now and now.value == value
+                      else "the spec holds another value now" if now
+                      else "the queue does not exist now")
+            raise FencedError(f"create of queue {queue}", describe(guard), written=None,
+                              detail=detail)
+        raise AssertionError("unreachable")
 
     async def _idempotent(self, compares: list[Compare], success: list[Any],
                           failure: list[Any]) -> TxnResult:
@@ -243,21 +301,37 @@ class Queues:
         self._specs[queue] = entry
         return entry
 
-    async def delete(self, queue: QueueRef) -> int:
+    async def delete(self, queue: QueueRef, *, guard: Sequence[Compare] = ()) -> int:
         """Delete the queue and every item, in one transaction conditional on
         the spec it read (a re-created queue is left alone). Returns the
-        revision; raises :class:`NotRegisteredError` if there is no queue."""
+        revision; raises :class:`NotRegisteredError` if there is no queue.
+
+        ``guard``: extra conditions the delete requires (outer transaction, the
+        conditional delete nested in it, as :meth:`JobLeaseClient.unregister`);
+        if one fails nothing is deleted and :class:`FencedError` is raised
+        (``written=None`` after an unknown outcome: a first copy may have
+        committed)."""
         self._check_queue(queue)
         keys = self.keys(queue)
+        unknown = False
         for _ in range(5):
             _, kvs = await self.store.get(keys.spec)
             if not kvs:
                 raise QueueNotFoundError(str(queue))
+            condition = Compare(keys.spec, "create", "==", kvs[0].create_revision)
+            delete = Delete(keys.prefix, prefix=True)
             try:
-                r = await self.store.txn([Compare(keys.spec, "create", "==",
-                                                  kvs[0].create_revision)],
-                                         [Delete(keys.prefix, prefix=True)], [])
+                if guard:
+                    outer = await self.store.txn(guard, [Txn((condition,), (delete,))], [])
+                    if not outer.succeeded:
+                        raise FencedError(f"delete of queue {queue}", describe(guard),
+                                          written=None if unknown else False)
+                    r = outer.nested(0)
+                    r = TxnResult(r.succeeded, outer.revision, r.responses)
+                else:
+                    r = await self.store.txn([condition], [delete], [])
             except OutcomeUnknownError:
+                unknown = True
                 continue  # read again: gone or re-created means done
             self._specs.pop(queue, None)
             if r.succeeded:
@@ -460,33 +534,41 @@ class Queues:
                     [k for _, k, _ in semaphore_refs(self.client.keys, queue.namespace,
                                                      spec.semaphores)], full.revision, left)
                 continue
-            revision = await pool.refill(lambda: self._candidates(keys, pool.held_hint))
-            if pool.candidates:
+            revision, found = await pool.refill(
+                lambda: self._candidates(keys, pool.held_hint, pool.pending_hint))
+            if pool.candidates or found:
+                # Candidates (or ones that concurrent claimers took while we
+                # waited for their read): claimable items may be left, so
+                # take or read again; only a read that found none means none.
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
             await self._wait_for_change(keys, revision, left)
 
-    async def _candidates(self, keys: QueueKeys, held_hint: int
-                          ) -> tuple[int, list[KeyValue], int]:
+    async def _candidates(self, keys: QueueKeys, held_hint: int, pending_hint: int
+                          ) -> tuple[int, list[KeyValue], int, int]:
         """The revision read at, the oldest pending keys that have no holder
-        (at most ``READ_AHEAD`` of them when there are that many) and the number of
-        holders, in one read-only transaction."""
+        (at most the read-ahead of them when there are that many: ``READ_AHEAD``,
+        or one in ``READ_AHEAD_SHARE`` of the ``pending_hint`` pending keys the
+        last read counted, at most ``READ_AHEAD_MAX``), the number of holders
+        and the number of pending keys, in one read-only transaction."""
         held_prefix, pending_prefix = keys.field_prefix("held"), keys.field_prefix("pending")
-        limit = held_hint + READ_AHEAD
+        ahead = min(max(READ_AHEAD, pending_hint // READ_AHEAD_SHARE), READ_AHEAD_MAX)
+        limit = held_hint + ahead
         while True:
             r = await self._read([
                 Get(held_prefix, prefix=True, keys_only=True),
-                Get(pending_prefix, prefix=True, limit=limit, oldest_first=True)])
+                Get(pending_prefix, prefix=True, limit=limit, oldest_first=True),
+                Get(pending_prefix, prefix=True, count_only=True)])
             held = {kv.key[len(held_prefix):] for kv in r.kvs(0)}
             pending = r.kvs(1)
             free = [kv for kv in pending if kv.key[len(pending_prefix):] not in held]
             # Fewer free ones than asked for although the read was cut at the
             # limit: the holders filled it; read again past them.
             if len(free) >= READ_AHEAD or len(pending) < limit:
-                return r.revision, free, len(held)
-            limit = len(held) + READ_AHEAD
+                return r.revision, free, len(held), r.count(2)
+            limit = len(held) + ahead
 
     async def _wait_for_change(self, keys: QueueKeys, revision: int, timeout: float) -> None:
         """Until a pending key is written, a holder deleted or the spec changed
@@ -599,7 +681,9 @@ class Queues:
         prefix = keys.field_prefix("items")
         r = await self._read([
             Get(prefix, prefix=True, keys_only=True, oldest_first=True,
-                limit=0 if phase else limit)])
+                limit=0 if phase else limit), Get(keys.spec)])
+        if r.kv(1) is None:
+            raise QueueNotFoundError(str(queue))
         ids = [kv.key[len(prefix):].decode() for kv in r.kvs(0)]
         out: list[ItemState] = []
         for chunk in _chunks(ids, 16):
@@ -679,25 +763,33 @@ class Queues:
         return pruned
 
     async def counts(self, queue: QueueRef) -> QueueCounts:
-        """The queue's counts at one revision (count-only ranges: the cost does
-        not grow with the number of items)."""
+        """The queue's counts at one revision (count-only ranges: their cost does
+        not grow with the number of items). The oldest pending item's age needs
+        the pending keys sorted by create revision, which etcd sorts whole: a
+        read of the backlog's keys (no values past the first holders'), so its
+        cost grows with the backlog (docs/queues.md, "Counts")."""
         self._check_queue(queue)
         keys = self.keys(queue)
         fields = ("items", "pending", "held", "results", "failed")
         held_prefix = keys.field_prefix("held")
-        r = await self._read([
-            Get(keys.spec),
-            *(Get(keys.field_prefix(f), prefix=True, count_only=True) for f in fields),
-            Get(held_prefix, prefix=True, keys_only=True),
-            Get(keys.field_prefix("pending"), prefix=True, oldest_first=True,
-                limit=READ_AHEAD)])
-        if r.kv(0) is None:
-            raise QueueNotFoundError(str(queue))
-        total, pending, held, completed, failed = (r.count(i) for i in range(1, 6))
-        held_ids = {kv.key[len(held_prefix):] for kv in r.kvs(6)}
         pending_prefix = keys.field_prefix("pending")
-        oldest = next((kv for kv in r.kvs(7) if kv.key[len(pending_prefix):] not in held_ids),
-                      None)
+        limit = READ_AHEAD
+        while True:
+            r = await self._read([
+                Get(keys.spec),
+                *(Get(keys.field_prefix(f), prefix=True, count_only=True) for f in fields),
+                Get(held_prefix, prefix=True, keys_only=True),
+                Get(pending_prefix, prefix=True, oldest_first=True, limit=limit)])
+            if r.kv(0) is None:
+                raise QueueNotFoundError(str(queue))
+            total, pending, held, completed, failed = (r.count(i) for i in range(1, 6))
+            held_ids = {kv.key[len(held_prefix):] for kv in r.kvs(6)}
+            oldest = next((kv for kv in r.kvs(7)
+                           if kv.key[len(pending_prefix):] not in held_ids), None)
+            # every key read is held but there are more: read past the holders
+            if oldest is not None or len(r.kvs(7)) < limit:
+                break
+            limit = len(held_ids) + READ_AHEAD
         age = None
         if oldest is not None:
             since = PendingRecord.decode(oldest.value).since

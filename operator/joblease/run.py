@@ -414,6 +414,9 @@ class Runner:
         env = {**os.environ, **opts.extra_env,
                "JOBLEASE_JOB": str(lease.job), "JOBLEASE_TOKEN": str(lease.token),
                "JOBLEASE_GENERATION": str(lease.generation), "JOBLEASE_OWNER": opts.owner}
+        if lease.slots:  # the semaphore slots the claim took, with their tokens
+            env["JOBLEASE_SEMAPHORES"] = json.dumps([g.to_dict() for g in lease.slots],
+                                                    separators=(",", ":"), sort_keys=True)
         if isinstance(lease.job, ItemRef):
             env.update(JOBLEASE_QUEUE=str(lease.job.queue), JOBLEASE_ITEM=lease.job.id,
                        JOBLEASE_PAYLOAD=json.dumps(

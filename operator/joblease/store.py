@@ -153,9 +153,14 @@ class Store(Protocol):
     ) -> TxnResult: ...
 
     async def get(
-        self, key: bytes, *, prefix: bool = False, revision: int = 0, keys_only: bool = False
+        self, key: bytes, *, prefix: bool = False, revision: int = 0, keys_only: bool = False,
+        end: bytes = b"", limit: int = 0
     ) -> tuple[int, list[KeyValue]]:
-        """Linearizable read; returns (store revision, kvs)."""
+        """Linearizable read; returns (store revision, kvs). ``end``: the range
+        ``[key, end)`` instead (``prefix`` ignored); ``limit`` (0: none): at most
+        that many keys, the lowest first. ``revision`` (0: now): read as of it
+        (:class:`CompactedError` once compacted); the returned revision is the
+        store's current one either way."""
         ...
 
     async def grant(self, ttl: int) -> tuple[int, int]:

@@ -10,6 +10,10 @@ one outcome line with the same ``op`` id: ``ok`` (the system said yes),
 or ``unknown`` (no answer: timeout, dropped connection, dead sidecar). An
 invoke without an outcome line (the process was killed) counts as unknown.
 
+In queue runs ``job`` is the item (``<namespace>/<queue>/<id>``): an item is a
+job of its queue. A next-item claim's invoke names no item (``extra.queue``
+says which queue); its ``ok`` outcome carries the item it got.
+
 ``lost`` is not an operation but an observation: the worker found its lease
 lost (``reason`` is the library's or the sidecar's loss reason), recorded as
 an invoke and an ``ok`` line like everything else.
@@ -31,7 +35,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-KINDS = ("claim", "complete", "write", "release", "lost")
+#: ``enqueue`` (queue runs, tests/chaos/queue_runner.py): the runner's own operation;
+#: ``job`` is the queue, ``extra.ids`` the batch's item ids, ``extra.poison`` the ones
+#: no worker ever completes. An acknowledged enqueue promises every id of its batch.
+KINDS = ("claim", "complete", "write", "release", "lost", "enqueue")
 PHASES = ("invoke", "ok", "fail", "unknown")
 
 

@@ -185,7 +185,7 @@ class Proc:
 
     def start(self) -> None:
         r = self.runner
-        cmd = [sys.executable, "-m", "tests.chaos.workload", "--id", self.wid,
+        cmd = [sys.executable, "-m", r.worker_module, "--id", self.wid,
                "--dir", str(r.dir), "--endpoints", self.proxies.endpoints, "--root", r.root,
                "--ledger-url", f"http://{self.ledger.endpoint}",
                "--sqlite", str(r.sqlite_path),
@@ -196,7 +196,7 @@ class Proc:
                "--complete-anyway", str(r.cfg.complete_anyway),
                "--resend-unknown", str(r.cfg.resend_unknown),
                "--resend-ok", str(r.cfg.resend_ok),
-               "--seed", str(r.rng.randrange(1, 2**31))]
+               "--seed", str(r.rng.randrange(1, 2**31)), *r._worker_args()]
         if r.cfg.auth:
             cmd += ["--etcd-user", "root", "--etcd-password", r.password]
         if r.cfg.pg_dsn:
@@ -343,6 +343,11 @@ class OperatorProc:
 
 
 class ChaosRunner:
+    #: the worker processes' module (its ``--mode worker|sidecar`` and the options
+    #: of ``tests.chaos.workload.parser``)
+    worker_module = "tests.chaos.workload"
+    report_class = Report
+
     def __init__(self, cfg: ChaosConfig, run_dir: Path | None = None,
                  control_plane: Any = None) -> None:
         self.cfg = cfg
@@ -447,7 +452,7 @@ class ChaosRunner:
         self.config = config
         groups: list[ProxyGroup] = []
         ledger_proxies: list[ChaosProxy] = []
-        report = Report(config=asdict(cfg) | {"pg_dsn": bool(cfg.pg_dsn)},
+        report = self.report_class(config=asdict(cfg) | {"pg_dsn": bool(cfg.pg_dsn)},
                         run_dir=str(self.dir))
         nemesis: Nemesis | None = None
         try:
@@ -473,8 +478,7 @@ class ChaosRunner:
                     operator_target.append(Target("operator", "operator", self.operator.pid,
                                                   self.operator.restart, g, kube,
                                                   rollout=self.operator.rollout))
-                await self._register(client, cfg.open_jobs)
-                self._write_jobs()
+                await self._begin(client)
                 targets: list[Target] = list(operator_target)
                 for i in range(cfg.workers + cfg.sidecar_pairs):
                     g = await ProxyGroup(self.cluster).start()
@@ -510,23 +514,18 @@ class ChaosRunner:
 
                 nem_task = asyncio.create_task(nemesis.run(faults_over))
                 while not nem_task.done():
-                    await self._poll(client)
-                    open_now = [j for j in self.jobs if j not in self.completed_at]
-                    if len(open_now) < cfg.open_jobs:
-                        await self._register(client, cfg.open_jobs - len(open_now))
-                    self._write_jobs()
+                    await self._during_faults(client)
                     self._check_alive()
                     await asyncio.sleep(0.3)
                 await nem_task
                 nemesis.heal_all()
                 stopped = time.monotonic()
                 report.fault_seconds = stopped - fault_start
-                self._write_jobs()
+                await self._faults_stopped(client)
                 while time.monotonic() - stopped < cfg.liveness_bound + 5:
-                    await self._poll(client)
-                    self._write_jobs()
+                    settled = await self._settled(client)
                     self._check_alive()
-                    if all(j in self.completed_at for j in self.jobs):
+                    if settled:
                         break
                     await asyncio.sleep(0.3)
                 done_at = max((self.completed_at.get(j, float("inf")) for j in self.jobs),
@@ -534,24 +533,13 @@ class ChaosRunner:
                 report.recovery_seconds = (max(0.0, done_at - stopped)
                                            if done_at != float("inf") else None)
                 await self._stop_workers()
-                final = await self._final(client)
-                statuses = await self._converged(final)
-                ops = history.merge(self.dir.glob("history-*.jsonl"))
-                holders = await self._holders(client, ops)
-                destinations = await self._destinations(client)
-            violations = checker.check(
-                ops, final=final, destinations=destinations, jobs=self.jobs, holders=holders,
-                statuses=statuses,
-                liveness=checker.Liveness(stopped, cfg.liveness_bound, self.completed_at))
+                ops, destinations, violations = await self._judge(client, report, stopped)
             report.violations = [v.to_dict() for v in violations]
             report.operations = checker.summarize(ops)
             report.destination_entries = self._entry_counts(destinations)
             report.trials = self._trials()
             report.faults_by_type = dict(sorted(self.faults.counts.items()))
             report.faults_skipped = dict(nemesis.skipped)
-            report.jobs_registered = len(self.jobs)
-            report.jobs_completed = sum(1 for j in self.jobs if final.get(j) and
-                                        final[j].result_token is not None)
             report.etcd_member_recovery_seconds = _stats(nemesis.member_recovery)
             report.next_completion_after_fault = self._progress_after_faults()
             report.worker_restarts = self.restarts
@@ -559,7 +547,6 @@ class ChaosRunner:
                                         and o.phase == "ok" and o.invoke.process[0] == "s")
             report.unexpected_exits = self.unexpected
             report.operator_stepdowns = self.operator_stepdowns
-            report.statuses_served = sum(len(v) for v in (statuses or {}).values())
             report.wall_seconds = time.monotonic() - began
             (self.dir / "report.json").write_text(json.dumps(asdict(report), indent=2))
             (self.dir / "report.txt").write_text(report.summary() + "\n")
@@ -578,6 +565,58 @@ class ChaosRunner:
                 await lp.close()
             self.ledger.stop()
             await asyncio.to_thread(self.cluster.stop)
+
+    # -- the workload's part (tests/chaos/queue_runner.py overrides these) ------------------
+
+    async def _begin(self, client: JobLeaseClient) -> None:
+        """Before the workers start: the first open jobs."""
+        await self._register(client, self.cfg.open_jobs)
+        self._write_jobs()
+
+    def _worker_args(self) -> list[str]:
+        """Extra arguments of every ``tests.chaos.workload`` process."""
+        return []
+
+    async def _during_faults(self, client: JobLeaseClient) -> None:
+        """Every 0.3 s while the nemesis runs: note completions, keep jobs open."""
+        await self._poll(client)
+        open_now = [j for j in self.jobs if j not in self.completed_at]
+        if len(open_now) < self.cfg.open_jobs:
+            await self._register(client, self.cfg.open_jobs - len(open_now))
+        self._write_jobs()
+
+    async def _faults_stopped(self, client: JobLeaseClient) -> None:
+        self._write_jobs()
+
+    async def _settled(self, client: JobLeaseClient) -> bool:
+        """After the faults, every 0.3 s until the liveness bound: is all work done?"""
+        await self._poll(client)
+        self._write_jobs()
+        return all(j in self.completed_at for j in self.jobs)
+
+    async def _judge(self, client: JobLeaseClient, report: Report, stopped: float
+                     ) -> tuple[list[history.Op], dict[str, list[checker.Entry]],
+                                list[checker.Violation]]:
+        """The workers stopped: read etcd and the destinations, check the history,
+        fill the workload's figures of ``report``."""
+        final = await self._final(client)
+        statuses = await self._converged(final)
+        ops = history.merge(self.dir.glob("history-*.jsonl"))
+        holders = await self._holders(client, ops)
+        destinations = await self._destinations(client)
+        violations = checker.check(
+            ops, final=final, destinations=destinations, jobs=self.jobs, holders=holders,
+            statuses=statuses,
+            liveness=checker.Liveness(stopped, self.cfg.liveness_bound, self.completed_at))
+        report.jobs_registered = len(self.jobs)
+        report.jobs_completed = sum(1 for j in self.jobs if final.get(j) and
+                                    final[j].result_token is not None)
+        report.statuses_served = sum(len(v) for v in (statuses or {}).values())
+        return ops, destinations, violations
+
+    def _holder_key(self, job: str) -> bytes:
+        """The etcd key of ``job``'s holder (a history's ``job`` field)."""
+        return KeySpace(self.root).job(JobRef.parse(job)).holder
 
     def _trials(self) -> int:
         return sum(v for k, v in self.faults.counts.items() if k != "clock-skew")
@@ -664,12 +703,11 @@ class ChaosRunner:
     async def _holders(self, client: JobLeaseClient, ops: list[history.Op],
                        ) -> dict[tuple[str, int], checker.HolderAt | None]:
         """Each ok claim's holder key as etcd had it at the claim's token (revision)."""
-        keys = KeySpace(self.root)
         out: dict[tuple[str, int], checker.HolderAt | None] = {}
         for o in history.pair(ops):
             if o.kind != "claim" or o.phase != "ok" or not o.job or not o.token:
                 continue
-            key = keys.job(JobRef.parse(o.job)).holder
+            key = self._holder_key(o.job)
             _, kvs = await _retry(lambda k=key, t=o.token: client.store.get(k, revision=t))
             if not kvs:
                 out[(o.job, o.token)] = None

@@ -3,6 +3,7 @@ none in a good one."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from tests.chaos.checker import (
@@ -15,6 +16,7 @@ from tests.chaos.checker import (
     summarize,
 )
 from tests.chaos.history import History, Op, merge
+from tests.chaos.queue_checker import FinalItem, check_queue, failures
 
 J = "chaos/j1"
 
@@ -49,10 +51,18 @@ class H:
 
     def write(self, p: str, token: int, gen: int, key: str, phase: str = "ok",
               resource: str = "ledger/j1", reason: str | None = None,
-              resend: str | None = None, duplicate: bool = False) -> str:
+              resend: str | None = None, duplicate: bool = False, job: str = J) -> str:
         return self._op(p, "write", phase, invoke_extra={"resend": resend} if resend else None,
-                        job=J, token=token, generation=gen, resource=resource, key=key,
+                        job=job, token=token, generation=gen, resource=resource, key=key,
                         reason=reason, extra={"duplicate": duplicate})
+
+    def release(self, p: str, token: int, gen: int, job: str, phase: str = "ok") -> str:
+        return self._op(p, "release", phase, job=job, token=token, generation=gen)
+
+    def enqueue(self, queue: str, ids: list[str], poison: list[str] | None = None,
+                phase: str = "ok") -> str:
+        return self._op("runner", "enqueue", phase,
+                        invoke_extra={"ids": ids, "poison": poison or []}, job=queue)
 
     def lost(self, p: str, token: int, gen: int, reason: str) -> str:
         return self._op(p, "lost", "ok", job=J, token=token, generation=gen, reason=reason)
@@ -330,3 +340,167 @@ def test_final_status_differs_from_etcd() -> None:
     v = check_statuses(statuses, final)
     assert kinds(v) == {"status-final"} and "20" in v[0].message
     assert kinds(check_statuses({}, final)) == {"status-final"}
+
+
+# -- queue runs (tests/chaos/queue_checker.py): an item is a job of its queue ----------------
+
+Q = "chaos/q"
+I1 = f"{Q}/i1"
+P0 = f"{Q}/poison-0"
+MAX = 3  # the queue's maxAttempts in these histories
+R1 = "http/ledger/chaos-q-i1"
+
+
+def good_queue() -> tuple[H, dict[str, FinalItem], dict[str, list[Entry]]]:
+    """i1: A claims, pauses, B claims after the expiry and completes; A's late write and
+    completion are refused. poison-0: three claims, each released, then Failed."""
+    h = H()
+    h.enqueue(Q, ["i1", "poison-0"], poison=["poison-0"])
+    h.claim("a", token=10, gen=1, job=I1, owner="a")
+    h.write("a", 10, 1, "i1#g1:0", resource=R1, job=I1)
+    h.claim("b", token=15, gen=2, job=I1, owner="b")
+    h.write("b", 15, 2, "i1#g2:0", resource=R1, job=I1)
+    h.write("a", 10, 1, "i1#g1:1", phase="fail", reason="stale", resource=R1, job=I1)
+    h.complete("a", 10, 1, phase="fail", reason="stale", job=I1)
+    h.complete("b", 15, 2, job=I1)
+    for gen, token in ((1, 20), (2, 22), (3, 24)):
+        h.claim("a", token=token, gen=gen, job=P0, owner="a")
+        h.release("a", token, gen, P0)
+    final = {I1: FinalItem(generation=2, result_token=15, result_generation=2,
+                           result_version=1),
+             P0: FinalItem(generation=3, failed_generation=3)}
+    dest = {R1: [Entry(1, 10, "i1#g1:0", I1, 1), Entry(2, 15, "i1#g2:0", I1, 2)]}
+    return h, final, dest
+
+
+def check_q(h: H, final: dict[str, FinalItem], dest: dict[str, list[Entry]] | None = None,
+            holders: dict[tuple[str, int], HolderAt | None] | None = None) -> list[Any]:
+    return check_queue(h.ops, final=final, max_attempts=MAX, poison=[P0], destinations=dest,
+                       holders=holders)
+
+
+def test_good_queue_history_has_no_violations() -> None:
+    h, final, dest = good_queue()
+    holders = {(I1, 10): HolderAt(10, 10, "a"), (I1, 15): HolderAt(15, 15, "b")}
+    assert check_q(h, final, dest, holders) == []
+    assert failures(final, [P0]) == {"poison": [P0], "exhausted": []}
+    assert summarize(h.ops)["enqueue"] == {"accepted": 1, "attempted": 1}
+
+
+def test_item_completed_twice_in_the_history() -> None:
+    h, final, dest = good_queue()
+    h.complete("a", 10, 1, job=I1)  # A's stale completion accepted as well
+    v = check_q(h, final, dest)
+    assert "item-completed-twice" in kinds(v)
+    assert any("2 accepted completions" in x.message for x in v)
+
+
+def test_item_completed_twice_in_etcd() -> None:
+    """The history shows one completion; etcd's results key was put twice."""
+    h, final, dest = good_queue()
+    final[I1] = replace(final[I1], result_version=2)
+    v = check_q(h, final, dest)
+    assert kinds(v) == {"item-completed-twice"} and "2 times" in v[0].message
+    # etcd's result is another completion than the acknowledged one
+    h, final, dest = good_queue()
+    h.ops = [o for o in h.ops if not (o.kind == "complete" and o.token == 10)]
+    h.complete("a", 10, 1, phase="unknown", reason="timeout", job=I1)
+    final[I1] = replace(final[I1], result_token=10, result_generation=1)
+    assert "item-completed-twice" in kinds(check_q(h, final, dest))
+
+
+def test_acknowledged_item_lost() -> None:
+    h, final, dest = good_queue()
+    del final[I1]  # etcd has no such item
+    v = check_q(h, final, dest)
+    assert "item-lost" in kinds(v) and any("no such item" in x.message for x in v)
+    h, final, dest = good_queue()
+    h.enqueue(Q, ["i2"])
+    final[f"{Q}/i2"] = FinalItem(generation=1, pending=True, held=True)  # never drained
+    v = check_q(h, final, dest)
+    assert kinds(v) == {"item-lost"} and "Claimed" in v[0].message
+
+
+def test_unacknowledged_item_etcd_holds_must_settle_too() -> None:
+    h, final, dest = good_queue()
+    h.enqueue(Q, ["i3"], phase="unknown")
+    final[f"{Q}/i3"] = FinalItem(pending=True)  # the enqueue committed; nobody drained it
+    v = check_q(h, final, dest)
+    assert kinds(v) == {"item-lost"} and "not acknowledged" in v[0].message
+    del final[f"{Q}/i3"]  # it never committed: nothing was promised, nothing is owed
+    assert check_q(h, final, dest) == []
+
+
+def test_item_state_torn() -> None:
+    h, final, dest = good_queue()
+    final[I1] = replace(final[I1], failed_generation=2)
+    v = check_q(h, final, dest)
+    assert "item-state-torn" in kinds(v) and "both" in v[0].message
+    h, final, dest = good_queue()
+    final[P0] = replace(final[P0], pending=True)
+    assert kinds(check_q(h, final, dest)) == {"item-state-torn"}
+
+
+def test_item_failed_before_max_attempts() -> None:
+    h, final, dest = good_queue()
+    final[I1] = FinalItem(generation=2, failed_generation=2)
+    h.ops = [o for o in h.ops if not (o.kind == "complete" and o.job == I1)]
+    v = check_q(h, final, dest)
+    assert kinds(v) == {"item-failed-early"} and "maxAttempts is 3" in v[0].message
+    # reported as exhausted (not poison): the report says which
+    assert failures(final, [P0]) == {"poison": [P0], "exhausted": [I1]}
+
+
+def test_item_claimed_more_than_max_attempts() -> None:
+    h, final, dest = good_queue()
+    h.claim("b", token=30, gen=4, job=P0, owner="b")
+    h.release("b", 30, 4, P0)
+    final[P0] = FinalItem(generation=4, failed_generation=4)
+    v = check_q(h, final, dest)
+    assert kinds(v) == {"item-attempts-exceeded"} and len(v[0].ops) == 1
+
+
+def test_poison_item_completed() -> None:
+    h, final, dest = good_queue()
+    final[P0] = FinalItem(generation=3, result_token=24, result_generation=3,
+                          result_version=1)
+    h.complete("a", 24, 3, phase="unknown", reason="timeout", job=P0)
+    assert kinds(check_q(h, final, dest)) == {"poison-completed"}
+
+
+def test_item_effect_below_the_resource_mark() -> None:
+    h, final, dest = good_queue()
+    # a late effect carrying token 10, accepted after token 15's (with no claim of
+    # token 10 in the history, only the token order can tell)
+    h.ops = [o for o in h.ops if not (o.kind == "claim" and o.token == 10)]
+    dest[R1].append(Entry(3, 10, "i1#g1:2", I1, None))
+    v = [x for x in check_q(h, final, dest) if x.kind.startswith("item-")]
+    assert kinds(v) == {"item-token-backwards"} and "seq 3" in v[0].message
+
+
+def test_item_effect_of_a_superseded_claim() -> None:
+    """Generation 1 (token 20) was superseded by generation 2; its effect was accepted
+    after generation 2's. Token 12 < 20 (the tokens are wrong too, so the token rule
+    cannot see it): only succession tells."""
+    h = H()
+    h.enqueue(Q, ["i1"])
+    h.claim("a", token=20, gen=1, job=I1)
+    h.claim("b", token=12, gen=2, job=I1)
+    h.write("b", 12, 2, "k2", resource=R1, job=I1)
+    h.write("a", 20, 1, "k1", resource=R1, job=I1)
+    h.complete("b", 12, 2, job=I1)
+    final = {I1: FinalItem(generation=2, result_token=12, result_generation=2,
+                           result_version=1)}
+    dest = {R1: [Entry(1, 12, "k2", I1, None), Entry(2, 20, "k1", I1, None)]}
+    v = check_q(h, final, dest)
+    assert "item-superseded-effect" in kinds(v) and "item-token-backwards" not in kinds(v)
+    assert "item-token-order" in kinds(v)
+
+
+def test_item_claim_tokens_not_increasing() -> None:
+    h, final, dest = good_queue()
+    h.claim("c", token=14, gen=3, job=I1)  # a later claim, a lower token
+    final[I1] = replace(final[I1], generation=3)
+    v = check_q(h, final, dest)
+    assert "item-token-order" in kinds(v)
+    assert any("generation 3 has token 14" in x.message for x in v)

@@ -1,7 +1,8 @@
 """What every chaos run must show, and where its run directory goes.
 
 Shared by the library-worker runs (test_chaos.py) and the operator runs
-(test_chaos_operator.py), so both are judged by the same rules.
+(test_chaos_operator.py), so both are judged by the same rules; the queue runs
+(test_chaos_queue.py) by ``judge_queue``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+from tests.chaos.queue_runner import QueueReport
 from tests.chaos.runner import Report
 
 
@@ -43,3 +45,28 @@ def judge(report: Report) -> None:
     assert ops["write"].get("resent", 0) > 0
     # the sidecar pairs really worked (claims through the sidecar's HTTP API)
     assert report.sidecar_claims > 0
+
+
+def judge_queue(report: QueueReport) -> None:
+    """A queue run (tests/chaos/queue_runner.py): no violation, every scheduled fault
+    injected, every acknowledged item settled, the poison ones Failed, the fences and
+    the re-sends exercised."""
+    print("\n" + report.summary())
+    print(f"report: {Path(report.run_dir) / 'report.json'}")
+    assert report.violations == [], json.dumps(report.violations[:10], indent=2)
+    scheduled = tuple(report.config["fault_types"])
+    missing = [t for t in (*scheduled, "clock-skew") if not report.faults_by_type.get(t)]
+    assert not missing, f"fault types never injected: {missing}"
+    assert report.unexpected_exits == [], report.unexpected_exits
+    assert report.items_enqueued == report.config["items"]
+    assert report.items_completed + report.items_failed == report.items_enqueued
+    assert len(report.failed_poison) == report.config["poison"], report.failed_poison
+    ops = report.operations
+    assert ops["claim"]["accepted"] >= report.items_enqueued
+    assert ops["write"]["accepted"] > 0 and ops["write"].get("resent", 0) > 0
+    assert ops["release"]["accepted"] > 0  # the poison items were given back
+    dests = {"http", "sqlite", "direct-memory", "direct-sqlite", "etcd"}
+    if report.config["pg_dsn"]:
+        dests.add("pg")
+    assert {d for d, n in report.destination_entries.items() if n} >= dests, \
+        report.destination_entries

@@ -589,8 +589,9 @@ class Worker:
             self.h.unknown(inv, f"sidecar http {r.status_code}")
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tests.chaos.workload")
+def parser(prog: str = "python -m tests.chaos.workload") -> argparse.ArgumentParser:
+    """The options every chaos worker takes (tests/chaos/queue_workload.py adds its own)."""
+    p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--id", required=True)
     p.add_argument("--dir", required=True)
     p.add_argument("--endpoints", required=True)
@@ -615,7 +616,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--etcd-user", default="")
     p.add_argument("--etcd-password", default="")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    return p
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 async def amain(args: argparse.Namespace) -> None:

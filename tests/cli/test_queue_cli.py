@@ -85,6 +85,7 @@ def test_a_cron_slot_is_claimed_once(etcd_config: EtcdConfig) -> None:
     (("queue", "create", "q", "--ttl", "1"), 2, "invalid"),
     (("queue", "create", "Bad_Name", "--ttl", "10"), 2, "invalid"),
     (("queue", "claim", "missing", "--owner", "w"), 3, "not_found"),
+    (("items", "missing"), 3, "not_found"),
     (("queue", "retry", "q", "taken"), 2, "invalid"),  # not failed
 ])
 def test_queue_errors_are_one_line_with_distinct_exit_codes(
@@ -163,3 +164,16 @@ def test_semaphore_verbs_and_a_job_that_takes_a_slot(etcd_config: EtcdConfig) ->
     jl(etcd_config, "claim", "b", "--owner", "w")
     jl(etcd_config, "register", "c", "--ttl", "10", "--semaphore", "db:0", check=2)
     jl(etcd_config, "semaphore", "create", "db", "--limit", "0", check=2)
+
+
+def test_run_hands_the_command_its_slot_tokens(etcd_config: EtcdConfig) -> None:
+    jl(etcd_config, "semaphore", "create", "db", "--limit", "2")
+    jl(etcd_config, "register", "job", "--ttl", "10", "--semaphore", "db")
+    done = jl(etcd_config, "run", "job", "--", sys.executable, "-c",
+              'import os; print(os.environ["JOBLEASE_SEMAPHORES"])')
+    slots = json.loads(done.stdout.strip().splitlines()[-1])
+    token = as_json(jl(etcd_config, "get", "job", "-o", "json"))["token"]
+    assert len(slots) == 1 and slots[0]["semaphore"] == "default/db"
+    assert slots[0]["token"] == token and slots[0]["slots"][0] in (0, 1)
+    holders = as_json(jl(etcd_config, "semaphore", "get", "db", "-o", "json"))
+    assert holders["live"] == 0  # the completion freed the slot

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient
+from joblease import queue as queue_module
 from joblease.errors import (
     AlreadyCompletedError,
     AttemptsExhaustedError,
@@ -379,3 +380,58 @@ async def test_a_window_of_exhausted_items_does_not_hide_a_claimable_one(
     assert lease is not None and lease.job == ItemRef(q, "fresh")
     counts = await queues.counts(q)
     assert counts.failed >= READ_AHEAD  # the window it read was marked failed on the way
+
+
+async def test_concurrent_claimers_without_wait_answer_none_only_when_nothing_is_claimable(
+        queues: Queues) -> None:
+    # 64 claimers share one candidate pool; one read fills it with 32. The ones
+    # that waited for that read must not answer "nothing claimable" because the
+    # others emptied the pool meanwhile: 8 items are still free then.
+    await queues.enqueue(Q, [(f"i{n}", n) for n in range(40)])
+    await queues.spec(Q)  # cached, as a running worker has it: all 64 meet at the first read
+    got = await asyncio.wait_for(
+        asyncio.gather(*(queues.claim_next(Q, f"w{n}") for n in range(64))), 60)
+    leases = [lease for lease in got if lease is not None]
+    assert sorted(lease.job.id for lease in leases) == sorted(  # type: ignore[union-attr]
+        f"i{n}" for n in range(40))
+    assert (await queues.counts(Q)).held == 40
+
+
+async def test_two_clients_drain_a_deep_queue_each_item_once(
+        queues: Queues, etcd_config: EtcdConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A deep queue makes each candidate read take more than READ_AHEAD (one in
+    # READ_AHEAD_SHARE of the pending keys; lowered so 400 items are "deep"):
+    # two clients then work through the same large head and refuse each
+    # other's items, and still complete every item once.
+    monkeypatch.setattr(queue_module, "READ_AHEAD_SHARE", 4)
+    await queues.enqueue(Q, [(f"i{n:03d}", n) for n in range(400)])
+    done: list[str] = []
+
+    async def worker(q: Queues, name: str) -> None:
+        async for lease in q.work(Q, name):
+            done.append(lease.job.id)  # type: ignore[union-attr]
+            await lease.complete()
+
+    async with JobLeaseClient(etcd_config) as other_client:
+        other = Queues(other_client)
+        first = await other.claim_next(Q, "b")
+        assert first is not None and other._pools[Q].pending_hint == 400  # counted the backlog
+        await first.complete()
+        done.append(first.job.id)  # type: ignore[union-attr]
+        await asyncio.wait_for(asyncio.gather(
+            *(worker(queues, f"a{n}") for n in range(8)),
+            *(worker(other, f"b{n}") for n in range(8))), 120)
+    assert sorted(done) == [f"i{n:03d}" for n in range(400)]  # each exactly once
+    counts = await queues.counts(Q)
+    assert (counts.completed, counts.pending, counts.held) == (400, 0, 0)
+
+
+async def test_the_oldest_pending_age_is_found_past_the_holders(queues: Queues) -> None:
+    """The oldest keys are all held: the age is the first unheld one's, not None."""
+    await queues.enqueue(Q, [(f"i{n:03d}", n) for n in range(READ_AHEAD + 3)])
+    held = [await queues.claim(ItemRef(Q, f"i{n:03d}"), "w") for n in range(READ_AHEAD + 1)]
+    counts = await queues.counts(Q)
+    assert counts.held == READ_AHEAD + 1 and counts.pending == 2
+    assert counts.oldest_pending_age is not None
+    for lease in held:
+        await lease.release()

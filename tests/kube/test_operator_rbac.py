@@ -241,6 +241,11 @@ def test_cluster_scope_rbac_grants_jobleases_everywhere_and_nothing_else(
             assert can_i(cp, sa, "create", "events", "-n", ns) == "yes"
             assert can_i(cp, sa, "get", "secrets/joblease-etcd-client", "-n", ns) == "yes"
             assert can_i(cp, sa, "get", "secrets/other", "-n", ns) == "no"
+            # the slot webhook reads a CronJob's last slot (a Job made from it by hand)
+            assert can_i(cp, sa, "get", "cronjobs.batch", "-n", ns) == "yes"
+            for verb in ("list", "watch", "update"):
+                assert can_i(cp, sa, verb, "cronjobs.batch", "-n", ns) == "no"
+            assert can_i(cp, sa, "get", "jobs.batch", "-n", ns) == "no"
         assert can_i(cp, sa, "list", "jobleases.joblease.io", "--all-namespaces") == "yes"
         for what in [("list", "secrets", "--all-namespaces"),
                      ("delete", "pods", "-n", namespace),

@@ -315,8 +315,8 @@ def test_review_response_carries_the_patch_or_the_refusal() -> None:
 
 
 def test_json_pointer_escaping_of_the_annotation_key() -> None:
-    assert injection._escape("joblease.io/injected") == "joblease.io~1injected"
-    assert injection._escape("a~b/c") == "a~0b~1c"
+    assert injection.escape_pointer("joblease.io/injected") == "joblease.io~1injected"
+    assert injection.escape_pointer("a~b/c") == "a~0b~1c"
 
 
 def test_on_loss_exit_shares_the_process_namespace_and_warns_that_exit_ends_nothing() -> None:

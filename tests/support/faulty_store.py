@@ -194,11 +194,13 @@ class FaultyStore:
             self.recheck_after_commit.set()
 
     async def get(self, key: bytes, *, prefix: bool = False, revision: int = 0,
-                  keys_only: bool = False) -> tuple[int, list[KeyValue]]:
+                  keys_only: bool = False, end: bytes = b"", limit: int = 0
+                  ) -> tuple[int, list[KeyValue]]:
         self._check("get")
         if self.fail_reads:
             raise StoreUnavailableError("test: etcd unreachable for reads")
-        return await self.inner.get(key, prefix=prefix, revision=revision, keys_only=keys_only)
+        return await self.inner.get(key, prefix=prefix, revision=revision, keys_only=keys_only,
+                                    end=end, limit=limit)
 
     async def grant(self, ttl: int) -> tuple[int, int]:
         self._check("grant")

@@ -97,13 +97,15 @@ def _step_back(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 class StatusWatch:
     """The statuses of the JobLeases in ``namespace`` as the API server behind
-    ``kubeconfig`` serves them, from construction until :meth:`stop`.
+    ``kubeconfig`` serves them, from construction until :meth:`stop` (of the
+    JobQueues with ``plural="jobqueues"``: :func:`regressions` is JobLease's rule,
+    a JobQueue test judges its own).
 
     ``log``: also append each as a JSON line ``{"name", "resourceVersion",
     "status"}`` (the chaos runner keeps it with a run's other records)."""
 
     def __init__(self, kubeconfig: Path | str, namespace: str, *,
-                 log: Path | None = None) -> None:
+                 log: Path | None = None, plural: str = "jobleases") -> None:
         self.kubeconfig, self.namespace = str(kubeconfig), namespace
         self._log: IO[str] | None = open(log, "a") if log is not None else None
         self.served: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -113,7 +115,7 @@ class StatusWatch:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._proc: subprocess.Popen[str] | None = None
-        self._path = f"/apis/joblease.io/v1alpha1/namespaces/{namespace}/jobleases"
+        self._path = f"/apis/joblease.io/v1alpha1/namespaces/{namespace}/{plural}"
         listed = self._kubectl_raw(self._path)
         for item in listed.get("items", []):
             self._record(item)

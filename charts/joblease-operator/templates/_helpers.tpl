@@ -88,6 +88,14 @@ RBAC rules on JobLeases, shared by the ClusterRole (scope cluster) and each Role
 - apiGroups: ["joblease.io"]
   resources: ["jobleases/status"]
   verbs: ["update"]
+# JobQueues the same way: kopf lists, watches and patches them (finalizer, progress
+# annotations); the queue status refresher reads one and replaces its status.
+- apiGroups: ["joblease.io"]
+  resources: ["jobqueues"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["joblease.io"]
+  resources: ["jobqueues/status"]
+  verbs: ["update"]
 # Events: Claimed/Expired/Completed/Failed from the mirror, handler failures from kopf.
 # Both post core/v1 Events; neither uses events.k8s.io.
 - apiGroups: [""]
@@ -111,6 +119,13 @@ RBAC rules on JobLeases, shared by the ClusterRole (scope cluster) and each Role
 - apiGroups: [""]
   resources: ["secrets"]
   resourceNames: [{{ $workerSecret | quote }}]
+  verbs: ["get"]
+{{- end }}
+{{- if .Values.webhook.enabled }}
+# The slot webhook reads a CronJob's status.lastScheduleTime when a Job is made from
+# it by hand (kubectl create job --from=cronjob/x): get only.
+- apiGroups: ["batch"]
+  resources: ["cronjobs"]
   verbs: ["get"]
 {{- end }}
 {{- end }}

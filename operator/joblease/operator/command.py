@@ -57,6 +57,10 @@ def _help(text: str, attr: str, default: object) -> str:
                          "performs rotations requested with joblease.io/rotate=true; "
                          "0 disables).", "tenant_resync_interval",
                          f"{_DEFAULTS.tenant_resync_interval:g}"))
+@click.option("--queue-interval", type=float,
+              help=_help("Seconds between two reads of each JobQueue's counts from etcd (its "
+                         "metrics and at most one status write).", "queue_interval",
+                         f"{_DEFAULTS.queue_interval:g}"))
 @click.option("--leader-election/--no-leader-election", default=None,
               help=_help("Elect one active replica through etcd; the others stand by (probes, "
                          "metrics, webhook) and take over when it goes. --no-leader-election "
@@ -115,6 +119,7 @@ def _config(opts: dict[str, Any]) -> OperatorConfig:
         metrics_host=opts["metrics_host"], server_timeout=opts["watch_timeout"],
         result_limit=opts["result_limit"], tenant_credentials=opts["tenant_credentials"],
         tenant_resync_interval=opts["tenant_resync_interval"],
+        queue_interval=opts["queue_interval"],
         leader_election=opts["leader_election"],
         leader_election_ttl=opts["leader_election_ttl"],
         leader_election_name=opts["leader_election_name"], log_level=opts["log_level"])

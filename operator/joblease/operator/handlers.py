@@ -9,31 +9,34 @@ The status is never written here: the mirror is its single writer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import kopf
 
 from joblease.client import JobLeaseClient
 from joblease.errors import FencedError, InvalidInputError, JobLeaseError, StoreUnavailableError
-from joblease.operator import registration
+from joblease.operator import queue_registration, registration
 from joblease.operator.election import Leadership
 from joblease.operator.kube import KubeApiError
 from joblease.operator.mirror import Mirror
+from joblease.operator.queue_mirror import QueueMirror
+from joblease.operator.queue_registration import QUEUE_PLURAL, queue_ref
 from joblease.operator.registration import GROUP, PLURAL, VERSION
 from joblease.operator.tenants import ForeignSecretError, TenantManager
+from joblease.store import Compare
 
 #: Seconds before kopf retries a handler that could not reach etcd.
 RETRY_DELAY = 5.0
 
 
-def _kopf_error(exc: JobLeaseError) -> Exception:
+def _kopf_error(exc: JobLeaseError, kind: str = "JobLease") -> Exception:
     if isinstance(exc, FencedError):
         return kopf.TemporaryError(f"not the leader any more: {exc}", delay=RETRY_DELAY)
     if isinstance(exc, StoreUnavailableError):
         return kopf.TemporaryError(f"etcd unavailable: {exc}", delay=RETRY_DELAY)
     if isinstance(exc, InvalidInputError):
-        return kopf.PermanentError(f"invalid JobLease: {exc}")
+        return kopf.PermanentError(f"invalid {kind}: {exc}")
     return kopf.TemporaryError(str(exc), delay=RETRY_DELAY)
 
 
@@ -52,7 +55,8 @@ def _tenant_error(exc: Exception) -> Exception:
 def build_registry(client: JobLeaseClient, mirror: Mirror,
                    login: Callable[[], kopf.ConnectionInfo],
                    tenants: TenantManager | None = None,
-                   leadership: Leadership | None = None) -> kopf.OperatorRegistry:
+                   leadership: Leadership | None = None,
+                   queue_mirror: QueueMirror | None = None) -> kopf.OperatorRegistry:
     """A fresh kopf registry whose handlers close over this operator's parts.
 
     ``tenants``: per-namespace etcd credentials (``--tenant-credentials``), or None.
@@ -61,6 +65,7 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
     (``Leadership.guard()``): etcd refuses it once another replica may lead, and
     such a refusal (``FencedError``) ends the leadership, so the process steps
     down (``run_operator``: exit 3) instead of retrying.
+    ``queue_mirror``: with it, JobQueues are served too (:func:`_queue_handlers`).
     """
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
@@ -121,6 +126,9 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
             except (JobLeaseError, KubeApiError) as exc:
                 raise _tenant_error(exc) from exc
 
+    if queue_mirror is not None:
+        _queue_handlers(registry, client, queue_mirror, guard, fenced)
+
     if tenants is not None:
         manager = tenants
 
@@ -144,3 +152,53 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
             await _ensure_tenant(namespace, logger)
 
     return registry
+
+
+def _queue_handlers(registry: kopf.OperatorRegistry, client: JobLeaseClient,
+                    queue_mirror: QueueMirror, guard: Sequence[Compare],
+                    fenced: Callable[[JobLeaseError], None]) -> None:
+    """JobQueue create/resume/update -> ``Queues.create`` (fenced by the same term as
+    JobLease registration), then a status refresh; delete -> ``Queues.delete``
+    before kopf releases the finalizer."""
+    resource = (GROUP, VERSION, QUEUE_PLURAL)
+
+    async def _register(namespace: str | None, name: str, spec: Any, logger: Any) -> None:
+        try:
+            queue, revision = await queue_registration.register(
+                client, namespace, name, dict(spec), guard=guard)
+        except JobLeaseError as exc:
+            fenced(exc)
+            raise _kopf_error(exc, "JobQueue") from exc
+        logger.info("queue %s in etcd (revision %d)", queue, revision)
+        queue_mirror.track(queue)
+
+    @kopf.on.create(*resource, id="register-queue", registry=registry)
+    async def queue_on_create(namespace: str | None, name: str, spec: Any, logger: Any,
+                              **_: Any) -> None:
+        await _register(namespace, name, spec, logger)
+
+    @kopf.on.resume(*resource, id="register-queue", registry=registry)
+    async def queue_on_resume(namespace: str | None, name: str, spec: Any, logger: Any,
+                              **_: Any) -> None:
+        """After an operator restart: idempotent, writes only if etcd differs."""
+        await _register(namespace, name, spec, logger)
+
+    @kopf.on.update(*resource, id="register-queue", field="spec", registry=registry)
+    async def queue_on_update(namespace: str | None, name: str, spec: Any, logger: Any,
+                              **_: Any) -> None:
+        await _register(namespace, name, spec, logger)
+
+    @kopf.on.delete(*resource, id="delete-queue", registry=registry)
+    async def queue_on_delete(namespace: str | None, name: str, logger: Any, **_: Any) -> None:
+        """Remove the queue's keys; kopf releases the finalizer only after this succeeds."""
+        try:
+            revision = await queue_registration.unregister(client, namespace, name, guard=guard)
+        except JobLeaseError as exc:
+            fenced(exc)
+            raise _kopf_error(exc, "JobQueue") from exc
+        try:
+            queue_mirror.untrack(queue_ref(namespace, name))
+        except JobLeaseError:
+            pass  # a name no queue can have was never tracked
+        logger.info("removed queue %s/%s from etcd (%s)", namespace, name,
+                    "already gone" if revision is None else f"revision {revision}")

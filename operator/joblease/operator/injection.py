@@ -1,4 +1,5 @@
-"""Sidecar injection: a pod annotated ``joblease.io/job: <name>`` → a JSON patch.
+"""Sidecar injection: a pod annotated ``joblease.io/job: <name>`` (or
+``joblease.io/queue: <name>``, queue mode) → a JSON patch.
 
 Pure functions, no I/O: :func:`plan` takes the pod (as the API server sends it
 in an AdmissionReview), the operator's :class:`SidecarSettings` and whether the
@@ -21,6 +22,14 @@ Every other container gets ``JOBLEASE_SIDECAR_URL`` and ``JOBLEASE_TOKEN_FILE``
 (plus the pid file and API token variables when they apply); variables a
 container already sets are left as they are.
 
+Queue mode (docs/queues.md, docs/sidecar.md "Queues"): the sidecar works on the
+queue instead of a JobLease. Which item it claims follows the pod's shape: an
+Indexed Job's pod claims its completion index (``JOBLEASE_ITEM`` from the pod's
+``batch.kubernetes.io/job-completion-index`` annotation, through the downward
+API), a pod whose template names ``joblease.io/item`` claims that one (a CronJob
+slot, written by :mod:`joblease.operator.cron_slots` into the Job's template), and
+any other pod (a Deployment's) drains the queue.
+
 Idempotent: a pod that already has a container named ``joblease`` is not
 given a second one. If this webhook injected it (annotation
 ``joblease.io/injected``), containers added since (another webhook, with
@@ -37,6 +46,17 @@ from typing import Any
 
 PREFIX = "joblease.io/"
 JOB_ANNOTATION = PREFIX + "job"
+#: Queue mode: the JobQueue's name (same namespace); excludes ``joblease.io/job``.
+QUEUE_ANNOTATION = PREFIX + "queue"
+#: Queue mode: claim this one item (a CronJob slot: :mod:`joblease.operator.cron_slots`).
+ITEM_ANNOTATION = PREFIX + "item"
+#: Queue mode, with an item: enqueue it first if absent ("true"/"false").
+ITEM_CREATE_ANNOTATION = PREFIX + "item-create"
+#: Queue mode, draining: end with success once nothing is pending or held.
+EXIT_WHEN_EMPTY_ANNOTATION = PREFIX + "exit-when-empty"
+#: Set on every pod of an Indexed Job by the Job controller (Kubernetes >= 1.28 also
+#: sets the label; the annotation is there since 1.21).
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 ON_LOSS_ANNOTATION = PREFIX + "on-loss"
 API_PORT_ANNOTATION = PREFIX + "api-port"
 PROBE_PORT_ANNOTATION = PREFIX + "probe-port"
@@ -46,9 +66,12 @@ WORKER_PROCESS_ANNOTATION = PREFIX + "worker-process-name"
 INJECTED_ANNOTATION = PREFIX + "injected"
 #: The annotations a pod may carry in our domain; any other is refused (a typo
 #: such as ``joblease.io/onloss`` would otherwise be silently ignored).
-KNOWN_ANNOTATIONS = (JOB_ANNOTATION, ON_LOSS_ANNOTATION, API_PORT_ANNOTATION,
-                     PROBE_PORT_ANNOTATION, API_TOKEN_SECRET_ANNOTATION,
+KNOWN_ANNOTATIONS = (JOB_ANNOTATION, QUEUE_ANNOTATION, ITEM_ANNOTATION,
+                     ITEM_CREATE_ANNOTATION, EXIT_WHEN_EMPTY_ANNOTATION, ON_LOSS_ANNOTATION,
+                     API_PORT_ANNOTATION, PROBE_PORT_ANNOTATION, API_TOKEN_SECRET_ANNOTATION,
                      WORKER_PROCESS_ANNOTATION, INJECTED_ANNOTATION)
+#: The annotations that only mean something in queue mode.
+QUEUE_ONLY_ANNOTATIONS = (ITEM_ANNOTATION, ITEM_CREATE_ANNOTATION, EXIT_WHEN_EMPTY_ANNOTATION)
 
 SIDECAR_NAME = "joblease"
 RUN_VOLUME = "joblease-run"
@@ -73,6 +96,8 @@ DEFAULT_PROBE_PORT = 8471
 # checked only for being printable (the kernel's comm is 15 bytes, argv longer).
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _PROCESS_NAME = re.compile(r"[\x21-\x7e]{1,255}")
+# docs/queues.md: an Indexed Job's index and an RFC 3339 slot (UTC) are ids as they are.
+_ITEM_ID = re.compile(r"[A-Za-z0-9._:-]{1,253}")
 
 
 class InjectionRefused(ValueError):
@@ -132,9 +157,19 @@ class SidecarSettings:
 
 @dataclass(frozen=True)
 class PodOptions:
-    """The pod's own choices, from its ``joblease.io/*`` annotations."""
+    """The pod's own choices, from its ``joblease.io/*`` annotations.
 
-    job: str
+    Exactly one of ``job`` (a JobLease) and ``queue`` (queue mode) is set. In queue
+    mode ``item`` is the one item to claim (empty: the completion index if
+    ``indexed``, else drain) and ``item_create`` enqueues it first."""
+
+    job: str = ""
+    queue: str = ""
+    item: str = ""
+    item_create: bool = False
+    exit_when_empty: bool = False
+    #: The pod is one of an Indexed Job's: it claims its completion index.
+    indexed: bool = False
     on_loss: str = "signal"
     api_port: int = DEFAULT_API_PORT
     probe_port: int = DEFAULT_PROBE_PORT
@@ -156,7 +191,8 @@ def pod_annotations(pod: Mapping[str, Any]) -> dict[str, str]:
 
 
 def wants_injection(pod: Mapping[str, Any]) -> bool:
-    return JOB_ANNOTATION in pod_annotations(pod)
+    notes = pod_annotations(pod)
+    return JOB_ANNOTATION in notes or QUEUE_ANNOTATION in notes
 
 
 def parse_options(notes: Mapping[str, str]) -> PodOptions:
@@ -166,11 +202,31 @@ def parse_options(notes: Mapping[str, str]) -> PodOptions:
         raise InjectionRefused(
             f"unknown annotation {unknown[0]}: the joblease webhook knows "
             + ", ".join(KNOWN_ANNOTATIONS))
+    if JOB_ANNOTATION in notes and QUEUE_ANNOTATION in notes:
+        raise InjectionRefused(
+            f"annotations {JOB_ANNOTATION} and {QUEUE_ANNOTATION} both set: a pod's sidecar "
+            "works on one JobLease or on one queue; keep one of them")
+    queue_mode = QUEUE_ANNOTATION in notes
     job = notes.get(JOB_ANNOTATION, "")
-    if not (0 < len(job) <= 253 and _DNS_SUBDOMAIN.fullmatch(job)):
+    queue = notes.get(QUEUE_ANNOTATION, "")
+    if queue_mode:
+        if not (0 < len(queue) <= 253 and _DNS_SUBDOMAIN.fullmatch(queue)):
+            raise InjectionRefused(
+                f"invalid annotation {QUEUE_ANNOTATION}: {queue!r} is not a JobQueue name (a "
+                "DNS subdomain: lowercase letters, digits, '-' and '.', at most 253 "
+                "characters)")
+    elif not (0 < len(job) <= 253 and _DNS_SUBDOMAIN.fullmatch(job)):
         raise InjectionRefused(
             f"invalid annotation {JOB_ANNOTATION}: {job!r} is not a JobLease name (a DNS "
             "subdomain: lowercase letters, digits, '-' and '.', at most 253 characters)")
+    else:
+        stray = [k for k in QUEUE_ONLY_ANNOTATIONS if k in notes]
+        if stray:
+            raise InjectionRefused(
+                f"annotation {stray[0]} is for queue mode ({QUEUE_ANNOTATION}), but the pod "
+                f"names a JobLease ({JOB_ANNOTATION}); drop it")
+    item, item_create, exit_when_empty, indexed = _queue_options(notes) if queue_mode else (
+        "", False, False, False)
     on_loss = notes.get(ON_LOSS_ANNOTATION, "signal")
     if on_loss not in ON_LOSS_ACTIONS:
         raise InjectionRefused(
@@ -192,8 +248,52 @@ def parse_options(notes: Mapping[str, str]) -> PodOptions:
         raise InjectionRefused(
             f"invalid annotation {WORKER_PROCESS_ANNOTATION}: {process!r} is not a process "
             "name (printable characters without spaces, at most 255)")
-    return PodOptions(job=job, on_loss=on_loss, api_port=api_port, probe_port=probe_port,
-                      api_token_secret=secret, worker_process_name=process)
+    return PodOptions(job=job, queue=queue, item=item, item_create=item_create,
+                      exit_when_empty=exit_when_empty, indexed=indexed, on_loss=on_loss,
+                      api_port=api_port, probe_port=probe_port, api_token_secret=secret,
+                      worker_process_name=process)
+
+
+def _queue_options(notes: Mapping[str, str]) -> tuple[str, bool, bool, bool]:
+    """``(item, item_create, exit_when_empty, indexed)`` of a queue-mode pod."""
+    item = notes.get(ITEM_ANNOTATION)
+    if item is not None and not _ITEM_ID.fullmatch(item):
+        raise InjectionRefused(
+            f"invalid annotation {ITEM_ANNOTATION}: {item!r} is not an item id (1 to 253 "
+            "letters, digits, '.', '_', ':' and '-')")
+    index = notes.get(COMPLETION_INDEX_ANNOTATION)
+    indexed = index is not None
+    if indexed and not re.fullmatch(r"[0-9]{1,9}", index or ""):
+        raise InjectionRefused(
+            f"annotation {COMPLETION_INDEX_ANNOTATION}: {index!r} is not a completion index "
+            "(the Job controller writes a number)")
+    if indexed and item is not None:
+        raise InjectionRefused(
+            f"annotation {ITEM_ANNOTATION} in a pod of an Indexed Job: the pod's item is its "
+            f"completion index ({COMPLETION_INDEX_ANNOTATION}), and every pod would claim "
+            f"{item!r} instead; drop {ITEM_ANNOTATION}, or completionMode: Indexed")
+    item_create = _flag(notes, ITEM_CREATE_ANNOTATION)
+    exit_when_empty = _flag(notes, EXIT_WHEN_EMPTY_ANNOTATION)
+    if item_create and item is None and not indexed:
+        raise InjectionRefused(
+            f"annotation {ITEM_CREATE_ANNOTATION}: true needs the item to create: "
+            f"{ITEM_ANNOTATION} (a CronJob's Jobs get it from the webhook) or an Indexed "
+            "Job's completion index; a draining pod creates nothing")
+    if exit_when_empty and (item is not None or indexed):
+        raise InjectionRefused(
+            f"annotation {EXIT_WHEN_EMPTY_ANNOTATION}: true is for a pod that drains the "
+            f"queue, but this one claims one item ("
+            f"{ITEM_ANNOTATION if item is not None else 'its completion index'}) and ends "
+            "with it; drop one of them")
+    return item or "", item_create, exit_when_empty, indexed
+
+
+def _flag(notes: Mapping[str, str], key: str) -> bool:
+    text = notes.get(key, "false")
+    if text not in ("true", "false"):
+        raise InjectionRefused(f"invalid annotation {key}: {text!r} is not \"true\" or "
+                               "\"false\"")
+    return text == "true"
 
 
 def _port(notes: Mapping[str, str], key: str, default: int) -> int:
@@ -223,7 +323,7 @@ def plan(pod: Mapping[str, Any], settings: SidecarSettings, *, namespace: str,
     exists, with nothing else saying why.
     """
     notes = pod_annotations(pod)
-    if JOB_ANNOTATION not in notes:
+    if not wants_injection(pod):
         return Injection([], [])
     options = parse_options(notes)
     spec = pod.get("spec") or {}
@@ -236,7 +336,9 @@ def plan(pod: Mapping[str, Any], settings: SidecarSettings, *, namespace: str,
         return Injection(_complete_workers(spec, options), [])
 
     warnings: list[str] = []
-    if joblease_exists is False:
+    if options.queue:
+        warnings += _queue_warnings(spec, options)
+    elif joblease_exists is False:
         warnings.append(
             f"JobLease {namespace}/{options.job} does not exist (yet): the sidecar waits for "
             "its registration and the pod fails (exit 3, not registered) if it never comes")
@@ -292,9 +394,25 @@ def plan(pod: Mapping[str, Any], settings: SidecarSettings, *, namespace: str,
         ops.append({"op": "add", "path": "/spec/volumes", "value": volumes})
     if signals and not spec.get("shareProcessNamespace"):
         ops.append({"op": "add", "path": "/spec/shareProcessNamespace", "value": True})
-    ops.append({"op": "add", "path": "/metadata/annotations/" + _escape(INJECTED_ANNOTATION),
+    ops.append({"op": "add", "path": "/metadata/annotations/" + escape_pointer(INJECTED_ANNOTATION),
                 "value": "true"})
     return Injection(ops, warnings)
+
+
+def _queue_warnings(spec: Mapping[str, Any], options: PodOptions) -> list[str]:
+    """What a queue-mode pod's shape makes of it, where it is likely not what was meant."""
+    drains = not (options.item or options.indexed)
+    restart = spec.get("restartPolicy", "Always")
+    if drains and not options.exit_when_empty and restart != "Always":
+        return [f"pod drains queue {options.queue} (no {ITEM_ANNOTATION}, not an Indexed Job) "
+                f"with restartPolicy {restart} and without {EXIT_WHEN_EMPTY_ANNOTATION}: true: "
+                "it waits for new items forever, so a Job of such pods never completes; set "
+                f"{EXIT_WHEN_EMPTY_ANNOTATION}: \"true\" to end once the queue is empty"]
+    if options.exit_when_empty and restart == "Always":
+        return [f"{EXIT_WHEN_EMPTY_ANNOTATION}: true with restartPolicy Always (a Deployment's "
+                "pod): the kubelet restarts what exits, so the pod never ends; a Deployment "
+                "drains without it"]
+    return []
 
 
 def installation_secrets(settings: SidecarSettings) -> list[str]:
@@ -397,7 +515,7 @@ def _sidecar(settings: SidecarSettings, options: PodOptions, namespace: str, *,
         return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
     env: list[dict[str, Any]] = [
-        {"name": "JOBLEASE_JOB_NAME", "value": options.job},
+        *_work_env(options),
         field_ref("JOBLEASE_JOB_NAMESPACE", "metadata.namespace"),
         field_ref("POD_NAME", "metadata.name"),
         field_ref("POD_UID", "metadata.uid"),
@@ -464,6 +582,25 @@ def _sidecar(settings: SidecarSettings, options: PodOptions, namespace: str, *,
     return container
 
 
+def _work_env(options: PodOptions) -> list[dict[str, Any]]:
+    """What the sidecar works on: the JobLease, or the queue and which of its items."""
+    if not options.queue:
+        return [{"name": "JOBLEASE_JOB_NAME", "value": options.job}]
+    env: list[dict[str, Any]] = [{"name": "JOBLEASE_QUEUE", "value": options.queue}]
+    if options.indexed:
+        # the downward API, not a copy: the value is the pod's own annotation, whoever
+        # reads the pod spec sees where it comes from
+        env.append({"name": "JOBLEASE_ITEM", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}})
+    elif options.item:
+        env.append({"name": "JOBLEASE_ITEM", "value": options.item})
+    if options.item_create:
+        env.append({"name": "JOBLEASE_ITEM_CREATE", "value": "true"})
+    if options.exit_when_empty:
+        env.append({"name": "JOBLEASE_EXIT_WHEN_EMPTY", "value": "true"})
+    return env
+
+
 def _volumes(settings: SidecarSettings, options: PodOptions) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [
         {"name": RUN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
@@ -482,6 +619,6 @@ def _volumes(settings: SidecarSettings, options: PodOptions) -> list[dict[str, A
     return volumes
 
 
-def _escape(key: str) -> str:
+def escape_pointer(key: str) -> str:
     """A JSON pointer token (RFC 6901): ``~`` → ``~0``, ``/`` → ``~1``."""
     return key.replace("~", "~0").replace("/", "~1")

@@ -25,8 +25,9 @@ from typing import Any
 import aiohttp
 import kopf
 
-from joblease.keys import JobRef
+from joblease.keys import JobRef, QueueRef
 from joblease.operator.events import JobEvent
+from joblease.operator.queue_registration import QUEUE_KIND, QUEUE_PLURAL
 from joblease.operator.registration import GROUP, KIND, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def login(settings: kopf.OperatorSettings | None = None) -> kopf.ConnectionInfo:
 
 
 class KubeApi:
-    """JobLease reads, status replacement and Event creation."""
+    """JobLease and JobQueue reads, status replacement and Event creation."""
 
     def __init__(self, login_fn: Callable[[], kopf.ConnectionInfo], *,
                  timeout: float = 10.0) -> None:
@@ -120,23 +121,29 @@ class KubeApi:
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _path(job: JobRef, subresource: str = "") -> str:
-        path = f"/apis/{GROUP}/{VERSION}/namespaces/{job.namespace}/{PLURAL}/{job.name}"
+    def _path(job: JobRef | QueueRef, subresource: str = "", plural: str = PLURAL) -> str:
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{job.namespace}/{plural}/{job.name}"
         return path + (f"/{subresource}" if subresource else "")
 
     async def get(self, job: JobRef) -> dict[str, Any]:
         return await self._request("GET", self._path(job))
 
+    async def get_queue(self, queue: QueueRef) -> dict[str, Any]:
+        return await self._request("GET", self._path(queue, plural=QUEUE_PLURAL))
+
     async def replace_status(self, obj: dict[str, Any], status: dict[str, Any]
                              ) -> dict[str, Any]:
-        """PUT the status subresource; conditional on ``obj``'s resourceVersion."""
+        """PUT the status subresource; conditional on ``obj``'s resourceVersion.
+        ``obj`` is a JobLease or a JobQueue (its ``kind`` says which)."""
         meta = obj["metadata"]
-        body = {"apiVersion": obj.get("apiVersion", f"{GROUP}/{VERSION}"), "kind": KIND,
+        kind = obj.get("kind") or KIND
+        plural = QUEUE_PLURAL if kind == QUEUE_KIND else PLURAL
+        body = {"apiVersion": obj.get("apiVersion", f"{GROUP}/{VERSION}"), "kind": kind,
                 "metadata": {"name": meta["name"], "namespace": meta["namespace"],
                              "resourceVersion": meta["resourceVersion"]},
                 "spec": obj.get("spec", {}), "status": status}
         return await self._request(
-            "PUT", self._path(JobRef(meta["namespace"], meta["name"]), "status"), body)
+            "PUT", self._path(JobRef(meta["namespace"], meta["name"]), "status", plural), body)
 
     async def post_event(self, obj: dict[str, Any], event: JobEvent) -> None:
         meta = obj["metadata"]
@@ -171,6 +178,15 @@ class KubeApi:
         """The Secret, or None if it does not exist."""
         try:
             return await self._request("GET", self._secret_path(namespace, name))
+        except NotFoundError:
+            return None
+
+    async def get_cronjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The CronJob (batch/v1), or None if it does not exist (the webhook reads its
+        ``status.lastScheduleTime`` for a Job made from it by hand)."""
+        try:
+            return await self._request(
+                "GET", f"/apis/batch/v1/namespaces/{namespace}/cronjobs/{name}")
         except NotFoundError:
             return None
 

@@ -56,6 +56,8 @@ from joblease.operator.handlers import build_registry
 from joblease.operator.kube import KubeApi, login
 from joblease.operator.metrics import OperatorMetrics, serve
 from joblease.operator.mirror import Mirror
+from joblease.operator.queue_mirror import DEFAULT_INTERVAL as QUEUE_INTERVAL
+from joblease.operator.queue_mirror import QueueMirror
 from joblease.operator.registration import FINALIZER, GROUP
 from joblease.operator.status import DEFAULT_RESULT_LIMIT
 from joblease.operator.tenants import (
@@ -66,6 +68,7 @@ from joblease.operator.tenants import (
 )
 from joblease.operator.webhook import (
     WebhookConfig,
+    kube_cronjob_lookup,
     kube_lookup,
     kube_secret_lookup,
     serve_webhook,
@@ -82,6 +85,7 @@ ENV = {
     "metrics_port": "JOBLEASE_METRICS_PORT",
     "tenant_credentials": "JOBLEASE_TENANT_CREDENTIALS",
     "tenant_resync_interval": "JOBLEASE_TENANT_RESYNC_INTERVAL",
+    "queue_interval": "JOBLEASE_QUEUE_INTERVAL",
     "leader_election": "JOBLEASE_LEADER_ELECTION",
     "leader_election_ttl": "JOBLEASE_LEADER_ELECTION_TTL",
     "leader_election_name": "JOBLEASE_LEADER_ELECTION_NAME",
@@ -113,6 +117,8 @@ class OperatorConfig:
     client_timeout_margin: int = 30
     result_limit: int = DEFAULT_RESULT_LIMIT
     concurrency: int = 32
+    #: Seconds between two reads of each JobQueue's counts (and its status write).
+    queue_interval: float = QUEUE_INTERVAL
     #: Per-namespace etcd users + Secret ``joblease-etcd-credentials`` (operator.tenants).
     tenant_credentials: bool = False
     tenant_resync_interval: float = DEFAULT_RESYNC_INTERVAL  # <= 0: no periodic resync
@@ -147,6 +153,10 @@ class OperatorConfig:
             raise InvalidInputError(
                 f"invalid tenant resync interval {self.tenant_resync_interval!r} "
                 f"({_setting('tenant_resync_interval')}): seconds, 0 disables")
+        if not (math.isfinite(self.queue_interval) and 0.1 <= self.queue_interval <= 3600):
+            raise InvalidInputError(
+                f"invalid queue interval {self.queue_interval!r} ({_setting('queue_interval')}):"
+                " seconds, 0.1-3600")
         if not isinstance(logging.getLevelNamesMapping().get(self.log_level), int):
             raise InvalidInputError(
                 f"invalid log level {self.log_level!r} ({_setting('log_level')}): one of "
@@ -183,6 +193,7 @@ class OperatorConfig:
             "metrics_port": read_int(env, ENV["metrics_port"]),
             "tenant_credentials": read_bool(env, ENV["tenant_credentials"]),
             "tenant_resync_interval": read_float(env, ENV["tenant_resync_interval"]),
+            "queue_interval": read_float(env, ENV["queue_interval"]),
             "leader_election": read_bool(env, ENV["leader_election"]),
             "leader_election_ttl": read_int(env, ENV["leader_election_ttl"]),
             "leader_election_name": read_str(env, ENV["leader_election_name"]),
@@ -326,7 +337,8 @@ async def run_operator(config: OperatorConfig) -> None:
     # Auth API) and lends it to the client, which closes it.
     store = EtcdStore(etcd)
     async with serve_webhook(config.webhook, kube_lookup(kube.get),
-                             kube_secret_lookup(kube.get_secret)), \
+                             kube_secret_lookup(kube.get_secret),
+                             kube_cronjob_lookup(kube.get_cronjob)), \
             JobLeaseClient(etcd, store=store) as client:
         runner = await _serve_probes(config, metrics, client, replica)
         log.info("joblease operator %s: etcd %s root %s, %s%s", identity,
@@ -417,9 +429,11 @@ async def _run_active(config: OperatorConfig, settings: kopf.OperatorSettings,
                                 resync_interval=config.tenant_resync_interval)
         await warn_if_auth_disabled(store)
         tasks.append(asyncio.create_task(supervise(tenants), name="joblease-tenants"))
-    registry = build_registry(client, mirror, credentials, tenants, leadership)
+    queue_mirror = QueueMirror(client, kube, metrics, interval=config.queue_interval)
+    registry = build_registry(client, mirror, credentials, tenants, leadership, queue_mirror)
     ready_flag, stop_flag = asyncio.Event(), asyncio.Event()
     mirror_task = asyncio.create_task(mirror.run(), name="joblease-mirror")
+    tasks.append(asyncio.create_task(queue_mirror.run(), name="joblease-queue-mirror"))
     kopf_task = asyncio.create_task(kopf.operator(
         registry=registry, settings=settings, standalone=True, identity=identity,
         clusterwide=config.clusterwide, namespaces=list(config.namespaces),

@@ -1,7 +1,11 @@
 """Prometheus metrics and health endpoints on the operator's own port.
 
-No metric has a per-object label (a namespace/name label would grow without
-bound with the number of jobs); per-job detail is in each resource's status.
+No JobLease metric has a per-object label (a namespace/name label would grow
+without bound with the number of jobs); per-job detail is in each resource's
+status. The queue gauges are the exception, labelled by namespace and queue: a
+queue is one Kubernetes object holding any number of items, so their series
+grow with the number of JobQueues (a handful per team), never with items, and a
+deleted queue's series are removed.
 
 Endpoints (one small aiohttp server): ``/metrics``, ``/healthz`` (the
 process's loops are alive: the etcd watch task has not died) and ``/readyz``
@@ -71,6 +75,28 @@ class OperatorMetrics:
             "0 while it stands by (serves probes, metrics and the webhook only).", registry=r)
         self.jobs = Gauge(
             "joblease_operator_jobs", "Jobs known from etcd, by phase.", ["phase"], registry=r)
+        labels = ["namespace", "queue"]
+        self.queue_pending = Gauge(
+            "joblease_operator_queue_pending_items",
+            "Items of the queue claimable now (its depth), as last read from etcd.", labels,
+            registry=r)
+        self.queue_held = Gauge(
+            "joblease_operator_queue_held_items",
+            "Items of the queue with a live holder, as last read from etcd.", labels, registry=r)
+        self.queue_failed = Gauge(
+            "joblease_operator_queue_failed_items",
+            "Items of the queue that used maxAttempts claims without a result (until retried).",
+            labels, registry=r)
+        self.queue_oldest_pending_age = Gauge(
+            "joblease_operator_queue_oldest_pending_age_seconds",
+            "Age of the queue's oldest claimable item (0 when none is pending), from the "
+            "enqueuer's clock.", labels, registry=r)
+        self.queue_refreshes = Counter(
+            "joblease_operator_queue_refreshes_total",
+            "Reads of a queue's counts by result: ok, not_found (no queue in etcd), error.",
+            ["result"], registry=r)
+        for result in ("ok", "not_found", "error"):
+            self.queue_refreshes.labels(result)
         for phase in Phase:
             self.jobs.labels(phase.value).set(0)
         for result in ("applied", "unchanged", "stale", "conflict", "contended", "not_found",
@@ -78,6 +104,22 @@ class OperatorMetrics:
             self.status_patches.labels(result)
         for stage in ("invalid_name", "observe", "write"):
             self.mirror_errors.labels(stage)
+
+    def set_queue(self, namespace: str, queue: str, *, pending: int, held: int, failed: int,
+                  oldest_pending_age: float | None) -> None:
+        self.queue_pending.labels(namespace, queue).set(pending)
+        self.queue_held.labels(namespace, queue).set(held)
+        self.queue_failed.labels(namespace, queue).set(failed)
+        self.queue_oldest_pending_age.labels(namespace, queue).set(oldest_pending_age or 0.0)
+
+    def forget_queue(self, namespace: str, queue: str) -> None:
+        """Remove a deleted queue's series (they would otherwise stay at their last value)."""
+        for gauge in (self.queue_pending, self.queue_held, self.queue_failed,
+                      self.queue_oldest_pending_age):
+            try:
+                gauge.remove(namespace, queue)
+            except KeyError:
+                pass
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -192,8 +192,7 @@ class Mirror:
     async def _report_vanished(self, known: set[JobRef]) -> None:
         """Observe "not registered" for each job of ``known`` that has no key now."""
         namespace = self._watch_namespace()
-        revision, kvs = await self.client.store.get(
-            self.client.keys.namespace_prefix(namespace), prefix=True, keys_only=True)
+        revision, kvs = await self.client.scan_jobs(namespace, keys_only=True)
         present = {parsed[0] for kv in kvs if (parsed := self.client.keys.parse(kv.key))}
         for job in sorted(known - present):
             log.info("%s vanished from etcd while the watch was down", job)

@@ -7,6 +7,12 @@ operator replica must answer admission requests (with leader election only the
 leader runs kopf). So this server is started by ``run_operator`` beside kopf,
 needs neither kopf nor etcd, and keeps serving whatever kopf does.
 
+``POST /mutate-jobs`` takes a Job's AdmissionReview and names the CronJob slot
+its queue-mode pods claim (:func:`joblease.operator.cron_slots.plan_job`); for a Job
+made by hand from a CronJob it reads the CronJob's ``status.lastScheduleTime``
+(that lookup is not advisory: without it the slot is unknown, and the Job is
+refused saying so).
+
 ``POST /mutate-pods`` takes an ``admission.k8s.io/v1`` AdmissionReview and
 answers with the :func:`joblease.operator.injection.plan` patch, a refusal
 (HTTP 200, ``allowed: false``, code 400 and the message saying which annotation
@@ -46,8 +52,9 @@ from aiohttp import web
 from joblease.envvars import read_int, read_str
 from joblease.errors import InvalidInputError
 from joblease.keys import JobRef
+from joblease.operator.cron_slots import UnknownCronJob, cronjob_owner, plan_job
 from joblease.operator.injection import (
-    JOB_ANNOTATION,
+    Injection,
     InjectionRefused,
     PodOptions,
     SidecarSettings,
@@ -55,12 +62,14 @@ from joblease.operator.injection import (
     parse_options,
     plan,
     pod_annotations,
+    wants_injection,
 )
 from joblease.operator.kube import NotFoundError
 
 log = logging.getLogger(__name__)
 
 PATH = "/mutate-pods"
+JOBS_PATH = "/mutate-jobs"
 #: The API server's own limit on an AdmissionReview is 3 MiB of object.
 MAX_BODY = 4 * 1024 * 1024
 #: The JobLease lookup is only for a warning: never let it eat the webhook's timeout.
@@ -71,6 +80,10 @@ JobLeaseLookup = Callable[[JobRef], Awaitable[bool | None]]
 #: ``await exists(namespace, name)`` of a Secret → True / False, or None when it
 #: cannot be told (e.g. no right to read it).
 SecretLookup = Callable[[str, str], Awaitable[bool | None]]
+
+#: ``await last_schedule(namespace, name)`` of a CronJob → its ``status.lastScheduleTime``
+#: (None: never scheduled, or no such CronJob), or :class:`UnknownCronJob`.
+CronJobLookup = Callable[[str, str], Awaitable["str | UnknownCronJob | None"]]
 
 
 #: Where the serving certificate (``tls.crt``) and key (``tls.key``) are mounted.
@@ -180,26 +193,40 @@ def kube_secret_lookup(get: Callable[[str, str], Awaitable[dict[str, Any] | None
     return exists
 
 
-def review_response(review: Any, settings: SidecarSettings,
-                    exists: bool | None = None, *,
-                    missing_secrets: Collection[str] = (),
-                    notes: Sequence[str] = ()) -> dict[str, Any]:
-    """The AdmissionReview answer to ``review`` (a pure function; the handler adds
-    the lookups: ``exists`` of the JobLease, the ``missing_secrets`` and
-    ``notes``, further warnings, e.g. that a lookup could not be made). Raises
-    ValueError for a body that is not a pod review."""
+def kube_cronjob_lookup(get: Callable[[str, str], Awaitable[dict[str, Any] | None]]
+                        ) -> CronJobLookup:
+    """A :data:`CronJobLookup` from ``KubeApi.get_cronjob`` (None: not found), within
+    ``LOOKUP_TIMEOUT``; any failure is an :class:`UnknownCronJob` saying what happened."""
+    async def last_schedule(namespace: str, name: str) -> str | UnknownCronJob | None:
+        try:
+            cronjob = await asyncio.wait_for(get(namespace, name), LOOKUP_TIMEOUT)
+        except Exception as exc:  # reported in the refusal, see plan_job
+            log.info("webhook: cannot read CronJob %s/%s: %s: %s", namespace, name,
+                     type(exc).__name__, exc)
+            return UnknownCronJob(f"{type(exc).__name__}: {str(exc)[:200]}"
+                                  if str(exc) else type(exc).__name__)
+        if cronjob is None:
+            return None
+        value = (cronjob.get("status") or {}).get("lastScheduleTime")
+        return value if isinstance(value, str) else None
+    return last_schedule
+
+
+def _request_of(review: Any) -> dict[str, Any]:
     if not isinstance(review, dict) or not isinstance(review.get("request"), dict):
         raise ValueError("not an AdmissionReview with a request")
-    request = review["request"]
-    uid = request.get("uid")
-    pod = request.get("object")
-    if not isinstance(uid, str) or not isinstance(pod, dict):
+    request: dict[str, Any] = review["request"]
+    if not isinstance(request.get("uid"), str) or not isinstance(request.get("object"), dict):
         raise ValueError("AdmissionReview request without uid or object")
-    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or ""
+    return request
+
+
+def _answer(review: Mapping[str, Any], uid: str, make: Callable[[], Injection],
+            notes: Sequence[str] = ()) -> dict[str, Any]:
+    """The AdmissionReview around ``make()``'s patch and warnings, or its refusal."""
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     try:
-        injection = plan(pod, settings, namespace=namespace, joblease_exists=exists,
-                         missing_secrets=missing_secrets)
+        injection = make()
     except InjectionRefused as exc:
         response["allowed"] = False
         response["status"] = {"code": 400, "reason": "BadRequest",
@@ -216,12 +243,40 @@ def review_response(review: Any, settings: SidecarSettings,
             "kind": "AdmissionReview", "response": response}
 
 
+def job_review_response(review: Any, last_schedule: str | UnknownCronJob | None = None
+                        ) -> dict[str, Any]:
+    """The AdmissionReview answer to a Job's ``review`` (pure; the handler looks up
+    ``last_schedule`` when :func:`cronjob_owner` names a CronJob). Raises ValueError for
+    a body that is not a review."""
+    request = _request_of(review)
+    return _answer(review, request["uid"],
+                   lambda: plan_job(request["object"], last_schedule=last_schedule))
+
+
+def review_response(review: Any, settings: SidecarSettings,
+                    exists: bool | None = None, *,
+                    missing_secrets: Collection[str] = (),
+                    notes: Sequence[str] = ()) -> dict[str, Any]:
+    """The AdmissionReview answer to ``review`` (a pure function; the handler adds
+    the lookups: ``exists`` of the JobLease, the ``missing_secrets`` and
+    ``notes``, further warnings, e.g. that a lookup could not be made). Raises
+    ValueError for a body that is not a pod review."""
+    request = _request_of(review)
+    pod = request["object"]
+    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or ""
+    return _answer(review, request["uid"],
+                   lambda: plan(pod, settings, namespace=namespace, joblease_exists=exists,
+                                missing_secrets=missing_secrets), notes)
+
+
 class WebhookServer:
     def __init__(self, config: WebhookConfig, lookup: JobLeaseLookup | None = None,
-                 secret_lookup: SecretLookup | None = None) -> None:
+                 secret_lookup: SecretLookup | None = None,
+                 cronjob_lookup: CronJobLookup | None = None) -> None:
         self.config = config
         self.lookup = lookup
         self.secret_lookup = secret_lookup
+        self.cronjob_lookup = cronjob_lookup
         self._runner: web.AppRunner | None = None
         self._reload: asyncio.Task[None] | None = None
         self._ssl: ssl.SSLContext | None = None
@@ -240,7 +295,7 @@ class WebhookServer:
             req = review["request"]
             pod = req["object"]
             annotations = pod_annotations(pod)
-            if JOB_ANNOTATION in annotations:
+            if wants_injection(pod):
                 namespace = req.get("namespace") or pod["metadata"].get("namespace", "")
                 options = parse_options(annotations)
                 exists, missing, unknown = await self._look_up(namespace, options)
@@ -259,12 +314,40 @@ class WebhookServer:
                  else "injected" if "patch" in r else "unchanged")
         return web.json_response(answer)
 
+    async def _mutate_job(self, request: web.Request) -> web.Response:
+        try:
+            review = await request.json()
+        except ValueError:
+            return web.json_response({"error": "body is not JSON"}, status=400)
+        last: str | UnknownCronJob | None = None
+        try:
+            req = review["request"]
+            job = req["object"]
+            owner = cronjob_owner(job)
+            if owner:
+                namespace = req.get("namespace") or job["metadata"].get("namespace", "")
+                last = (await self.cronjob_lookup(namespace, owner) if self.cronjob_lookup
+                        else UnknownCronJob("this webhook has no API access"))
+        except (KeyError, TypeError, AttributeError):
+            pass  # job_review_response says what is wrong with it
+        try:
+            answer = job_review_response(review, last)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        r = answer["response"]
+        log.info("webhook: job %s/%s: %s", req_namespace(review), pod_name(review),
+                 "refused: " + r["status"]["message"] if not r["allowed"]
+                 else "slot named" if "patch" in r else "unchanged")
+        return web.json_response(answer)
+
     async def _look_up(self, namespace: str, options: PodOptions
                        ) -> tuple[bool | None, list[str], list[str]]:
         """The JobLease's existence, the missing Secrets the pod would mount, and what
         could not be looked up (each lookup :func:`advisory`, all at once)."""
         secrets = installation_secrets(self.config.settings)
-        jobs = [self.lookup(JobRef(namespace, options.job))] if self.lookup else []
+        # queue mode: no JobLease to look up (a missing queue fails the pod saying so)
+        jobs = ([self.lookup(JobRef(namespace, options.job))]
+                if self.lookup and options.job else [])
         finds = ([self.secret_lookup(namespace, name) for name in secrets]
                  if self.secret_lookup else [])
         found = await asyncio.gather(*jobs, *finds)
@@ -306,6 +389,7 @@ class WebhookServer:
         self._load()
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post(PATH, self._mutate)
+        app.router.add_post(JOBS_PATH, self._mutate_job)
         app.router.add_get("/healthz", self._healthz)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -344,13 +428,14 @@ def pod_name(review: Any) -> str:
 
 @contextlib.asynccontextmanager
 async def serve_webhook(config: WebhookConfig | None, lookup: JobLeaseLookup | None,
-                        secret_lookup: SecretLookup | None = None
+                        secret_lookup: SecretLookup | None = None,
+                        cronjob_lookup: CronJobLookup | None = None
                         ) -> AsyncIterator[WebhookServer | None]:
     """Serve while the block runs, if ``config`` is given (the hook ``run_operator`` uses)."""
     if config is None:
         yield None
         return
-    server = WebhookServer(config, lookup, secret_lookup)
+    server = WebhookServer(config, lookup, secret_lookup, cronjob_lookup)
     await server.start()
     try:
         yield server

@@ -1,0 +1,611 @@
+"""Queues (docs/queues.md) side by side with their baselines, in one run, on one etcd.
+
+Every part runs the library and its baseline in the same process, against the
+same etcd, through the same gRPC client (joblease.etcd_store.EtcdStore), in
+rounds whose order rotates (so no side always runs on a warmer or quieter
+etcd); a side's figure is its total work over its total time across rounds.
+
+1. **enqueue**: ``Queues.enqueue`` in batches of ``--batch`` items, against the
+   raw transactions it sends: the same compares and puts (``Q/items/<id>``,
+   ``Q/pending/<id>``) in 64-item transactions, records encoded beforehand,
+   without the library's read of the batch (the idempotency check) and
+   validation. Target: >= 10,000 items/s batched.
+2. **claim+complete** on one queue at concurrency 1, 8, 64
+   (``Queues.claim_next`` then ``lease.complete``), against (a) **raw**: the
+   same claim and completion transactions through EtcdStore on items whose
+   keys and pending revisions are known (no candidate read), and (b)
+   **jobs**: separate JobLeases (``JobLeaseClient.claim`` + ``complete``,
+   ``bench.claims.bench_joblease``). Target: queue >= 0.8x raw at 64.
+3. **backlog**: claim+complete cycles/s on a queue with 1,000 pending items
+   and on one with 100,000 (``--backlogs``), interleaved; plus the time of one
+   candidate read (the read-only transaction ``claim_next`` sends when its
+   pool is empty) at each backlog, which explains the difference.
+   Target: drop <= 10 %.
+4. **sidecar** (TODO, see ``bench_sidecar``): items/s through one Go sidecar in
+   queue mode. Skipped, with the reason, while the binary has no queue mode.
+
+    python bench/queue.py [--quick] [--json bench/results/queue.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from bench.claims import bench_joblease, pct  # noqa: E402
+from joblease import EtcdConfig, JobLeaseClient  # noqa: E402
+from joblease.embedded import EtcdCluster  # noqa: E402
+from joblease.keys import QueueKeys, QueueRef  # noqa: E402
+from joblease.queue import Queues  # noqa: E402
+from joblease.records import Holder, ItemRecord, PendingRecord, QueueSpec  # noqa: E402
+from joblease.store import Compare, Delete, Get, Put  # noqa: E402
+from joblease.validation import ENQUEUE_CHUNK  # noqa: E402
+
+TTL = 30
+MAX_ATTEMPTS = 3
+OWNER = "bench-worker"
+
+
+def new_queue() -> QueueRef:
+    return QueueRef("bench", f"q-{uuid.uuid4().hex[:8]}")
+
+
+def items(n: int, start: int = 0) -> list[tuple[str, Any]]:
+    return [(f"i{i:07d}", {"n": i}) for i in range(start, start + n)]
+
+
+async def fill(queues: Queues, queue: QueueRef, n: int, start: int = 0,
+               batch: int = 1000) -> None:
+    """Put ``n`` items in (untimed set-up), several batches in flight."""
+    sem = asyncio.Semaphore(4)
+
+    async def one(lo: int) -> None:
+        async with sem:
+            await queues.enqueue(queue, items(min(batch, n - lo), start + lo))
+
+    await asyncio.gather(*(one(lo) for lo in range(0, n, batch)))
+
+
+def rotations(sides: list[Any], rounds: int) -> list[list[Any]]:
+    """Round r runs ``sides`` rotated by r: each side is first, middle and last in turn."""
+    return [sides[r % len(sides):] + sides[:r % len(sides)] for r in range(rounds)]
+
+
+def combine(runs: list[dict[str, Any]], unit: str) -> dict[str, Any]:
+    """Total work over total time across rounds, latencies pooled."""
+    done = sum(r["n"] for r in runs)
+    seconds = sum(r["seconds"] for r in runs)
+    out: dict[str, Any] = {unit: done, "seconds": round(seconds, 3),
+                           f"{unit}_per_s": round(done / seconds, 1) if seconds else 0.0,
+                           "rounds_per_s": [round(r["n"] / r["seconds"], 1) for r in runs]}
+    if all("txns" in r for r in runs) and done:
+        out["txns_per_cycle"] = round(sum(r["txns"] for r in runs) / done, 3)
+        out["reads_per_cycle"] = round(sum(r["reads"] for r in runs) / done, 3)
+    for name in ("claim", "complete", "batch"):
+        lat = [x for r in runs for x in r.get(name, [])]
+        if lat:
+            out[f"{name}_p50_ms"] = round(pct(lat, 0.5) * 1000, 2)
+            out[f"{name}_p99_ms"] = round(pct(lat, 0.99) * 1000, 2)
+    return out
+
+
+# -- 1. enqueue ----------------------------------------------------------------------------
+
+async def enqueue_library(client: JobLeaseClient, n: int, batch: int, in_flight: int
+                          ) -> dict[str, Any]:
+    queues = Queues(client)
+    queue = new_queue()
+    await queues.create(queue, QueueSpec(TTL, MAX_ATTEMPTS))
+    batches = [items(min(batch, n - lo), lo) for lo in range(0, n, batch)]
+    lat: list[float] = []
+
+    async def worker() -> None:
+        while batches:
+            b = batches.pop()
+            t = time.perf_counter()
+            r = await queues.enqueue(queue, b)
+            lat.append(time.perf_counter() - t)
+            assert len(r.added) == len(b), "a fresh queue: every item is new"
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    seconds = time.perf_counter() - start
+    counts = await queues.counts(queue)
+    assert counts.pending == n, counts
+    return {"n": n, "seconds": seconds, "batch": lat}
+
+
+async def enqueue_raw(client: JobLeaseClient, n: int, batch: int, in_flight: int
+                      ) -> dict[str, Any]:
+    """The transactions ``Queues.enqueue`` writes, built before the clock starts."""
+    queues = Queues(client)
+    queue = new_queue()
+    await queues.create(queue, QueueSpec(TTL, MAX_ATTEMPTS))
+    keys = queues.keys(queue)
+    now = time.time()
+    pending = PendingRecord(0, now).encode()
+    txns: list[list[tuple[list[Compare], list[Put]]]] = []
+    for lo in range(0, n, batch):
+        chunks = []
+        ids = [i for i, _ in items(min(batch, n - lo), lo)]
+        for c in range(0, len(ids), ENQUEUE_CHUNK):
+            compares = [Compare(keys.spec, "create", "!=", 0)]
+            puts: list[Put] = []
+            for item_id in ids[c:c + ENQUEUE_CHUNK]:
+                ik = keys.item(item_id)
+                compares.append(Compare(ik.item, "create", "==", 0))
+                puts += [Put(ik.item, ItemRecord({"n": int(item_id[1:])}, now).encode()),
+                         Put(ik.pending, pending)]
+            chunks.append((compares, puts))
+        txns.append(chunks)
+    store = client.store
+    lat: list[float] = []
+
+    async def worker() -> None:
+        while txns:
+            chunks = txns.pop()
+            t = time.perf_counter()
+            for compares, puts in chunks:  # one transaction at a time, as enqueue sends them
+                r = await store.txn(compares, puts, [Get(keys.spec)])
+                assert r.succeeded
+            lat.append(time.perf_counter() - t)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    seconds = time.perf_counter() - start
+    counts = await queues.counts(queue)
+    assert counts.pending == n, counts
+    return {"n": n, "seconds": seconds, "batch": lat}
+
+
+async def bench_enqueue(client: JobLeaseClient, n: int, batch: int, in_flight: list[int],
+                        rounds: int) -> list[dict[str, Any]]:
+    rows = []
+    for conc in in_flight:
+        runs: dict[str, list[dict[str, Any]]] = {"raw": [], "queue": []}
+        for order in rotations(["raw", "queue"], rounds):
+            for side in order:
+                fn = enqueue_raw if side == "raw" else enqueue_library
+                runs[side].append(await fn(client, n, batch, conc))
+        row: dict[str, Any] = {"in_flight": conc, "batch": batch,
+                               **{s: combine(r, "items") for s, r in runs.items()}}
+        row["ratio"] = round(row["queue"]["items_per_s"] / row["raw"]["items_per_s"], 3)
+        rows.append(row)
+    return rows
+
+
+# -- 2. claim + complete --------------------------------------------------------------------
+
+async def pool(n: int, concurrency: int, cycle: Any) -> dict[str, Any]:
+    """``n`` cycles by ``concurrency`` workers; latencies of both halves."""
+    left = [n]
+    claim: list[float] = []
+    complete: list[float] = []
+
+    async def worker() -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            c, d = await cycle()
+            claim.append(c)
+            complete.append(d)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return {"n": len(claim), "seconds": time.perf_counter() - start,
+            "claim": claim, "complete": complete}
+
+
+async def cycles_queue(client: JobLeaseClient, n: int, concurrency: int, *,
+                       backlog: int | None = None, queue: QueueRef | None = None,
+                       queues: Queues | None = None) -> dict[str, Any]:
+    """``claim_next`` + ``complete`` through one :class:`Queues` (its claimers
+    share one candidate pool, as a worker process's do)."""
+    queues = queues or Queues(client)
+    if queue is None:
+        queue = new_queue()
+        await queues.create(queue, QueueSpec(TTL, MAX_ATTEMPTS))
+        # more than will be claimed, so the queue never runs dry mid-run
+        await fill(queues, queue, (backlog or 0) + n + concurrency)
+
+    async def cycle() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        lease = await queues.claim_next(queue, OWNER)
+        assert lease is not None, "the queue ran dry"
+        t1 = time.perf_counter()
+        await lease.complete({"ok": True})
+        return t1 - t0, time.perf_counter() - t1
+
+    # warm the spec cache and the session the way a running worker has them
+    first = await queues.claim_next(queue, OWNER)
+    assert first is not None
+    await first.complete({"ok": True})
+    with TxnCounter(client) as counted:
+        out = await pool(n, concurrency, cycle)
+    out["txns"], out["reads"] = counted.txns, counted.reads
+    return out
+
+
+class TxnCounter:
+    """Counts the transactions a side sends (read-only ones apart): how many
+    round trips a cycle costs beyond the claim and the completion."""
+
+    def __init__(self, client: JobLeaseClient) -> None:
+        self.store = client.store
+        self.txns = self.reads = 0
+
+    def __enter__(self) -> TxnCounter:
+        real = self.store.txn
+
+        async def txn(compares: Any, success: Any, failure: Any = ()) -> Any:
+            self.txns += 1
+            if not compares and all(isinstance(op, Get) for op in success):
+                self.reads += 1
+            return await real(compares, success, failure)
+
+        self.store.txn = txn  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.store.txn  # the instance attribute: the class's method again
+
+
+async def cycles_raw(client: JobLeaseClient, n: int, concurrency: int) -> dict[str, Any]:
+    """The claim and completion transactions ``claim_next`` + ``complete``
+    send, on items whose keys and pending revisions were read beforehand."""
+    queues = Queues(client)
+    queue = new_queue()
+    await queues.create(queue, QueueSpec(TTL, MAX_ATTEMPTS))
+    await fill(queues, queue, n)
+    keys: QueueKeys = queues.keys(queue)
+    store = client.store
+    spec_rev, _ = await queues.spec(queue)
+    pending_prefix = keys.field_prefix("pending")
+    _, kvs = await store.get(pending_prefix, prefix=True)
+    todo = [(kv.key[len(pending_prefix):].decode(), kv.mod_revision) for kv in kvs]
+    lease_id, _ = await store.grant(TTL)
+    holder_value = Holder.encode_value(OWNER, "x" * 32, TTL, time.time())
+    claim_value = json.dumps({"owner": OWNER, "claimId": "x" * 32},
+                             separators=(",", ":")).encode()
+    result_value = json.dumps({"owner": OWNER, "claimId": "x" * 32, "token": 0,
+                               "generation": 1, "result": {"ok": True},
+                               "completedAt": time.time()}).encode()
+
+    async def cycle() -> tuple[float, float]:
+        item_id, pending_rev = todo.pop()
+        k = keys.item(item_id)
+        t0 = time.perf_counter()
+        r = await store.txn(
+            [Compare(k.spec, "mod", "==", spec_rev), Compare(k.holder, "create", "==", 0),
+             Compare(k.result, "version", "==", 0),
+             Compare(k.claims, "version", "<", MAX_ATTEMPTS),
+             Compare(k.pending, "mod", "==", pending_rev)],
+            [Put(k.holder, holder_value, lease=lease_id), Put(k.claims, claim_value),
+             Get(k.claims), Get(k.checkpoint), Get(k.item)],
+            [Get(k.spec), Get(k.holder), Get(k.result), Get(k.claims), Get(k.pending)])
+        assert r.succeeded
+        t1 = time.perf_counter()
+        r2 = await store.txn(
+            [Compare(k.holder, "create", "==", r.revision),
+             Compare(k.holder, "value", "==", holder_value)],
+            [Put(k.result, result_value), Delete(k.holder), Delete(k.pending)],
+            [Get(k.holder), Get(k.result)])
+        assert r2.succeeded
+        return t1 - t0, time.perf_counter() - t1
+
+    try:
+        return await pool(n, concurrency, cycle)
+    finally:
+        await store.revoke(lease_id)
+
+
+async def cycles_jobs(config: EtcdConfig, n: int, concurrency: int) -> dict[str, Any]:
+    """Separate JobLeases: bench/claims.py's library side, unchanged."""
+    r = await bench_joblease(config, n, concurrency)
+    # bench_joblease reports percentiles only; keep its figures as they are
+    return {"n": r["cycles"], "seconds": r["seconds"], "pcts": r}
+
+
+def combine_jobs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out = combine(runs, "cycles")
+    # pooled latencies are not available from bench_joblease: the worst round's percentiles
+    out["claim_p50_ms"] = max(r["pcts"]["claim_p50_ms"] for r in runs)
+    out["claim_p99_ms"] = max(r["pcts"]["claim_p99_ms"] for r in runs)
+    out["complete_p50_ms"] = max(r["pcts"]["complete_p50_ms"] for r in runs)
+    out["complete_p99_ms"] = max(r["pcts"]["complete_p99_ms"] for r in runs)
+    return out
+
+
+async def bench_cycles(client: JobLeaseClient, config: EtcdConfig, n: int,
+                       concurrency: list[int], rounds: int) -> list[dict[str, Any]]:
+    rows = []
+    for conc in concurrency:
+        m = n if conc > 1 else max(50, n // 4)
+        runs: dict[str, list[dict[str, Any]]] = {"raw": [], "queue": [], "jobs": []}
+        for order in rotations(["raw", "queue", "jobs"], rounds):
+            for side in order:
+                if side == "raw":
+                    runs[side].append(await cycles_raw(client, m, conc))
+                elif side == "queue":
+                    runs[side].append(await cycles_queue(client, m, conc))
+                else:
+                    runs[side].append(await cycles_jobs(config, m, conc))
+        row: dict[str, Any] = {"concurrency": conc,
+                               "raw": combine(runs["raw"], "cycles"),
+                               "queue": combine(runs["queue"], "cycles"),
+                               "jobs": combine_jobs(runs["jobs"])}
+        q = row["queue"]["cycles_per_s"]
+        row["ratio_raw"] = round(q / row["raw"]["cycles_per_s"], 3)
+        row["ratio_jobs"] = round(q / row["jobs"]["cycles_per_s"], 3)
+        rows.append(row)
+    return rows
+
+
+# -- 3. backlog -----------------------------------------------------------------------------
+
+async def candidate_read_ms(queues: Queues, queue: QueueRef, reads: int) -> float:
+    """The median time of the read ``claim_next`` sends to fill its pool."""
+    keys = queues.keys(queue)
+    pending = (await queues.counts(queue)).pending
+    times = []
+    for _ in range(reads):
+        t = time.perf_counter()
+        if len(inspect.signature(queues._candidates).parameters) == 3:
+            await queues._candidates(keys, 0, pending)
+        else:  # queue.py before the read-ahead scaled with the backlog
+            await queues._candidates(keys, 0)  # type: ignore[call-arg]
+        times.append(time.perf_counter() - t)
+    return round(pct(times, 0.5) * 1000, 2)
+
+
+async def bench_backlog(client: JobLeaseClient, backlogs: list[int], n: int,
+                        concurrency: int, rounds: int) -> dict[str, Any]:
+    queues = Queues(client)
+    made: dict[int, QueueRef] = {}
+    setup: dict[int, float] = {}
+    for b in backlogs:
+        q = new_queue()
+        await queues.create(q, QueueSpec(TTL, MAX_ATTEMPTS))
+        t = time.perf_counter()
+        # each round takes n (+1 warm-up) items: the backlog never falls below b
+        await fill(queues, q, b + rounds * (n + 1 + concurrency))
+        setup[b] = round(time.perf_counter() - t, 2)
+        made[b] = q
+    runs: dict[int, list[dict[str, Any]]] = {b: [] for b in backlogs}
+    # One Queues (one candidate pool) per queue across the rounds, as a
+    # long-running worker has: a fresh one pays a short first read (it has
+    # not counted the backlog yet) and then a full one, which would weigh on
+    # a short round as no running worker feels it.
+    workers = {b: Queues(client) for b in backlogs}
+    for order in rotations(list(backlogs), rounds):
+        for b in order:
+            runs[b].append(await cycles_queue(client, n, concurrency, queue=made[b],
+                                              queues=workers[b]))
+    rows = []
+    for b in backlogs:
+        row = {"backlog": b, "enqueue_setup_s": setup[b],
+               "candidate_read_ms": await candidate_read_ms(queues, made[b], 9),
+               **combine(runs[b], "cycles")}
+        rows.append(row)
+    base = rows[0]["cycles_per_s"]
+    for row in rows:
+        row["drop"] = round(1 - row["cycles_per_s"] / base, 3) if base else None
+    for q in made.values():
+        await queues.delete(q)
+    return {"concurrency": concurrency, "rows": rows}
+
+
+# -- 4. the Go sidecar in queue mode (TODO) ---------------------------------------------------
+
+def sidecar_queue_mode() -> tuple[str | None, str]:
+    """``(binary, "")`` if the Go sidecar has queue mode, else ``(None, why)``.
+
+    Queue mode is recognised by ``JOBLEASE_QUEUE`` in ``--help`` (the variable
+    the goqueue branch's brief names; its --help is held to docs/sidecar.md)."""
+    try:
+        from tests.support.binaries import BinaryNotFound, go_sidecar_binary
+    except ImportError as exc:
+        return None, f"tests.support is not importable: {exc}"
+    try:
+        binary = go_sidecar_binary()
+    except BinaryNotFound as exc:
+        return None, f"no Go sidecar binary: {exc}"
+    help_text = subprocess.run([binary, "--help"], capture_output=True, text=True,
+                               timeout=30, check=False).stdout
+    if "JOBLEASE_QUEUE" not in help_text:
+        return None, (f"{binary} has no queue mode (no JOBLEASE_QUEUE in its --help); "
+                      "it is being written on branch goqueue")
+    return binary, ""
+
+
+async def bench_sidecar(config: EtcdConfig, binary: str, n: int) -> dict[str, Any]:
+    """TODO(goqueue): items/s through one Go sidecar draining a queue.
+
+    Written against the interface the goqueue brief specifies (JOBLEASE_QUEUE
+    =<ns>/<queue> without JOBLEASE_ITEM drains: after each completion the
+    sidecar claims the next item; ``GET /v1/lease`` adds ``queue``, ``item``
+    and ``payload``) but never run against a binary that has it: check the
+    variable names and the answer while the sidecar waits for its next item
+    against docs/sidecar.md once that branch lands (its "Queue mode" section
+    describes this loop: ``GET /v1/lease`` until 200, complete under
+    ``token``; 503 ``waiting`` between items), then compare with
+    ``cycles_queue`` at concurrency 1 (one claimer, as one sidecar is)."""
+    async with JobLeaseClient(config) as client:
+        queues = Queues(client)
+        queue = new_queue()
+        await queues.create(queue, QueueSpec(TTL, MAX_ATTEMPTS))
+        await fill(queues, queue, n)
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEASE_")}
+            env.update({
+                "JOBLEASE_ETCD_ENDPOINTS": ",".join(config.endpoints),
+                "JOBLEASE_ROOT": config.root, "JOBLEASE_QUEUE": str(queue),
+                "POD_NAME": "bench-sidecar", "POD_UID": uuid.uuid4().hex[:8],
+                "JOBLEASE_SIDECAR_PORT": "0", "JOBLEASE_SIDECAR_PORT_FILE": f"{tmp}/port",
+                "JOBLEASE_SIDECAR_PROBE_PORT": "-1", "JOBLEASE_TOKEN_FILE": f"{tmp}/token",
+                "JOBLEASE_SIDECAR_ON_LOSS": "none", "JOBLEASE_SIDECAR_RATE_LIMIT": "off"})
+            proc = subprocess.Popen([binary], env=env, stdout=subprocess.DEVNULL,  # noqa: ASYNC220
+                                    stderr=subprocess.DEVNULL)
+            try:
+                port_file = Path(tmp) / "port"
+                deadline = time.monotonic() + 30
+                while not (port_file.exists() and port_file.read_text().strip()):
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"sidecar exited ({proc.poll()}) or wrote no port")
+                    await asyncio.sleep(0.005)
+                async with httpx.AsyncClient(
+                        base_url=f"http://127.0.0.1:{port_file.read_text().strip()}",
+                        timeout=10) as http:
+                    done: set[str] = set()
+                    start = time.perf_counter()
+                    while len(done) < n:
+                        if proc.poll() is not None or time.monotonic() > deadline + 600:
+                            raise RuntimeError(f"sidecar exited ({proc.poll()}) or stalled")
+                        r = await http.get("/v1/lease")
+                        body = r.json() if r.status_code == 200 else {}
+                        if body.get("item") is None or body["item"] in done:
+                            await asyncio.sleep(0.001)  # between items: the next claim
+                            continue
+                        c = await http.post("/v1/complete", json={"token": body["token"],
+                                                                  "result": {"ok": True}})
+                        assert c.status_code == 200, c.text
+                        done.add(body["item"])
+                    seconds = time.perf_counter() - start
+            finally:
+                proc.terminate()
+                await asyncio.to_thread(proc.wait, 10)
+    return {"items": n, "seconds": round(seconds, 3), "items_per_s": round(n / seconds, 1)}
+
+
+# -- the run --------------------------------------------------------------------------------
+
+async def run(args: argparse.Namespace, endpoints: tuple[str, ...]) -> dict[str, Any]:
+    config = EtcdConfig(endpoints=endpoints, root=f"/bench/queue-{uuid.uuid4().hex[:6]}")
+    report: dict[str, Any] = {"benchmark": "queue", "etcd_endpoints": list(endpoints),
+                              "args": {k: v for k, v in vars(args).items() if k != "json"}}
+    parts = set(args.parts)
+    async with JobLeaseClient(config) as client:
+        if "enqueue" in parts:
+            report["enqueue"] = await bench_enqueue(client, args.enqueue_items, args.batch,
+                                                    args.enqueue_in_flight, args.rounds)
+        if "cycles" in parts:
+            report["cycles"] = await bench_cycles(client, config, args.cycles,
+                                                  args.concurrency, args.rounds)
+        if "backlog" in parts:
+            report["backlog"] = await bench_backlog(client, args.backlogs, args.backlog_cycles,
+                                                    args.backlog_concurrency, args.rounds)
+    if "sidecar" in parts:
+        binary, why = sidecar_queue_mode()
+        if binary is None:
+            print(f"sidecar part skipped: {why}", file=sys.stderr)
+            report["sidecar"] = {"skipped": why}
+        else:
+            report["sidecar"] = await bench_sidecar(config, binary, args.sidecar_items)
+    return report
+
+
+def print_report(report: dict[str, Any]) -> None:
+    if "enqueue" in report:
+        print(f"\nenqueue (batches of {report['enqueue'][0]['batch']}; raw = the same "
+              f"{ENQUEUE_CHUNK}-item transactions)")
+        print(f"{'in flight':>9}  {'raw items/s':>11} {'queue items/s':>13} {'ratio':>6} "
+              f"{'queue batch p50/p99 ms':>22}")
+        for r in report["enqueue"]:
+            q = r["queue"]
+            print(f"{r['in_flight']:>9}  {r['raw']['items_per_s']:>11} {q['items_per_s']:>13} "
+                  f"{r['ratio']:>6} {q['batch_p50_ms']:>10} / {q['batch_p99_ms']:<9}")
+    if "cycles" in report:
+        print("\nclaim+complete cycles/s (claim p50/p99 ms)")
+        print(f"{'conc':>4}  {'raw':>20} {'queue':>20} {'jobs':>20} {'q/raw':>6} "
+              f"{'q/jobs':>6} {'q txns/cycle (reads)':>20}")
+        for r in report["cycles"]:
+            cells = [f"{r[s]['cycles_per_s']} ({r[s]['claim_p50_ms']}/{r[s]['claim_p99_ms']})"
+                     for s in ("raw", "queue", "jobs")]
+            q = r["queue"]
+            print(f"{r['concurrency']:>4}  {cells[0]:>20} {cells[1]:>20} {cells[2]:>20} "
+                  f"{r['ratio_raw']:>6} {r['ratio_jobs']:>6} "
+                  f"{q['txns_per_cycle']:>12} ({q['reads_per_cycle']})")
+    if "backlog" in report:
+        b = report["backlog"]
+        print(f"\nbacklog (claim_next + complete, concurrency {b['concurrency']})")
+        print(f"{'pending':>8} {'cycles/s':>9} {'drop':>6} {'claim p50/p99 ms':>17} "
+              f"{'candidate read ms':>17} {'txns/cycle (reads)':>18}")
+        for r in b["rows"]:
+            print(f"{r['backlog']:>8} {r['cycles_per_s']:>9} {r['drop']:>6} "
+                  f"{r['claim_p50_ms']:>8}/{r['claim_p99_ms']:<8} {r['candidate_read_ms']:>17} "
+                  f"{r['txns_per_cycle']:>10} ({r['reads_per_cycle']})")
+    if "sidecar" in report:
+        s = report["sidecar"]
+        if "skipped" in s:
+            print(f"\nsidecar (queue mode): SKIPPED: {s['skipped']}")
+        else:
+            print(f"\nsidecar (queue mode): {s['items_per_s']} items/s over {s['items']} items")
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small counts (smoke run)")
+    parser.add_argument("--parts", type=lambda s: s.split(","),
+                        default=["enqueue", "cycles", "backlog", "sidecar"])
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per side, order rotated")
+    parser.add_argument("--enqueue-items", type=int, default=20_000, help="per round and side")
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--enqueue-in-flight", type=ints, default=[1, 4])
+    parser.add_argument("--cycles", type=int, default=2000, help="per round and side")
+    parser.add_argument("--concurrency", type=ints, default=[1, 8, 64])
+    parser.add_argument("--backlogs", type=ints, default=[1000, 100_000])
+    parser.add_argument("--backlog-cycles", type=int, default=1000)
+    parser.add_argument("--backlog-concurrency", type=int, default=8)
+    parser.add_argument("--sidecar-items", type=int, default=500)
+    parser.add_argument("--endpoints", help="use this etcd instead of starting one")
+    parser.add_argument("--json", default=str(HERE / "results" / "queue.json"))
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.enqueue_items, args.cycles = 2, 4000, 300
+        args.backlogs, args.backlog_cycles, args.sidecar_items = [1000, 20_000], 300, 100
+    started = time.time()
+    load_before = os.getloadavg()
+    if args.endpoints:
+        report = asyncio.run(run(args, tuple(args.endpoints.split(","))))
+    else:
+        try:
+            from tests.support.binaries import etcd_binary
+
+            binary: str | None = etcd_binary()
+        except Exception:
+            binary = None
+        with EtcdCluster(1, binary=binary) as cluster:
+            report = asyncio.run(run(args, cluster.endpoints))
+            report["etcd_binary"] = cluster.binary
+    report["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                         "loadavg_before": [round(x, 2) for x in load_before],
+                         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+                         "wall_s": round(time.time() - started, 1)}
+    print_report(report)
+    print(f"\nload average before {report['machine']['loadavg_before']}, "
+          f"after {report['machine']['loadavg_after']}; {report['machine']['wall_s']} s")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    print(f"JSON: {args.json}")
+
+
+if __name__ == "__main__":
+    main()

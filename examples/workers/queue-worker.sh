@@ -1,0 +1,106 @@
+#!/bin/sh
+# A queue worker in shell beside the joblease sidecar in queue mode: curl only.
+# One script for every shape (docs/sidecar.md, "Queue mode"): the sidecar decides
+# which items this pod gets (its Indexed Job index, its CronJob slot, or one item
+# after another while draining); the worker loops until the sidecar's final answer.
+#
+#   1. GET /v1/lease until it answers 200 with an item newer than the last one done
+#      (503 "waiting": nothing claimable yet), or its final answer (409);
+#   2. the work: one write to the ledger (examples/ledger.yaml) per item, fenced
+#      by the item's token (resource <queue>-<item>, Joblease-Job ns/queue/item);
+#   3. complete the item with that token, and go back to 1.
+#
+# Exit codes: 0 the sidecar has nothing more (the item was completed, by this pod
+# or before it: a CronJob slot run twice; or a drained queue with
+# JOBLEASE_EXIT_WHEN_EMPTY); 7 stale token (the item went to another pod);
+# 8 lease lost/released; the sidecar's "exitCode" when a claim was refused for
+# good (6 attempts exhausted, 3 no such queue or item, ...); 1 anything else.
+# SIGTERM (the sidecar's signal on loss) ends the shell at once.
+set -eu
+
+URL="${JOBLEASE_SIDECAR_URL:-http://127.0.0.1:8470}"
+LEDGER="${LEDGER_URL:-}"   # empty: no external effect, complete only
+AUTH=""
+if [ -n "${JOBLEASE_API_TOKEN_FILE:-}" ]; then
+  AUTH="Authorization: Bearer $(cat "$JOBLEASE_API_TOKEN_FILE")"
+fi
+if [ -n "${JOBLEASE_WORKER_PID_FILE:-}" ]; then
+  echo $$ > "$JOBLEASE_WORKER_PID_FILE.tmp" && mv "$JOBLEASE_WORKER_PID_FILE.tmp" "$JOBLEASE_WORKER_PID_FILE"
+fi
+
+call() {  # call METHOD URL BODY [HEADER...] -> the body, then the status on the last line
+  method="$1" url="$2" data="$3"
+  shift 3
+  if [ -n "$AUTH" ]; then set -- "$@" "$AUTH"; fi
+  n=$#
+  while [ "$n" -gt 0 ]; do h="$1"; shift; set -- "$@" -H "$h"; n=$((n - 1)); done
+  if [ -n "$data" ]; then set -- "$@" --data "$data"; fi
+  curl -sS --max-time 30 -X "$method" -H 'Content-Type: application/json' "$@" \
+    -w '\n%{http_code}' "$url" || printf '\n000'
+}
+
+field() {  # field NAME JSON -> a top-level string or number field's value
+  printf '%s\n' "$2" | sed -n "s/.*\"$1\":\"*\([^\",}]*\).*/\1/p" | head -n 1
+}
+
+done_token=0
+waited=0
+while :; do
+  # 1. the next item, or the sidecar's final answer
+  out="$(call GET "$URL/v1/lease" "")"
+  status="$(printf '%s\n' "$out" | tail -n 1)"
+  body="$(printf '%s\n' "$out" | sed '$d')"
+  case "$status" in
+    200) TOKEN="$(field token "$body")"
+         if [ "$TOKEN" -le "$done_token" ]; then sleep 0.05; continue; fi ;;
+    409) case "$(field error "$body")" in
+           completed) echo "nothing more to do: $body"; exit 0 ;;
+           failed) echo "cannot run: $(field reason "$body"): $body" >&2
+                   exit "$(field exitCode "$body" | grep . || echo 1)" ;;
+           *) echo "no lease: $body" >&2; exit 8 ;;
+         esac ;;
+    *) # 503 waiting/claiming, 429, or no answer yet: ask again
+       waited=$((waited + 1))
+       [ $((waited % 200)) -eq 0 ] && echo "still waiting: $status $body"
+       sleep 0.1; continue ;;
+  esac
+  QUEUE="$(field queue "$body")"; ITEM="$(field item "$body")"
+  GEN="$(field generation "$body")"
+  echo "item $ITEM generation $GEN token $TOKEN"
+
+  # (demos and tests: pretend the first attempt at an item lasts until this file
+  # exists; JOBLEASE_EXAMPLE_HOLD_ITEMS limits that to the ids listed)
+  if [ -n "${JOBLEASE_EXAMPLE_HOLD_FILE:-}" ] && [ "$GEN" = 1 ]; then
+    case " ${JOBLEASE_EXAMPLE_HOLD_ITEMS:-$ITEM} " in
+      *" $ITEM "*) echo "holding item $ITEM until $JOBLEASE_EXAMPLE_HOLD_FILE exists"
+                   while [ ! -e "$JOBLEASE_EXAMPLE_HOLD_FILE" ]; do sleep 0.1; done ;;
+    esac
+  fi
+
+  # 2. the work: its one external effect carries the item's token
+  if [ -n "$LEDGER" ]; then
+    RESOURCE="$(printf '%s' "${QUEUE#*/}-$ITEM" | tr ':' '.')"
+    out="$(call POST "$LEDGER/resources/$RESOURCE" "{\"item\":\"$ITEM\",\"pod\":\"${HOSTNAME:-}\"}" \
+           "Joblease-Job: $QUEUE/$ITEM" "Joblease-Token: $TOKEN" \
+           "Joblease-Idempotency-Key: $QUEUE/$ITEM#g$GEN.t$TOKEN")"
+    echo "write $ITEM -> $(printf '%s\n' "$out" | tail -n 1)"
+  fi
+
+  # 3. complete; a 503/429 or no answer means "outcome not known yet": the same
+  #    request is safe to repeat (it commits at most once)
+  tries=0
+  while :; do
+    out="$(call POST "$URL/v1/complete" "{\"token\":$TOKEN,\"result\":{\"item\":\"$ITEM\"}}")"
+    status="$(printf '%s\n' "$out" | tail -n 1)"
+    case "$status" in
+      503|429|000) tries=$((tries + 1)); [ "$tries" -gt 60 ] && break; sleep 1 ;;
+      *) break ;;
+    esac
+  done
+  echo "complete $ITEM -> $status"
+  case "$status" in
+    200) done_token="$TOKEN" ;;
+    409) exit 7 ;;
+    *) exit 1 ;;
+  esac
+done
