@@ -22,8 +22,8 @@ from joblease.keys import QueueRef, SemaphoreRef
 from joblease.queue import Queues
 from joblease.records import QueueSpec, SemaphoreUse
 from joblease.semaphore import Semaphores
-from joblease.store import Store
 from tests.support.etcd_keys import snapshot
+from tests.support.slot_history import max_live
 from tests.support.worker_proc import WorkerProc
 
 TTL = 2
@@ -43,23 +43,7 @@ async def _jobs(client: JobLeaseClient, n: int, *uses: tuple[str, int], ttl: int
     return jobs
 
 
-async def _max_live(store: Store, prefix: bytes, since: int) -> int:
-    """The most slot keys live at any one revision after ``since``, from etcd's history."""
-    _, kvs = await store.get(prefix, prefix=True, revision=since)
-    live = {kv.key for kv in kvs}
-    most = len(live)
-    now, _ = await store.get(b"\0")
-    async for batch in store.watch(prefix, prefix=True, start_revision=since + 1):
-        by_revision: dict[int, list[tuple[str, bytes]]] = {}
-        for e in batch.events:
-            by_revision.setdefault(e.kv.mod_revision, []).append((e.kind, e.kv.key))
-        for revision in sorted(by_revision):
-            for kind, key in by_revision[revision]:
-                (live.add if kind == "put" else live.discard)(key)
-            most = max(most, len(live))
-        if batch.revision >= now:
-            return most
-    return most
+_max_live = max_live  # etcd's history of the slots (tests/support/slot_history.py)
 
 
 async def test_the_limit_holds_and_slots_free_with_their_claims(client: JobLeaseClient) -> None:
@@ -214,14 +198,16 @@ async def test_a_lowered_limit_revokes_nobody_and_grants_nothing_until_below_it(
     sems = Semaphores(client)
     await sems.create(DB, 3)
     jobs = await _jobs(client, 4, ("billing-db", 1), ttl=30)
-    held = [await client.claim(job, job.name) for job in jobs[:3]]
+    # by slot index: picks are random, so the claim order says nothing of the indexes
+    held = sorted([await client.claim(job, job.name) for job in jobs[:3]],
+                  key=lambda lease: lease.slots[0].indexes[0])
     await sems.create(DB, 2)
     assert all(lease.valid for lease in held)  # nobody revoked
     assert (await sems.status(DB)).live == 3
     await held[0].release()  # 2 live: not below the new limit
     with pytest.raises(SemaphoreFullError):
         await client.claim(jobs[3], "late")
-    await held[2].release()  # 1 live, and nobody above the limit
+    await held[2].release()  # slot 2's holder: 1 live, and nobody above the limit
     lease = await client.claim(jobs[3], "late")
     assert lease.slots[0].indexes[0] < 2
     await held[1].release()

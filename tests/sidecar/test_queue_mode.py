@@ -342,22 +342,33 @@ async def test_a_suspended_queue_is_waited_on_and_claimed_once_resumed(
         assert (await sc.metrics())["joblease_sidecar_claim_attempts_total"] <= 4
 
 
-async def test_a_queue_with_semaphores_is_refused_not_drained_past_its_limit(
+async def test_a_single_item_sidecar_takes_its_queues_semaphore_slot(
         env: Env, queues: Queues, client: JobLeaseClient, conformance: Conformance) -> None:
-    """This sidecar does not take semaphore slots yet (docs/semaphores.md): an item
-    claimed without them would exceed the limit, so it refuses the queue and
-    claims nothing."""
-    from joblease.keys import SemaphoreRef
-    from joblease.records import SemaphoreUse
+    """The item's claim takes a slot of the semaphore its queue names, in the claim's
+    transaction; while the library holds the only slot, the sidecar waits (503
+    waiting); the completion frees the slot (docs/semaphores.md;
+    tests/sidecar/test_semaphores.py has the draining and job cases)."""
+    from joblease.keys import JobRef, SemaphoreRef
+    from joblease.records import JobSpec, SemaphoreUse
     from joblease.semaphore import Semaphores
     q = queue_ref()
-    await Semaphores(client).create(SemaphoreRef(q.namespace, "db"), 1)
-    await queues.create(q, QueueSpec(lease_duration_seconds=5, max_attempts=3,
-                                     semaphores=(SemaphoreUse("db", 1),)))
+    sem = SemaphoreRef(q.namespace, "db-" + q.name)
+    await Semaphores(client).create(sem, 1)
+    uses = (SemaphoreUse(sem.name, 1),)
+    await queues.create(q, QueueSpec(lease_duration_seconds=5, max_attempts=3, semaphores=uses))
     await queues.enqueue(q, [("a", None)])
-    s = await sidecar(env, "limited", q).started()
-    view = await poll(lambda: _final(s, conformance), 15, "the final answer")
-    assert view["error"] == "failed" and view["reason"] == "invalid", view
-    assert "takes semaphore slots" in view["message"]
-    counts = await queues.counts(q)
-    assert (counts.held, counts.pending) == (0, 1)  # nothing claimed
+    hog = JobRef(q.namespace, "hog-" + q.name)
+    await client.register(hog, JobSpec(lease_duration_seconds=5, semaphores=uses))
+    held = await client.claim(hog, "python")
+    s = await sidecar(env, "limited", q, JOBLEASE_ITEM="a").started()
+    view = await poll(lambda: _waiting(s, conformance), 15, "the wait for a slot")
+    assert view["status"] == 503 and view["semaphore"] == str(sem) and view["item"] == "a", view
+    assert (await queues.counts(q)).held == 0  # nothing claimed past the limit
+    await held.release()
+    view = await next_answer(s, conformance)
+    assert view["status"] == 200 and view["item"] == "a", view
+    assert view["semaphores"] == [{"semaphore": str(sem), "slots": [0], "token": view["token"]}]
+    status, _ = await post(s, conformance, "/v1/complete", {"token": view["token"]})
+    assert status == 200
+    _, slots = await client.store.get(client.keys.semaphore(sem).slots, prefix=True)
+    assert slots == []  # the completion deleted the slot in its transaction

@@ -248,21 +248,43 @@ def test_an_unknown_on_final_action_is_refused(env: Env) -> None:
     assert "invalid on-final action 'wait': one of serve, exit" in result.stderr
 
 
-async def test_a_job_with_semaphores_is_refused_not_claimed_past_its_limit(
+async def test_a_job_whose_semaphore_does_not_exist_fails_the_worker_naming_it(
         env: Env, client: JobLeaseClient) -> None:
-    """This sidecar does not take semaphore slots yet (docs/semaphores.md): it
-    must not claim such a job without them (that would exceed the limit), so it
-    refuses it, says why, and claims nothing."""
+    """The sidecar takes semaphore slots (docs/semaphores.md; tests/sidecar/
+    test_semaphores.py): a spec naming a semaphore nobody created is waited on
+    like a missing registration, then refused with not_found naming the
+    semaphore, and nothing is claimed."""
+    from joblease.records import SemaphoreUse
+    await client.register(env.job, JobSpec(lease_duration_seconds=10, max_attempts=3,
+                                           semaphores=(SemaphoreUse("absent-db", 1),)))
+    sidecar = await _with_probe(env, "a", JOBLEASE_SIDECAR_REGISTRATION_WAIT="0.5").started()
+    lease = await _final(sidecar, "failed")
+    assert lease["reason"] == "not_found" and lease["exitCode"] == 3
+    assert lease["semaphore"] == f"{env.job.namespace}/absent-db"
+    assert lease["message"] == (f"semaphore {env.job.namespace}/absent-db does not exist (waited "
+                                "0.5 s): is there a JobSemaphore of that name in this namespace?")
+    state = await client.get(env.job)
+    assert state.attempts == 0 and state.holder is None  # nothing claimed
+    await _stays_up_then_sigterm_exits_zero(sidecar)
+
+
+async def test_a_job_needing_more_slots_than_the_limit_is_refused_for_good(
+        env: Env, client: JobLeaseClient) -> None:
+    """A weight above the semaphore's limit could never be granted: refused as
+    bad input (invalid, exit 2) rather than waited on forever; nothing written."""
     from joblease.keys import SemaphoreRef
     from joblease.records import SemaphoreUse
     from joblease.semaphore import Semaphores
     await Semaphores(client).create(SemaphoreRef(env.job.namespace, "db"), 1)
     await client.register(env.job, JobSpec(lease_duration_seconds=10, max_attempts=3,
-                                           semaphores=(SemaphoreUse("db", 1),)))
+                                           semaphores=(SemaphoreUse("db", 2),)))
     sidecar = await _with_probe(env, "a").started()
     lease = await _final(sidecar, "failed")
-    assert lease["reason"] == "invalid"
-    assert "takes semaphore slots" in lease["message"]
+    assert lease["reason"] == "invalid" and lease["exitCode"] == 2
+    assert "needs 2 slots of semaphore default/db, whose limit is 1" in lease["message"]
+    _, slots = await client.store.get(
+        client.keys.semaphore(SemaphoreRef(env.job.namespace, "db")).prefix, prefix=True)
+    assert [kv.key.rsplit(b"/", 1)[-1] for kv in slots] == [b"spec"]  # no slot, no waiter
     state = await client.get(env.job)
-    assert state.attempts == 0 and state.holder is None  # nothing claimed
+    assert state.attempts == 0 and state.holder is None
     await _stays_up_then_sigterm_exits_zero(sidecar)

@@ -46,6 +46,7 @@ const (
 	KindClaimOutcomeUnknown
 	KindSuspended
 	KindConflict
+	KindFull
 )
 
 func (e *Error) Error() string { return e.Message }
@@ -120,6 +121,26 @@ func Conflict(queue, item string) *Error {
 		fmt.Sprintf("item %s of queue %s is already enqueued with another payload; re-enqueueing an id must repeat "+
 			"its payload (nothing of this batch was written)", PyRepr(item), queue),
 		pyjson.Obj{{Key: "queue", Value: queue}, {Key: "item", Value: item}})
+}
+
+// SemaphoreNotFound is a NotRegistered for a semaphore with no spec
+// (SemaphoreNotFoundError): a claim needs slots of it.
+func SemaphoreNotFound(semaphore string) *Error {
+	return newErr(KindNotRegistered, "not_found", 3, 404, fmt.Sprintf("semaphore %s does not exist", semaphore),
+		pyjson.Obj{{Key: "semaphore", Value: semaphore}})
+}
+
+// SemaphoreFull: no room (SemaphoreFullError); the live slots, or the claims
+// waiting ahead, leave fewer free slots than the claim needs. Nothing was
+// written. Revision is the read's: a waiter watches the semaphores from the next one.
+func SemaphoreFull(semaphore, job string, limit, live, waiters, weight, revision int64) *Error {
+	e := newErr(KindFull, "full", 18, 409,
+		fmt.Sprintf("semaphore %s has no room for %s (%d slot(s)): %d of %d slots live, %d claim(s) waiting",
+			semaphore, job, weight, live, limit, waiters),
+		pyjson.Obj{{Key: "semaphore", Value: semaphore}, {Key: "job", Value: job}, {Key: "limit", Value: limit},
+			{Key: "live", Value: live}, {Key: "waiters", Value: waiters}, {Key: "weight", Value: weight}})
+	e.Revision = revision
+	return e
 }
 
 func Held(job, owner string, token, generation, revision int64) *Error {

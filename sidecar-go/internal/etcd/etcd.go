@@ -372,6 +372,22 @@ func VersionLess(key string, v int64) Cmp {
 	return &pb.Compare{Key: []byte(key), Target: pb.Compare_VERSION, Result: pb.Compare_LESS,
 		TargetUnion: &pb.Compare_Version{Version: v}}
 }
+
+// CreateEqRange: every key in [key, end) has create revision rev (rev 0: no key
+// there at all; etcd compares an empty range as one absent key).
+func CreateEqRange(key string, end []byte, rev int64) Cmp {
+	c := CreateEq(key, rev)
+	c.RangeEnd = end
+	return c
+}
+
+// CreateGreaterRange: every key in [key, end) was created after rev (an empty
+// range fails: it compares as one absent key, created at 0).
+func CreateGreaterRange(key string, end []byte, rev int64) Cmp {
+	return &pb.Compare{Key: []byte(key), RangeEnd: end, Target: pb.Compare_CREATE, Result: pb.Compare_GREATER,
+		TargetUnion: &pb.Compare_CreateRevision{CreateRevision: rev}}
+}
+
 func ValueEq(key string, value []byte) Cmp {
 	return &pb.Compare{Key: []byte(key), Target: pb.Compare_VALUE, Result: pb.Compare_EQUAL,
 		TargetUnion: &pb.Compare_Value{Value: value}}

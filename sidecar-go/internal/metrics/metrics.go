@@ -19,7 +19,8 @@ import (
 const ContentType = "text/plain; version=1.0.0; charset=utf-8"
 
 // States, in the order the state gauge lists them.
-// "waiting": a sidecar draining a queue waits on a watch for an item to claim.
+// "waiting": a sidecar waits on a watch for a semaphore slot, or (draining a
+// queue) for an item to claim.
 var States = []string{"claiming", "held", "completing", "lost", "completed", "failed", "released", "stopping", "waiting"}
 
 type counter struct {

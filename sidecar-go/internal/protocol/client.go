@@ -94,7 +94,15 @@ func (c *Client) dropSession(reason string) {
 }
 
 // Claim claims job for owner in one transaction (docs/protocol.md, "Claim").
+// A job whose spec names semaphores takes their slots in the same
+// transaction (docs/semaphores.md), or is refused with SemaphoreFull.
 func (c *Client) Claim(ctx context.Context, job JobRef, owner string) (*Lease, error) {
+	return c.ClaimInLine(ctx, job, owner, nil)
+}
+
+// ClaimInLine is Claim with ticket, the claimer's place in line for its
+// semaphores' slots (TakeTicket; nil: not in line, so refused while anyone waits).
+func (c *Client) ClaimInLine(ctx context.Context, job JobRef, owner string, ticket *Ticket) (*Lease, error) {
 	if err := ValidateJob(job); err != nil {
 		return nil, err
 	}
@@ -104,25 +112,36 @@ func (c *Client) Claim(ctx context.Context, job JobRef, owner string) (*Lease, e
 	keys := Keys(c.Root, job)
 	refresh := false
 	var revoked []string
-	for range 4 {
+	// Tries that did not settle: 4 at most, as without semaphores; slot races
+	// (picks are random) are planned again, up to 16 tries in all.
+	unsettled := 0
+	for range 16 {
 		specRev, spec, err := c.readSpec(ctx, job, keys, refresh)
 		if err != nil {
 			return nil, err
 		}
-		if spec.Semaphores > 0 {
-			return nil, errs.Invalid(fmt.Sprintf("job %s takes semaphore slots (its spec names %d "+
-				"semaphores), which this sidecar does not take yet; claim it with the Python library, "+
-				"joblease claim or joblease run (docs/semaphores.md)", job, spec.Semaphores))
+		plan, err := c.planFor(ctx, job.String(), job.Namespace, spec.Semaphores, ticket)
+		if err != nil {
+			if refresh || !errs.Is(err, errs.KindFull, errs.KindInvalid, errs.KindNotRegistered) {
+				return nil, err
+			}
+			refresh = true // planned from a cached spec: make sure it is current
+			continue
 		}
 		s, err := c.sessionFor(ctx, spec.LeaseDurationSeconds)
 		if err != nil {
 			return nil, err
 		}
-		lease, again, err := c.claimOn(ctx, job, keys, owner, specRev, spec, s, &revoked, 0)
+		lease, again, err := c.claimOn(ctx, job, keys, owner, specRev, spec, s, &revoked, 0, plan)
 		if err != nil || lease != nil {
 			return lease, err
 		}
 		refresh = again
+		if plan == nil || !again {
+			if unsettled++; unsettled == 4 {
+				break
+			}
+		}
 	}
 	if len(revoked) > 0 {
 		return nil, errs.Unavailable(fmt.Sprintf("claim of %s did not settle after several attempts; claims with tokens %s "+
@@ -136,8 +155,9 @@ func (c *Client) Claim(ctx context.Context, job JobRef, owner string) (*Lease, e
 // re-read the spec before trying again. For a queue item (keys.IsItem()),
 // spec is its queue's with the round's attempts (QueueSpec.jobSpec) and the
 // item's pending key must still have pendingRev (docs/queues.md, "Claim an item").
+// plan: the semaphore slots to take in the same transaction (nil: none).
 func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner string, specRev int64, spec Spec,
-	s *session.Session, revoked *[]string, pendingRev int64) (*Lease, bool, error) {
+	s *session.Session, revoked *[]string, pendingRev int64, plan *SlotPlan) (*Lease, bool, error) {
 	claimID := newClaimID()
 	ttl := spec.LeaseDurationSeconds
 	holderValue, err := HolderValue(owner, claimID, ttl, now())
@@ -160,13 +180,22 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 		success = append(success, etcd.Get(keys.Item()))
 		failure = append(failure, etcd.Get(keys.Pending()))
 	}
+	if plan != nil {
+		cmps = append(cmps, plan.compares()...)
+		// after every Get the success branch is read by index; writes go last
+		writes, err := plan.writes(s.LeaseID, SlotRecord{Holder: job.String(), Owner: owner, ClaimID: claimID})
+		if err != nil {
+			return nil, false, err
+		}
+		success = append(success, writes...)
+	}
 	r, err := c.Store.Txn(ctx, cmps, success, failure)
 	switch {
 	case errs.Is(err, errs.KindLeaseNotFound):
 		c.dropSession("etcd no longer knows the lease")
 		return nil, false, nil
 	case errs.Is(err, errs.KindOutcomeUnknown):
-		lease, err := c.resolveAmbiguous(ctx, job, keys, owner, claimID, holderValue, s, spec, revoked)
+		lease, err := c.resolveAmbiguous(ctx, job, keys, owner, claimID, holderValue, s, spec, revoked, plan)
 		return lease, false, err
 	case err != nil:
 		return nil, false, err
@@ -177,7 +206,7 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 		if claims != nil {
 			gen = claims.Version
 		}
-		l := newLease(c.Store, s, job, keys, owner, claimID, r.Revision, gen, ttl, holderValue, r.KV(3))
+		l := newLease(c.Store, s, job, keys, owner, claimID, r.Revision, gen, ttl, holderValue, r.KV(3), plan.grants(r.Revision))
 		if keys.IsItem() {
 			if err := l.setItem(ctx, r.KV(4)); err != nil {
 				return nil, false, err
@@ -268,7 +297,7 @@ func retryRead[T any](ctx context.Context, timeout time.Duration, fn func() (T, 
 // holder there means committed; otherwise the session's lease is revoked so a
 // copy in flight cannot commit later, and claims is read again.
 func (c *Client) resolveAmbiguous(ctx context.Context, job JobRef, keys JobKeys, owner, claimID string,
-	holderValue []byte, s *session.Session, spec Spec, revoked *[]string) (*Lease, error) {
+	holderValue []byte, s *session.Session, spec Spec, revoked *[]string, plan *SlotPlan) (*Lease, error) {
 	fields, err := retryRead(ctx, ReadBackTimeout, func() (map[string]*etcd.KV, error) {
 		// The fields the lease needs, at one revision (an item's keys are
 		// spread over its queue's sub-prefixes, so no one prefix read).
@@ -296,7 +325,9 @@ func (c *Client) resolveAmbiguous(ctx context.Context, job JobRef, keys JobKeys,
 		if cl := fields["claims"]; cl != nil {
 			gen = cl.Version
 		}
-		l := newLease(c.Store, s, job, keys, owner, claimID, h.CreateRevision, gen, s.TTL, holderValue, fields["checkpoint"])
+		// the holder committed, so did its slots (one transaction)
+		l := newLease(c.Store, s, job, keys, owner, claimID, h.CreateRevision, gen, s.TTL, holderValue, fields["checkpoint"],
+			plan.grants(h.CreateRevision))
 		if keys.IsItem() {
 			if err := l.setItem(ctx, fields["item"]); err != nil {
 				return nil, err

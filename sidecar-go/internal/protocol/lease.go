@@ -49,6 +49,10 @@ type Lease struct {
 	// as Python's do. Payload is the item's, as enqueued.
 	Item    *ItemRef
 	Payload any
+	// Slots are the semaphore slots this claim took (docs/semaphores.md);
+	// completion and release delete them in their own transactions.
+	Slots    []SlotGrant
+	slotKeys []string
 
 	mu           sync.Mutex
 	state        State
@@ -59,9 +63,13 @@ type Lease struct {
 }
 
 func newLease(store *etcd.Store, s *session.Session, job JobRef, keys JobKeys, owner, claimID string,
-	token, generation, ttl int64, holderValue []byte, checkpoint *etcd.KV) *Lease {
+	token, generation, ttl int64, holderValue []byte, checkpoint *etcd.KV, slots []SlotGrant) *Lease {
 	l := &Lease{store: store, session: s, Job: job, keys: keys, Owner: owner, ClaimID: claimID, Token: token,
-		Generation: generation, TTL: ttl, holderValue: holderValue, done: make(chan struct{}), checkpointKV: checkpoint}
+		Generation: generation, TTL: ttl, holderValue: holderValue, done: make(chan struct{}), checkpointKV: checkpoint,
+		Slots: slots}
+	for _, g := range slots {
+		l.slotKeys = append(l.slotKeys, g.keys...)
+	}
 	s.SetCheck(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -294,7 +302,7 @@ func (l *Lease) Complete(ctx context.Context, result any) (Result, error) {
 	}
 	for range 3 {
 		ops := []etcd.Op{etcd.Put(l.keys.Result(), value, 0)}
-		for _, k := range l.keys.completionDeletes() {
+		for _, k := range append(l.keys.completionDeletes(), l.slotKeys...) {
 			ops = append(ops, etcd.Delete(k))
 		}
 		r, err := l.store.Txn(ctx, l.ours(), ops,
@@ -343,8 +351,11 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	}
 	for range 3 {
-		r, err := l.store.Txn(ctx, l.ours(), []etcd.Op{etcd.Delete(l.keys.Holder())},
-			[]etcd.Op{etcd.Get(l.keys.Holder()), etcd.Get(l.keys.Result())})
+		ops := []etcd.Op{etcd.Delete(l.keys.Holder())}
+		for _, k := range l.slotKeys {
+			ops = append(ops, etcd.Delete(k))
+		}
+		r, err := l.store.Txn(ctx, l.ours(), ops, []etcd.Op{etcd.Get(l.keys.Holder()), etcd.Get(l.keys.Result())})
 		if errs.Is(err, errs.KindOutcomeUnknown) {
 			slog.Info(fmt.Sprintf("release of %s has an unknown outcome; reading back", l.Job))
 			back, err := l.readBack(ctx, "release")

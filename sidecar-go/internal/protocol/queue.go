@@ -102,18 +102,13 @@ func (c *Client) claimItem(ctx context.Context, item ItemRef, owner string, pend
 	job := itemJob(item)
 	refresh := false
 	var revoked []string
-	for range 6 {
+	for range 16 { // slot races are planned again here (picks are random)
 		specRev, spec, readRev, err := c.queueSpec(ctx, item.Queue, refresh)
 		if err != nil {
 			return nil, err
 		}
 		if spec.Suspend {
 			return nil, errs.Suspended(item.Queue.String(), readRev)
-		}
-		if spec.Semaphores > 0 {
-			return nil, errs.Invalid(fmt.Sprintf("queue %s takes semaphore slots (its spec names %d "+
-				"semaphores), which this sidecar does not take yet; claim its items with the Python "+
-				"library or joblease queue run (docs/semaphores.md)", item.Queue, spec.Semaphores))
 		}
 		if pending == nil || refresh {
 			if pending, err = c.pendingOf(ctx, item, keys); err != nil {
@@ -125,11 +120,21 @@ func (c *Client) claimItem(ctx context.Context, item ItemRef, owner string, pend
 			return nil, err
 		}
 		jobSpec := spec.jobSpec(rec.AttemptsFrom)
+		// A queue's claimers take no place in line (joblease.queue): a full
+		// semaphore is waited on with a watch (WaitForSlots) by the caller.
+		plan, err := c.planFor(ctx, job.String(), item.Queue.Namespace, spec.Semaphores, nil)
+		if err != nil {
+			if refresh || !errs.Is(err, errs.KindFull, errs.KindInvalid, errs.KindNotRegistered) {
+				return nil, err
+			}
+			refresh = true // planned from a cached spec: make sure it is current
+			continue
+		}
 		s, err := c.sessionFor(ctx, spec.LeaseDurationSeconds)
 		if err != nil {
 			return nil, err
 		}
-		lease, _, err := c.claimOn(ctx, job, keys, owner, specRev, jobSpec, s, &revoked, pending.ModRevision)
+		lease, _, err := c.claimOn(ctx, job, keys, owner, specRev, jobSpec, s, &revoked, pending.ModRevision, plan)
 		if errs.Is(err, errs.KindExhausted) {
 			c.markFailed(ctx, keys, pending)
 			return nil, err

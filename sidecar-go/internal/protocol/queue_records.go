@@ -18,14 +18,18 @@ type QueueSpec struct {
 	MaxAttempts          int64 // 0: unlimited
 	Suspend              bool
 	Shards               int64 // items "0".."Shards-1" exist from creation
-	// Semaphores is how many semaphores the spec names: refused like a job's (Spec.Semaphores).
-	Semaphores int
+	// Semaphores every item's claim takes slots of (as Spec.Semaphores).
+	Semaphores []SemaphoreUse
 }
 
 // Encode is QueueSpec.encode.
 func (q QueueSpec) Encode() ([]byte, error) {
-	return pyjson.Sorted(pyjson.Obj{{Key: "leaseDurationSeconds", Value: q.LeaseDurationSeconds},
-		{Key: "maxAttempts", Value: q.MaxAttempts}, {Key: "shards", Value: q.Shards}, {Key: "suspend", Value: q.Suspend}})
+	obj := pyjson.Obj{{Key: "leaseDurationSeconds", Value: q.LeaseDurationSeconds},
+		{Key: "maxAttempts", Value: q.MaxAttempts}, {Key: "shards", Value: q.Shards}, {Key: "suspend", Value: q.Suspend}}
+	if len(q.Semaphores) > 0 {
+		obj = append(obj, pyjson.KV{Key: "semaphores", Value: usesJSON(q.Semaphores)})
+	}
+	return pyjson.Sorted(obj)
 }
 
 // DecodeQueueSpec is QueueSpec.decode: absent maxAttempts, suspend and shards are 0, false, 0.
@@ -55,21 +59,15 @@ func DecodeQueueSpec(data []byte) (QueueSpec, error) {
 			return q, err
 		}
 	}
-	if u, ok := obj["semaphores"]; ok && truthy(u) {
-		list, ok := u.([]any)
-		if !ok {
-			return q, errs.Corrupt("queue", "TypeError: 'semaphores' must be a list")
-		}
-		q.Semaphores = len(list)
-	}
-	return q, nil
+	q.Semaphores, err = decodeUses("queue", obj)
+	return q, err
 }
 
 // jobSpec is the spec a claim of an item uses, as a job's: the attempts of
 // the item's current round are counted from attemptsFrom (a retried item
 // gets maxAttempts new claims; its generation keeps increasing).
 func (q QueueSpec) jobSpec(attemptsFrom int64) Spec {
-	s := Spec{LeaseDurationSeconds: q.LeaseDurationSeconds}
+	s := Spec{LeaseDurationSeconds: q.LeaseDurationSeconds, Semaphores: q.Semaphores}
 	if q.MaxAttempts > 0 {
 		s.MaxAttempts = attemptsFrom + q.MaxAttempts
 	}

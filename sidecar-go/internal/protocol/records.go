@@ -20,10 +20,10 @@ type Spec struct {
 	LeaseDurationSeconds int64
 	MaxAttempts          int64 // 0: unlimited
 	Parameters           map[string]any
-	// Semaphores is how many semaphores the spec names (docs/semaphores.md).
-	// This sidecar does not take semaphore slots yet, so it refuses to claim
-	// such a job rather than claim it without its slots (past the limit).
-	Semaphores int
+	// Semaphores every claim takes slots of, in the claim's transaction
+	// (docs/semaphores.md); written only when there are some, so a spec
+	// without them has the bytes it always had.
+	Semaphores []SemaphoreUse
 }
 
 // EncodeSpec is JobSpec.encode.
@@ -32,8 +32,12 @@ func EncodeSpec(s Spec) ([]byte, error) {
 	if params == nil {
 		params = map[string]any{}
 	}
-	return pyjson.Sorted(pyjson.Obj{{Key: "leaseDurationSeconds", Value: s.LeaseDurationSeconds},
-		{Key: "maxAttempts", Value: s.MaxAttempts}, {Key: "parameters", Value: params}})
+	obj := pyjson.Obj{{Key: "leaseDurationSeconds", Value: s.LeaseDurationSeconds},
+		{Key: "maxAttempts", Value: s.MaxAttempts}, {Key: "parameters", Value: params}}
+	if len(s.Semaphores) > 0 {
+		obj = append(obj, pyjson.KV{Key: "semaphores", Value: usesJSON(s.Semaphores)})
+	}
+	return pyjson.Sorted(obj)
 }
 
 // DecodeSpec is JobSpec.decode (a missing maxAttempts means unlimited).
@@ -60,13 +64,9 @@ func DecodeSpec(data []byte) (Spec, error) {
 		}
 		params = m
 	}
-	semaphores := 0
-	if u, ok := obj["semaphores"]; ok && truthy(u) {
-		list, ok := u.([]any)
-		if !ok {
-			return Spec{}, errs.Corrupt("spec", "TypeError: 'semaphores' must be a list")
-		}
-		semaphores = len(list)
+	semaphores, err := decodeUses("spec", obj)
+	if err != nil {
+		return Spec{}, err
 	}
 	return Spec{LeaseDurationSeconds: ttl, MaxAttempts: max, Parameters: params,
 		Semaphores: semaphores}, nil

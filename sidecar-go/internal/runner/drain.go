@@ -74,6 +74,11 @@ func (r *Runner) claimNext() (*protocol.Lease, int) {
 			e = errs.Generic(err.Error())
 		}
 		switch e.Kind {
+		case errs.KindFull:
+			if r.waitForSlot(e) {
+				attempt = -1
+				continue
+			}
 		case errs.KindSuspended:
 			r.log.Info("queue suspended; waiting for it to be resumed", "queue", queue.String())
 			if r.waitingFor(e.Revision, func(ctx context.Context) (bool, error) {
@@ -105,9 +110,10 @@ func (r *Runner) claimNext() (*protocol.Lease, int) {
 // "waiting for an item"), ended at once by a stop; true if it woke for a change.
 func (r *Runner) waitingFor(revision int64, wait func(context.Context) (bool, error)) bool {
 	r.mu.Lock()
-	if r.phase != Waiting {
+	if r.phase != Waiting || r.full != nil {
 		r.log.Info("waiting for an item", "queue", r.cfg.Queue.String(), "revision", revision)
 	}
+	r.full = nil
 	r.setPhase(Waiting)
 	r.mu.Unlock()
 	ctx, cancel := r.stopCtx()

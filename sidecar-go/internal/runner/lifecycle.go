@@ -23,7 +23,13 @@ func (r *Runner) name() string {
 func (r *Runner) claimOnce() (*protocol.Lease, error) {
 	switch {
 	case r.cfg.Queue == nil:
-		return r.client.Claim(r.ctx, r.cfg.Job, r.cfg.Owner)
+		if r.ticket != nil && !r.ticket.Alive() {
+			// Its waiter keys expire with its session: a claim with it could
+			// pass for first in line, or never pass its compares at all.
+			r.log.Warn("lost its place in line for a semaphore slot", "job", r.name())
+			r.leaveLine()
+		}
+		return r.client.ClaimInLine(r.ctx, r.cfg.Job, r.cfg.Owner, r.ticket)
 	case r.cfg.ItemCreate:
 		return r.client.ClaimOrCreateItem(r.ctx, *r.item, r.cfg.Owner)
 	}
@@ -46,6 +52,7 @@ const suspendedWait = time.Minute
 // job or item is already completed; the phase is then completed or failed),
 // or 0 when stopped while claiming.
 func (r *Runner) claim() (*protocol.Lease, int) {
+	defer r.leaveLine()
 	cfg := r.cfg
 	registrationDeadline := time.Now().Add(time.Duration(cfg.RegistrationWait * float64(time.Second)))
 	for attempt := 0; !r.stopping(); attempt++ {
@@ -121,6 +128,11 @@ func (r *Runner) claim() (*protocol.Lease, int) {
 				r.sleepOrStop(time.Duration(cfg.Backoff.Initial / 2 * rand.Float64() * float64(time.Second)))
 			}
 			continue
+		case errs.KindFull:
+			if r.waitForSlot(e) {
+				attempt = -1
+				continue
+			}
 		case errs.KindUnavailable, errs.KindOutcomeUnknown, errs.KindClaimOutcomeUnknown:
 			r.log.Warn("etcd unavailable; retrying", "reason", e.Message)
 		case errs.KindLost:
@@ -148,6 +160,8 @@ func (r *Runner) what() string {
 func (r *Runner) notRegisteredMessage(e *errs.Error) string {
 	wait := pyG(r.cfg.RegistrationWait)
 	switch {
+	case hasDetail(e, "semaphore"):
+		return fmt.Sprintf("%s (waited %s s): is there a JobSemaphore of that name in this namespace?", e.Message, wait)
 	case r.cfg.Queue == nil:
 		return fmt.Sprintf("job %s is not registered (waited %s s): is there a JobLease of that name in this namespace?",
 			r.cfg.Job, wait)

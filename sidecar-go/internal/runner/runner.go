@@ -100,6 +100,10 @@ type Runner struct {
 	item    *protocol.ItemRef
 	drained bool
 	last    *endedItem
+	// Semaphores (slots.go): full is the refusal a claim waits on in phase
+	// "waiting" (nil: waiting for an item); ticket is a job sidecar's place in line.
+	full   *errs.Error
+	ticket *protocol.Ticket
 
 	opMu     sync.Mutex // one API operation at a time (the Python _op_lock)
 	stop     chan struct{}
@@ -232,8 +236,12 @@ func tokenInfo(lease *protocol.Lease) pyjson.Obj {
 	} else {
 		head = append(head, pyjson.KV{Key: "name", Value: lease.Job.Name})
 	}
-	return append(head, pyjson.KV{Key: "owner", Value: lease.Owner}, pyjson.KV{Key: "token", Value: lease.Token},
+	info := append(head, pyjson.KV{Key: "owner", Value: lease.Owner}, pyjson.KV{Key: "token", Value: lease.Token},
 		pyjson.KV{Key: "generation", Value: lease.Generation}, pyjson.KV{Key: "ttl", Value: lease.TTL})
+	if len(lease.Slots) > 0 {
+		info = append(info, pyjson.KV{Key: "semaphores", Value: slotsJSON(lease)})
+	}
+	return info
 }
 
 // nameLocked is what the sidecar works on now, for logs: the job, or the
@@ -713,9 +721,15 @@ func (r *Runner) LeaseView() Outcome {
 		if lease.Item != nil {
 			held = append(held, pyjson.KV{Key: "payload", Value: lease.Payload})
 		}
+		if len(lease.Slots) > 0 {
+			held = append(held, pyjson.KV{Key: "semaphores", Value: slotsJSON(lease)})
+		}
 		return answer(Done, held)
 	case phase == Claiming:
 		return answer(NotYet, base)
+	case phase == Waiting && r.full != nil:
+		return answer(NotYet, with(nil, pyjson.KV{Key: "message", Value: "waiting for a slot: " + r.full.Message},
+			pyjson.KV{Key: "semaphore", Value: detail(r.full, "semaphore")}))
 	case phase == Waiting:
 		return answer(NotYet, with(nil, pyjson.KV{Key: "message", Value: "waiting for an item: none of queue " +
 			r.cfg.Queue.String() + " is claimable now"}))
