@@ -788,6 +788,31 @@ def queue_get(queue: str, namespace: str | None, output: str, **kw: Any) -> None
     emit(run(go()), output, rows, QUEUE_HEADERS)
 
 
+@queue.command("list")
+@click.option("-n", "--namespace", default=None,
+              help=f"The namespace [{NAMESPACE_VARIABLE}; default: {DEFAULT_NAMESPACE}].")
+@etcd_options
+@output_option
+def queue_list(namespace: str | None, output: str, **kw: Any) -> None:
+    """The queues of a namespace with their counts (each read at one revision)."""
+    config = split_etcd(kw)
+    ns = namespace or read_str(os.environ, NAMESPACE_VARIABLE) or DEFAULT_NAMESPACE
+
+    async def go() -> list[dict[str, Any]]:
+        async with JobLeaseClient(config) as c:
+            queues = Queues(c)
+            return [{"queue": str(q), **(await queues.counts(q)).to_dict()}
+                    for q in await queues.queues_of(ns)]
+
+    def rows(qs: list[dict[str, Any]]) -> Iterable[list[Any]]:
+        for d in qs:
+            age = d["oldestPendingAgeSeconds"]
+            yield [d["queue"], d["total"], d["pending"], d["held"], d["completed"],
+                   d["failed"], "-" if age is None else f"{age:.0f}s"]
+
+    emit(run(go()), output, rows, QUEUE_HEADERS)
+
+
 @click.command("items")
 @queue_argument
 @click.option("--phase", type=click.Choice([p.value for p in ItemPhase]), default=None,

@@ -53,7 +53,17 @@ from joblease.records import (
     ResultRecord,
 )
 from joblease.slots import check_uses, semaphore_refs
-from joblease.store import Compare, Delete, Get, KeyValue, Put, Txn, TxnResult, describe
+from joblease.store import (
+    Compare,
+    Delete,
+    Get,
+    KeyValue,
+    Put,
+    Txn,
+    TxnResult,
+    describe,
+    prefix_end,
+)
 
 #: Candidates a claimer picks from at random, among the oldest claimable items.
 PICK_FROM = 16
@@ -205,6 +215,27 @@ class Queues:
     async def _read(self, reads: list[Get]) -> TxnResult:
         """``reads`` at one revision (a read-only transaction), retried while etcd is away."""
         return await self.client._retry_read(lambda: self.store.txn([], reads))
+
+    async def queues_of(self, namespace: str) -> list[QueueRef]:
+        """The queues of ``namespace`` (their specs: one key each, read in pages,
+        never their items)."""
+        validation.job_ref(JobRef(namespace, "x"))
+        prefix = self.client.keys.queues_prefix(namespace)
+        end = prefix_end(prefix)
+        found: list[QueueRef] = []
+        cursor = prefix
+        while cursor < end:
+            # <prefix><queue>/spec sorts before the queue's other keys ("items/",
+            # "pending/", ...): read one key, then jump past that queue's subtree
+            _, kvs = await self.store.get(cursor, end=end, limit=1, keys_only=True)
+            if not kvs:
+                break
+            name = kvs[0].key[len(prefix):].split(b"/", 1)[0]
+            _, spec = await self.store.get(prefix + name + b"/spec", keys_only=True)
+            if spec:
+                found.append(QueueRef(namespace, name.decode()))
+            cursor = prefix_end(prefix + name + b"/")
+        return found
 
     # -- the queue itself ------------------------------------------------------------------
 

@@ -177,3 +177,15 @@ def test_run_hands_the_command_its_slot_tokens(etcd_config: EtcdConfig) -> None:
     assert slots[0]["token"] == token and slots[0]["slots"][0] in (0, 1)
     holders = as_json(jl(etcd_config, "semaphore", "get", "db", "-o", "json"))
     assert holders["live"] == 0  # the completion freed the slot
+
+
+def test_queue_list_shows_each_queue_of_a_namespace_once(etcd_config: EtcdConfig) -> None:
+    for name in ("b-files", "a-shards"):
+        jl(etcd_config, "queue", "create", name, "-n", "team", "--ttl", LONG_TTL)
+    jl(etcd_config, "queue", "create", "elsewhere", "--ttl", LONG_TTL)
+    jl(etcd_config, "queue", "enqueue", "team/b-files", "--item", "x", "--item", "y")
+    jl(etcd_config, "register", "a-job", "-n", "team", "--ttl", LONG_TTL)
+    listed = as_json(jl(etcd_config, "queue", "list", "-n", "team", "-o", "json"))
+    assert [(q["queue"], q["total"]) for q in listed] == [("team/a-shards", 0),
+                                                         ("team/b-files", 2)]
+    assert as_json(jl(etcd_config, "queue", "list", "-n", "empty", "-o", "json")) == []
