@@ -102,13 +102,16 @@ class SemChaosRunner(ChaosRunner):
         self.limit_at = 0.0
         self.limit_n = 0
         self.sems: Semaphores | None = None
+        self.granted: set[int] = set()  # slot indexes of etcd's history (read in _judge)
 
     def _worker_args(self) -> list[str]:
         return ["--claim-wait", str(self.scfg.claim_wait)]
 
     def _fenced_names(self) -> list[str]:
-        return self.jobs + [slot_resource(str(SEMAPHORE), i)
-                            for i in range(max(self.scfg.limits))]
+        # every slot etcd ever granted, not only those below the limits: a grant
+        # above the limit (a broken claim) must not look like lost writes
+        indexes = set(range(max(self.scfg.limits))) | self.granted
+        return self.jobs + [slot_resource(str(SEMAPHORE), i) for i in sorted(indexes)]
 
     async def _begin(self, client: JobLeaseClient) -> None:
         self.start_revision, _ = await _retry(lambda: client.store.get(b"\0"))
@@ -177,9 +180,10 @@ class SemChaosRunner(ChaosRunner):
                      ) -> tuple[list[history.Op], dict[str, list[checker.Entry]],
                                 list[checker.Violation]]:
         assert isinstance(report, SemReport)
+        events = await self._slot_history(client)  # first: _destinations reads its slots
+        self.granted = {e.index for e in events if e.kind == "put"}
         ops, destinations, violations = await super()._judge(client, report, stopped)
         final = await self._final(client)
-        events = await self._slot_history(client)
         keys = client.keys.semaphore(SEMAPHORE)
         _, kvs = await _retry(lambda: client.store.get(keys.slots, prefix=True))
         live_at_end = {keys.slot_index(kv.key): SlotRecord.decode(kv.value).holder

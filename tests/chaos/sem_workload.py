@@ -18,8 +18,8 @@ A slot effect goes through the same ``Effects`` as a job's, with the slot
 resource in the place of the job and generation 1 (``SLOT_GENERATION``: a slot
 has no generation of its own -- its grants are ordered by their tokens, which
 the semaphore checker judges against etcd's own history of the slot keys --
-and idempotency keys need one >= 1; the token makes each grant's keys its own). A lost claim's rogue effects go
-to its slots too.
+and idempotency keys need one >= 1; the token makes each grant's keys its own).
+A lost claim's rogue effects go to its slots too.
 
 History records (tests/chaos/history.py): a claim's ``ok`` outcome carries
 ``extra.slots``, the grants as ``SlotGrant.to_dict()`` (semaphore, slot
@@ -38,7 +38,6 @@ from joblease import AlreadyCompletedError, HeldError, JobLeaseClient, JobLeaseE
 from joblease.errors import LeaseLostError, StoreUnavailableError
 from joblease.lease import Lease
 from tests.chaos.workload import Worker, etcd_config, parser
-
 
 #: The generation slot effects carry (see the module's docstring).
 SLOT_GENERATION = 1
