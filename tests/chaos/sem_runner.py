@@ -82,7 +82,8 @@ class SemReport(Report):
         lines = super().summary().splitlines()
         at = next(i for i, line in enumerate(lines) if line.startswith("  jobs:"))
         lines[at + 1:at + 1] = [
-            f"  semaphore {self.semaphore}: limits {self.limits_set}, {self.slot_grants} "
+            f"  semaphore {self.semaphore}: limits {sorted(set(self.limits_set))} (set "
+            f"{len(self.limits_set)} times), {self.slot_grants} "
             f"slot grants ({', '.join(f'{k}={v}' for k, v in self.grants_per_slot.items())}), "
             f"max live slots at one revision {self.max_live_slots}",
             f"  slot effects accepted: {self.slot_effects}; claims refused full (no slot "
