@@ -41,8 +41,8 @@ from tests.chaos.nemesis import FAULT_TYPES
 from tests.chaos.runner import NAMESPACE, ChaosConfig, ChaosRunner, Report, _retry
 from tests.chaos.sem_workload import slot_resource
 
-#: The nemesis's faults that have a target here (no sidecar pairs: the Go sidecar
-#: refuses jobs that name semaphores; no operator faults: no operator runs).
+#: The nemesis's faults that have a target here (no sidecar pairs yet, see
+#: sem_workload.py; no operator faults: no operator runs).
 SEM_FAULT_TYPES = tuple(t for t in FAULT_TYPES if "sidecar" not in t)
 SEMAPHORE = SemaphoreRef(NAMESPACE, "db")
 #: Put under ``S/`` once the workers stopped: the end of the history the runner reads.
@@ -51,7 +51,7 @@ END_MARKER = b"~chaos-history-end"
 
 @dataclass
 class SemChaosConfig(ChaosConfig):
-    sidecar_pairs: int = 0            # the Go sidecar takes no slots yet (docs/semaphores.md)
+    sidecar_pairs: int = 0            # no pairs in this workload yet (sem_workload.py)
     fault_types: tuple[str, ...] = SEM_FAULT_TYPES
     open_jobs: int = 6                # more than the limit: claims wait in line
     step_delay: float = 0.3           # two effects per step (the slot's, the job's)
@@ -62,8 +62,8 @@ class SemChaosConfig(ChaosConfig):
 
     def __post_init__(self) -> None:
         if self.sidecar_pairs:
-            raise ValueError("semaphore runs have no sidecar pairs: the Go sidecar refuses "
-                             "jobs whose specs name semaphores")
+            raise ValueError("semaphore runs have no sidecar pairs yet "
+                             "(tests/chaos/sem_workload.py)")
         if not self.limits or any(not 1 <= k <= 100 for k in self.limits):
             raise ValueError(f"limits {self.limits}: each 1..100")
 
