@@ -721,10 +721,15 @@ class ChaosRunner:
                                                      owner)
         return out
 
+    def _fenced_names(self) -> list[str]:
+        """The resources the ledger and the /direct gates are read for (one per job;
+        the semaphore workload adds its slots')."""
+        return self.jobs
+
     async def _destinations(self, client: JobLeaseClient) -> dict[str, list[checker.Entry]]:
         out: dict[str, list[checker.Entry]] = defaultdict(list)
         async with httpx.AsyncClient(base_url=self.ledger.url, timeout=10) as http:
-            for job in self.jobs:
+            for job in self._fenced_names():
                 r = await http.get(f"/resources/{ledger_name(job)}")
                 r.raise_for_status()
                 res = f"http/ledger/{ledger_name(job)}"

@@ -17,6 +17,14 @@ from tests.chaos.checker import (
 )
 from tests.chaos.history import History, Op, merge
 from tests.chaos.queue_checker import FinalItem, check_queue, failures
+from tests.chaos.sem_checker import (
+    SlotEvent,
+    check_limit,
+    check_nothing_lost,
+    check_semaphore,
+    check_slot_fences,
+    max_live,
+)
 
 J = "chaos/j1"
 
@@ -504,3 +512,130 @@ def test_item_claim_tokens_not_increasing() -> None:
     v = check_q(h, final, dest)
     assert "item-token-order" in kinds(v)
     assert any("generation 3 has token 14" in x.message for x in v)
+
+
+# -- the semaphore workload (tests/chaos/sem_checker.py) ------------------------------------
+
+SEM = "chaos/db"
+S0 = f"sqlite/semaphore/{SEM}/slot/0"          # a destination's slot resources
+S0_LEDGER = f"http/ledger/semaphore-{SEM.replace('/', '-')}-slot-0"
+JA, JB, JC = "chaos/j1", "chaos/j2", "chaos/j3"
+
+
+def sem_claim(h: H, p: str, job: str, token: int, slot: int, gen: int = 1) -> str:
+    return h._op(p, "claim", "ok", job=job, token=token, generation=gen,
+                 extra={"owner": p, "slots": [{"semaphore": SEM, "slots": [slot],
+                                               "token": token}]})
+
+
+def put(rev: int, index: int, holder: str, owner: str, create: int | None = None) -> SlotEvent:
+    return SlotEvent(rev, "put", index, rev if create is None else create, holder, owner)
+
+
+def good_semaphore() -> tuple[H, list[SlotEvent], dict[str, list[Entry]],
+                              dict[str, FinalJob]]:
+    """Limit 2: A and B take slots 0 and 1; A pauses past its TTL, its lease (and
+    slot 0) expires, C gets slot 0; A's late write under slot 0's old token is
+    refused; everyone completes."""
+    h = H()
+    sem_claim(h, "a", JA, 10, 0)
+    sem_claim(h, "b", JB, 11, 1)
+    h.write("b", 11, 1, "s1", resource=f"sqlite/semaphore/{SEM}/slot/1",
+            job=f"semaphore/{SEM}/slot/1")
+    h.write("a", 10, 1, "s0a", resource=S0, job=f"semaphore/{SEM}/slot/0")
+    sem_claim(h, "c", JC, 15, 0)
+    h.write("c", 15, 1, "s0c", resource=S0, job=f"semaphore/{SEM}/slot/0")
+    h.write("a", 10, 1, "s0a2", phase="fail", reason="stale", resource=S0,
+            job=f"semaphore/{SEM}/slot/0")
+    events = [SlotEvent(5, "limit", limit=2), put(10, 0, JA, "a"), put(11, 1, JB, "b"),
+              SlotEvent(14, "delete", 0), put(15, 0, JC, "c"), SlotEvent(20, "delete", 1),
+              SlotEvent(21, "delete", 0)]
+    dest = {S0: [Entry(1, 10, "s0a"), Entry(2, 15, "s0c")],
+            S0_LEDGER: [Entry(1, 10, "l0a"), Entry(2, 15, "l0c")],
+            f"sqlite/semaphore/{SEM}/slot/1": [Entry(1, 11, "s1")]}
+    final = {j: FinalJob(1, t, 1) for j, t in ((JA, 30), (JB, 31), (JC, 32))}
+    return h, events, dest, final
+
+
+def check_s(h: H, events: list[SlotEvent], dest: dict[str, list[Entry]],
+            final: dict[str, FinalJob], live_at_end: dict[int, str | None] | None = None
+            ) -> list[Any]:
+    return check_semaphore(h.ops, semaphore=SEM, events=events, jobs=[JA, JB, JC],
+                           final=final, live_at_end=live_at_end or {}, destinations=dest)
+
+
+def test_good_semaphore_history_has_no_violations() -> None:
+    h, events, dest, final = good_semaphore()
+    assert check_s(h, events, dest, final) == []
+    assert max_live(events) == 2
+
+
+def test_more_slots_live_than_the_limit() -> None:
+    h, events, dest, final = good_semaphore()
+    events.insert(3, put(12, 2, JC, "c"))  # a third slot while 0 and 1 are live
+    v = check_s(h, events, dest, final)
+    assert kinds(v) >= {"slots-over-limit", "slot-above-limit"}
+    assert any("left 3 slots live" in x.message for x in v)
+
+
+def test_a_lowered_limit_excuses_earlier_grants_but_not_later_ones() -> None:
+    """Limit 3, three slots granted, the limit lowered to 2: nobody is revoked (no
+    violation while the three drain); a grant while two are still live is one."""
+    lowered = [SlotEvent(5, "limit", limit=3), put(10, 0, JA, "a"), put(11, 1, JB, "b"),
+               put(12, 2, JC, "c"), SlotEvent(13, "limit", limit=2)]
+    drained = [SlotEvent(14, "delete", 2), SlotEvent(15, "delete", 0), put(16, 0, JA, "a2")]
+    assert check_limit(lowered + drained, SEM) == []  # 2 live after the grant: at the limit
+    early = [SlotEvent(14, "delete", 0), put(15, 0, JA, "a2")]  # slots 1 and 2 still live
+    v = check_limit(lowered + early, SEM)
+    assert kinds(v) == {"slots-over-limit"} and "limit at that revision is 2" in v[0].message
+
+
+def test_slot_tokens_of_successive_grants_must_increase() -> None:
+    h, events, dest, final = good_semaphore()
+    # C's claim put slot 0 over A's live slot key (no delete between): the same
+    # create revision, two holders of one slot
+    events = [e for e in events if not (e.kind == "delete" and e.revision == 14)]
+    events = [put(15, 0, JC, "c", create=10) if e.revision == 15 else e for e in events]
+    v = check_s(h, events, dest, final)
+    assert "slot-token-order" in kinds(v)
+    assert any("token 10, not above the previous grant's 10" in x.message for x in v)
+
+
+def test_a_worker_handed_a_slot_token_etcd_never_granted() -> None:
+    h, events, dest, final = good_semaphore()
+    sem_claim(h, "d", JC, 16, 0, gen=2)  # etcd's grant of slot 0 to j3 has token 15
+    v = [x for x in check_s(h, events, dest, final) if x.kind.startswith("slot")]
+    assert kinds(v) == {"slot-grant-unknown"} and "token 16" in v[0].message
+
+
+def test_a_destination_accepting_a_superseded_slot_token() -> None:
+    h, events, dest, final = good_semaphore()
+    dest[S0].append(Entry(3, 10, "s0a2"))  # A's late write accepted after C's
+    dest[S0_LEDGER].append(Entry(3, 10, "l0a2"))
+    v = check_s(h, events, dest, final)
+    assert kinds(v) == {"slot-token-backwards", "slot-superseded-effect"}
+    assert {x.resource for x in v} == {S0, S0_LEDGER}
+
+
+def test_superseded_slot_grant_seen_by_etcd_order_not_tokens() -> None:
+    """Slot 0's grants in etcd's order have tokens 20 then 12 (wrong, so the token
+    rule at the destination cannot see it): the effect of grant #1 accepted after
+    grant #2's is superseded; a token etcd never granted is foreign."""
+    h, _, dest, final = good_semaphore()
+    events = [SlotEvent(5, "limit", limit=2), put(20, 0, JA, "a"),
+              SlotEvent(21, "delete", 0), put(22, 0, JC, "c", create=12),
+              SlotEvent(23, "delete", 0)]
+    dest = {S0: [Entry(1, 12, "k2"), Entry(2, 20, "k1"), Entry(3, 21, "k3")]}
+    v = check_slot_fences(dest, events, SEM)
+    assert kinds(v) == {"slot-superseded-effect", "slot-foreign-token"}
+    assert "slot-token-order" in kinds(check_s(h, events, dest, final))
+
+
+def test_a_job_not_completed_or_a_slot_left_live() -> None:
+    h, events, dest, final = good_semaphore()
+    assert kinds(check_s(h, events, dest, final, {1: JB})) == {"slot-leaked"}
+    final[JC] = FinalJob(2)  # claimed twice, never completed
+    v = check_s(h, events, dest, final, {1: JB})
+    assert kinds(v) == {"job-not-completed"}  # a leak is judged once all completed
+    del final[JB]
+    assert len(check_nothing_lost([JA, JB, JC], final, {}, SEM)) == 2

@@ -2,7 +2,8 @@
 
 Shared by the library-worker runs (test_chaos.py) and the operator runs
 (test_chaos_operator.py), so both are judged by the same rules; the queue runs
-(test_chaos_queue.py) by ``judge_queue``.
+(test_chaos_queue.py) by ``judge_queue``, the semaphore runs
+(test_chaos_semaphore.py) by ``judge_semaphore``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from tests.chaos.queue_runner import QueueReport
 from tests.chaos.runner import Report
+from tests.chaos.sem_runner import SemReport
 
 
 def run_dir(tmp_path: Path, name: str) -> Path:
@@ -65,6 +67,34 @@ def judge_queue(report: QueueReport) -> None:
     assert ops["claim"]["accepted"] >= report.items_enqueued
     assert ops["write"]["accepted"] > 0 and ops["write"].get("resent", 0) > 0
     assert ops["release"]["accepted"] > 0  # the poison items were given back
+    dests = {"http", "sqlite", "direct-memory", "direct-sqlite", "etcd"}
+    if report.config["pg_dsn"]:
+        dests.add("pg")
+    assert {d for d, n in report.destination_entries.items() if n} >= dests, \
+        report.destination_entries
+
+
+def judge_semaphore(report: SemReport) -> None:
+    """A semaphore run (tests/chaos/sem_runner.py): no violation, every scheduled fault
+    injected, every job completed, slots granted and fenced, the limit changed and
+    never exceeded."""
+    print("\n" + report.summary())
+    print(f"report: {Path(report.run_dir) / 'report.json'}")
+    assert report.violations == [], json.dumps(report.violations[:10], indent=2)
+    scheduled = tuple(report.config["fault_types"])
+    missing = [t for t in (*scheduled, "clock-skew") if not report.faults_by_type.get(t)]
+    assert not missing, f"fault types never injected: {missing}"
+    assert report.unexpected_exits == [], report.unexpected_exits
+    assert report.jobs_completed == report.jobs_registered > 0
+    limits = list(report.config["limits"])
+    assert 0 < report.max_live_slots <= max(limits)
+    assert report.slot_grants >= report.jobs_registered  # one grant per claim at least
+    if len(limits) > 1 and report.config["limit_every"]:
+        assert len(set(report.limits_set)) > 1, report.limits_set  # the limit changed
+    ops = report.operations
+    assert ops["claim"]["accepted"] >= report.jobs_registered
+    assert ops["write"]["accepted"] > 0 and ops["write"].get("resent", 0) > 0
+    assert report.slot_effects > 0
     dests = {"http", "sqlite", "direct-memory", "direct-sqlite", "etcd"}
     if report.config["pg_dsn"]:
         dests.add("pg")

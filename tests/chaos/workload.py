@@ -410,6 +410,14 @@ class Worker:
         inv = self.h.invoke("lost", job=job, token=token, generation=generation)
         self.h.ok(inv, reason=reason[:300])
 
+    async def effect(self, lease: Lease, job: str, step: int, *, checked: bool) -> None:
+        """Effect ``step`` of a claim (tests/chaos/sem_workload.py adds its slots')."""
+        await self.effects.write(job, lease.token, lease.generation, step, checked=checked)
+
+    def rogue_after_loss(self, lease: Lease, job: str) -> None:
+        """A lost claim's late effects, under everything it was fenced by."""
+        self.late_rogue(job, lease.token, lease.generation)
+
     async def _library_job(self, lease: Lease, job: str) -> None:
         lost = False
         for step in range(self.args.effects):
@@ -421,9 +429,9 @@ class Worker:
                 except LeaseLostError:
                     lost = True
                     if self.rng.random() < self.args.rogue:
-                        self.late_rogue(job, lease.token, lease.generation)
+                        self.rogue_after_loss(lease, job)
                     break
-            await self.effects.write(job, lease.token, lease.generation, step, checked=checked)
+            await self.effect(lease, job, step, checked=checked)
         if lost and self.rng.random() >= self.args.complete_anyway:
             with contextlib.suppress(JobLeaseError):
                 await lease.release()  # a well-behaved worker gives up (stale: refused)
