@@ -24,7 +24,7 @@ etcd); a side's figure is its total work over its total time across rounds.
 4. **sidecar** (TODO, see ``bench_sidecar``): items/s through one Go sidecar in
    queue mode. Skipped, with the reason, while the binary has no queue mode.
 
-    python bench/queue.py [--quick] [--json bench/results/queue.json]
+    python bench/queues.py [--quick] [--json bench/results/queue.json]
 """
 
 from __future__ import annotations
