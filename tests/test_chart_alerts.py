@@ -170,9 +170,19 @@ def test_alert_labels_and_lag_threshold_come_from_values(helm: str) -> None:
     assert lag["expr"].rstrip().endswith("> 3")
 
 
+def test_semaphore_saturation_minutes_come_from_values(helm: str) -> None:
+    docs = render(helm, "metrics.prometheusRule.enabled=true",
+                  "metrics.prometheusRule.semaphoreSaturatedMinutes=7")
+    rules = [r for g in only(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    saturated = next(r for r in rules if r["alert"] == "JobSemaphoreSaturated")
+    assert saturated["for"] == "7m"
+    assert "over 7 minutes" in saturated["annotations"]["description"]
+
+
 def test_values_schema_refuses_unknown_keys_under_the_new_values(helm: str) -> None:
     for bad in ("metrics.prometheusRule.enabeld=true", "metrics.grafanaDashboard.nope=1",
-                "metrics.prometheusRule.statusLagSeconds=-1"):
+                "metrics.prometheusRule.statusLagSeconds=-1",
+                "metrics.prometheusRule.semaphoreSaturatedMinutes=0"):
         done = subprocess.run([helm, "template", "t", str(CHART), "--set", bad],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode != 0 and "schema" in done.stderr.lower(), (bad, done.stderr)

@@ -9,16 +9,22 @@ semaphores.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from joblease import validation
 from joblease.client import JobLeaseClient
-from joblease.errors import InvalidInputError, OutcomeUnknownError, SemaphoreNotFoundError
+from joblease.errors import (
+    FencedError,
+    InvalidInputError,
+    OutcomeUnknownError,
+    SemaphoreNotFoundError,
+)
 from joblease.keys import JobRef, SemaphoreKeys, SemaphoreRef
 from joblease.records import SemaphoreSpec, SlotRecord, WaiterRecord
 from joblease.slots import MAX_LIMIT, parse, reads
-from joblease.store import Compare, Delete, Get, Put
+from joblease.store import Compare, Delete, Get, Put, Txn, TxnResult, describe
 
 #: Holders listed in a semaphore's state (its status shows at most this many).
 MAX_HOLDERS_SHOWN = 100
@@ -64,25 +70,45 @@ class Semaphores:
         validation.job_ref(JobRef(ref.namespace, ref.name))
         return self.client.keys.semaphore(ref)
 
-    async def create(self, ref: SemaphoreRef, limit: int) -> int:
+    async def create(self, ref: SemaphoreRef, limit: int, *,
+                     guard: Sequence[Compare] = ()) -> int:
         """Create ``ref`` with ``limit`` slots, or change its limit (idempotent).
 
         Raising the limit lets waiting claims in at once (their watches see
         the change); lowering it revokes nobody: no slot is granted until the
-        live ones are below the new limit and none is above it."""
+        live ones are below the new limit and none is above it.
+
+        ``guard``: extra conditions the write requires, as for
+        :meth:`joblease.queue.Queues.create` (the operator passes its leadership
+        term); if one fails nothing is written and :class:`FencedError` is
+        raised (``written=None`` after an unknown outcome: a first copy may
+        have committed)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
             raise InvalidInputError(f"invalid limit {limit!r}: an integer 1..{MAX_LIMIT}")
         keys = self.keys(ref)
         value = SemaphoreSpec(limit).encode()
+        # Nested under the guard: the write itself uses both branches (compare the
+        # value, put it when it differs), so the guard cannot join its compares.
+        inner = Txn((Compare(keys.spec, "value", "==", value),), (Get(keys.spec),),
+                    (Put(keys.spec, value),))
+        unknown = False
         for attempt in range(5):
             try:
-                r = await self.store.txn([Compare(keys.spec, "value", "==", value)],
-                                         [Get(keys.spec)], [Put(keys.spec, value)])
-                return r.revision
+                if not guard:
+                    r = await self.store.txn(list(inner.compares), list(inner.success),
+                                             list(inner.failure))
+                    return r.revision
+                r = await self.store.txn(guard, [inner], [])
             except OutcomeUnknownError:  # a repeat after a commit is a read
                 if attempt == 4:
                     raise
+                unknown = True
                 await asyncio.sleep(0.1 * 2**attempt)
+                continue
+            if r.succeeded:
+                return r.revision
+            raise FencedError(f"create of semaphore {ref}", describe(guard),
+                              written=None if unknown else False)
         raise AssertionError("unreachable")
 
     async def status(self, ref: SemaphoreRef) -> SemaphoreStatus:
@@ -101,14 +127,35 @@ class Semaphores:
         return SemaphoreStatus(ref, r.revision, state.limit, state.live, holders,
                                len(state.waiters), oldest)
 
-    async def delete(self, ref: SemaphoreRef) -> int:
+    async def delete(self, ref: SemaphoreRef, *, guard: Sequence[Compare] = ()) -> int:
         """Delete the semaphore's spec, slots and waiters. Claims that hold
         slots keep their jobs; claims that need the semaphore are refused
-        (:class:`SemaphoreNotFoundError`) until it exists again."""
+        (:class:`SemaphoreNotFoundError`) until it exists again.
+
+        ``guard``: extra conditions the delete requires (the conditional delete
+        nested in it, as :meth:`joblease.queue.Queues.delete`); if one fails
+        nothing is deleted and :class:`FencedError` is raised."""
         keys = self.keys(ref)
-        _, kvs = await self.store.get(keys.spec)
-        if not kvs:
-            raise SemaphoreNotFoundError(str(ref))
-        r = await self.store.txn([Compare(keys.spec, "create", "==", kvs[0].create_revision)],
-                                 [Delete(keys.prefix, prefix=True)], [])
-        return r.revision
+        unknown = False
+        for _ in range(5):
+            _, kvs = await self.store.get(keys.spec)
+            if not kvs:
+                raise SemaphoreNotFoundError(str(ref))
+            condition = Compare(keys.spec, "create", "==", kvs[0].create_revision)
+            delete = Delete(keys.prefix, prefix=True)
+            try:
+                if guard:
+                    outer = await self.store.txn(guard, [Txn((condition,), (delete,))], [])
+                    if not outer.succeeded:
+                        raise FencedError(f"delete of semaphore {ref}", describe(guard),
+                                          written=None if unknown else False)
+                    nested = outer.nested(0)
+                    r = TxnResult(nested.succeeded, outer.revision, nested.responses)
+                else:
+                    r = await self.store.txn([condition], [delete], [])
+            except OutcomeUnknownError:
+                unknown = True
+                continue  # read again: gone or re-created means done
+            if r.succeeded:
+                return r.revision
+        raise OutcomeUnknownError(f"deleting semaphore {ref} did not settle")

@@ -34,7 +34,8 @@ def crds_installed(control_plane: ControlPlane) -> ControlPlane:
     control_plane.kubectl("apply", "-f", str(CRDS_DIR), check=True)
     control_plane.kubectl(
         "wait", "--for=condition=Established", "crd/jobleases.joblease.io",
-        "crd/jobqueues.joblease.io", "--timeout=60s", check=True,
+        "crd/jobqueues.joblease.io", "crd/jobsemaphores.joblease.io", "--timeout=60s",
+        check=True,
     )
     return control_plane
 

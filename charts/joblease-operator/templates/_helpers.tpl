@@ -96,6 +96,13 @@ RBAC rules on JobLeases, shared by the ClusterRole (scope cluster) and each Role
 - apiGroups: ["joblease.io"]
   resources: ["jobqueues/status"]
   verbs: ["update"]
+# JobSemaphores likewise (finalizer, progress annotations; the status refresher).
+- apiGroups: ["joblease.io"]
+  resources: ["jobsemaphores"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["joblease.io"]
+  resources: ["jobsemaphores/status"]
+  verbs: ["update"]
 # Events: Claimed/Expired/Completed/Failed from the mirror, handler failures from kopf.
 # Both post core/v1 Events; neither uses events.k8s.io.
 - apiGroups: [""]

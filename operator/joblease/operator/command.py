@@ -58,8 +58,9 @@ def _help(text: str, attr: str, default: object) -> str:
                          "0 disables).", "tenant_resync_interval",
                          f"{_DEFAULTS.tenant_resync_interval:g}"))
 @click.option("--queue-interval", type=float,
-              help=_help("Seconds between two reads of each JobQueue's counts from etcd (its "
-                         "metrics and at most one status write).", "queue_interval",
+              help=_help("Seconds between two reads of each JobQueue's counts and each "
+                         "JobSemaphore's state from etcd (their metrics and at most one "
+                         "status write each).", "queue_interval",
                          f"{_DEFAULTS.queue_interval:g}"))
 @click.option("--leader-election/--no-leader-election", default=None,
               help=_help("Elect one active replica through etcd; the others stand by (probes, "

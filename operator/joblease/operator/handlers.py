@@ -16,13 +16,15 @@ import kopf
 
 from joblease.client import JobLeaseClient
 from joblease.errors import FencedError, InvalidInputError, JobLeaseError, StoreUnavailableError
-from joblease.operator import queue_registration, registration
+from joblease.operator import queue_registration, registration, semaphore_registration
 from joblease.operator.election import Leadership
 from joblease.operator.kube import KubeApiError
 from joblease.operator.mirror import Mirror
 from joblease.operator.queue_mirror import QueueMirror
 from joblease.operator.queue_registration import QUEUE_PLURAL, queue_ref
 from joblease.operator.registration import GROUP, PLURAL, VERSION
+from joblease.operator.semaphore_mirror import SemaphoreMirror
+from joblease.operator.semaphore_registration import SEMAPHORE_PLURAL, semaphore_ref
 from joblease.operator.tenants import ForeignSecretError, TenantManager
 from joblease.store import Compare
 
@@ -56,7 +58,8 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
                    login: Callable[[], kopf.ConnectionInfo],
                    tenants: TenantManager | None = None,
                    leadership: Leadership | None = None,
-                   queue_mirror: QueueMirror | None = None) -> kopf.OperatorRegistry:
+                   queue_mirror: QueueMirror | None = None,
+                   semaphore_mirror: SemaphoreMirror | None = None) -> kopf.OperatorRegistry:
     """A fresh kopf registry whose handlers close over this operator's parts.
 
     ``tenants``: per-namespace etcd credentials (``--tenant-credentials``), or None.
@@ -66,6 +69,7 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
     such a refusal (``FencedError``) ends the leadership, so the process steps
     down (``run_operator``: exit 3) instead of retrying.
     ``queue_mirror``: with it, JobQueues are served too (:func:`_queue_handlers`).
+    ``semaphore_mirror``: with it, JobSemaphores are served too (:func:`_semaphore_handlers`).
     """
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
@@ -128,6 +132,8 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
 
     if queue_mirror is not None:
         _queue_handlers(registry, client, queue_mirror, guard, fenced)
+    if semaphore_mirror is not None:
+        _semaphore_handlers(registry, client, semaphore_mirror, guard, fenced)
 
     if tenants is not None:
         manager = tenants
@@ -201,4 +207,57 @@ def _queue_handlers(registry: kopf.OperatorRegistry, client: JobLeaseClient,
         except JobLeaseError:
             pass  # a name no queue can have was never tracked
         logger.info("removed queue %s/%s from etcd (%s)", namespace, name,
+                    "already gone" if revision is None else f"revision {revision}")
+
+
+def _semaphore_handlers(registry: kopf.OperatorRegistry, client: JobLeaseClient,
+                        semaphore_mirror: SemaphoreMirror, guard: Sequence[Compare],
+                        fenced: Callable[[JobLeaseError], None]) -> None:
+    """JobSemaphore create/resume/update -> ``Semaphores.create`` (fenced by the same
+    term as JobLease registration), then a status refresh; delete ->
+    ``Semaphores.delete`` before kopf releases the finalizer."""
+    resource = (GROUP, VERSION, SEMAPHORE_PLURAL)
+
+    async def _register(namespace: str | None, name: str, spec: Any, logger: Any) -> None:
+        try:
+            ref, revision = await semaphore_registration.register(
+                client, namespace, name, dict(spec), guard=guard)
+        except JobLeaseError as exc:
+            fenced(exc)
+            raise _kopf_error(exc, "JobSemaphore") from exc
+        logger.info("semaphore %s in etcd (revision %d)", ref, revision)
+        semaphore_mirror.track(ref)
+
+    @kopf.on.create(*resource, id="register-semaphore", registry=registry)
+    async def semaphore_on_create(namespace: str | None, name: str, spec: Any, logger: Any,
+                                  **_: Any) -> None:
+        await _register(namespace, name, spec, logger)
+
+    @kopf.on.resume(*resource, id="register-semaphore", registry=registry)
+    async def semaphore_on_resume(namespace: str | None, name: str, spec: Any, logger: Any,
+                                  **_: Any) -> None:
+        """After an operator restart: idempotent, writes only if etcd differs."""
+        await _register(namespace, name, spec, logger)
+
+    @kopf.on.update(*resource, id="register-semaphore", field="spec", registry=registry)
+    async def semaphore_on_update(namespace: str | None, name: str, spec: Any, logger: Any,
+                                  **_: Any) -> None:
+        await _register(namespace, name, spec, logger)
+
+    @kopf.on.delete(*resource, id="delete-semaphore", registry=registry)
+    async def semaphore_on_delete(namespace: str | None, name: str, logger: Any,
+                                  **_: Any) -> None:
+        """Remove the semaphore's keys; kopf releases the finalizer only after this succeeds.
+        Claims holding slots keep their jobs (docs/semaphores.md)."""
+        try:
+            revision = await semaphore_registration.unregister(client, namespace, name,
+                                                               guard=guard)
+        except JobLeaseError as exc:
+            fenced(exc)
+            raise _kopf_error(exc, "JobSemaphore") from exc
+        try:
+            semaphore_mirror.untrack(semaphore_ref(namespace, name))
+        except JobLeaseError:
+            pass  # a name no semaphore can have was never tracked
+        logger.info("removed semaphore %s/%s from etcd (%s)", namespace, name,
                     "already gone" if revision is None else f"revision {revision}")

@@ -25,10 +25,11 @@ from typing import Any
 import aiohttp
 import kopf
 
-from joblease.keys import JobRef, QueueRef
+from joblease.keys import JobRef, QueueRef, SemaphoreRef
 from joblease.operator.events import JobEvent
 from joblease.operator.queue_registration import QUEUE_KIND, QUEUE_PLURAL
 from joblease.operator.registration import GROUP, KIND, PLURAL, VERSION
+from joblease.operator.semaphore_registration import SEMAPHORE_KIND, SEMAPHORE_PLURAL
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def login(settings: kopf.OperatorSettings | None = None) -> kopf.ConnectionInfo:
 
 
 class KubeApi:
-    """JobLease and JobQueue reads, status replacement and Event creation."""
+    """JobLease, JobQueue and JobSemaphore reads, status replacement and Event creation."""
 
     def __init__(self, login_fn: Callable[[], kopf.ConnectionInfo], *,
                  timeout: float = 10.0) -> None:
@@ -121,7 +122,8 @@ class KubeApi:
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _path(job: JobRef | QueueRef, subresource: str = "", plural: str = PLURAL) -> str:
+    def _path(job: JobRef | QueueRef | SemaphoreRef, subresource: str = "",
+              plural: str = PLURAL) -> str:
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{job.namespace}/{plural}/{job.name}"
         return path + (f"/{subresource}" if subresource else "")
 
@@ -131,13 +133,16 @@ class KubeApi:
     async def get_queue(self, queue: QueueRef) -> dict[str, Any]:
         return await self._request("GET", self._path(queue, plural=QUEUE_PLURAL))
 
+    async def get_semaphore(self, semaphore: SemaphoreRef) -> dict[str, Any]:
+        return await self._request("GET", self._path(semaphore, plural=SEMAPHORE_PLURAL))
+
     async def replace_status(self, obj: dict[str, Any], status: dict[str, Any]
                              ) -> dict[str, Any]:
         """PUT the status subresource; conditional on ``obj``'s resourceVersion.
-        ``obj`` is a JobLease or a JobQueue (its ``kind`` says which)."""
+        ``obj`` is a JobLease, a JobQueue or a JobSemaphore (its ``kind`` says which)."""
         meta = obj["metadata"]
         kind = obj.get("kind") or KIND
-        plural = QUEUE_PLURAL if kind == QUEUE_KIND else PLURAL
+        plural = {QUEUE_KIND: QUEUE_PLURAL, SEMAPHORE_KIND: SEMAPHORE_PLURAL}.get(kind, PLURAL)
         body = {"apiVersion": obj.get("apiVersion", f"{GROUP}/{VERSION}"), "kind": kind,
                 "metadata": {"name": meta["name"], "namespace": meta["namespace"],
                              "resourceVersion": meta["resourceVersion"]},

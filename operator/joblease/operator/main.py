@@ -59,6 +59,7 @@ from joblease.operator.mirror import Mirror
 from joblease.operator.queue_mirror import DEFAULT_INTERVAL as QUEUE_INTERVAL
 from joblease.operator.queue_mirror import QueueMirror
 from joblease.operator.registration import FINALIZER, GROUP
+from joblease.operator.semaphore_mirror import SemaphoreMirror
 from joblease.operator.status import DEFAULT_RESULT_LIMIT
 from joblease.operator.tenants import (
     DEFAULT_RESYNC_INTERVAL,
@@ -118,7 +119,8 @@ class OperatorConfig:
     client_timeout_margin: int = 30
     result_limit: int = DEFAULT_RESULT_LIMIT
     concurrency: int = 32
-    #: Seconds between two reads of each JobQueue's counts (and its status write).
+    #: Seconds between two reads of each JobQueue's counts and each JobSemaphore's
+    #: state (and at most one status write each).
     queue_interval: float = QUEUE_INTERVAL
     #: Per-namespace etcd users + Secret ``joblease-etcd-credentials`` (operator.tenants).
     tenant_credentials: bool = False
@@ -432,10 +434,14 @@ async def _run_active(config: OperatorConfig, settings: kopf.OperatorSettings,
         await warn_if_auth_disabled(store)
         tasks.append(asyncio.create_task(supervise(tenants), name="joblease-tenants"))
     queue_mirror = QueueMirror(client, kube, metrics, interval=config.queue_interval)
-    registry = build_registry(client, mirror, credentials, tenants, leadership, queue_mirror)
+    # Semaphores on the queues' timer: both are one small read per object per interval.
+    semaphore_mirror = SemaphoreMirror(client, kube, metrics, interval=config.queue_interval)
+    registry = build_registry(client, mirror, credentials, tenants, leadership, queue_mirror,
+                              semaphore_mirror)
     ready_flag, stop_flag = asyncio.Event(), asyncio.Event()
     mirror_task = asyncio.create_task(mirror.run(), name="joblease-mirror")
     tasks.append(asyncio.create_task(queue_mirror.run(), name="joblease-queue-mirror"))
+    tasks.append(asyncio.create_task(semaphore_mirror.run(), name="joblease-semaphore-mirror"))
     kopf_task = asyncio.create_task(kopf.operator(
         registry=registry, settings=settings, standalone=True, identity=identity,
         clusterwide=config.clusterwide, namespaces=list(config.namespaces),

@@ -2,10 +2,11 @@
 
 No JobLease metric has a per-object label (a namespace/name label would grow
 without bound with the number of jobs); per-job detail is in each resource's
-status. The queue gauges are the exception, labelled by namespace and queue: a
-queue is one Kubernetes object holding any number of items, so their series
-grow with the number of JobQueues (a handful per team), never with items, and a
-deleted queue's series are removed.
+status. The queue and semaphore gauges are the exceptions, labelled by
+namespace and queue (semaphore): a queue is one Kubernetes object holding any
+number of items (a semaphore, any number of slots), so their series grow with
+the number of JobQueues and JobSemaphores (a handful per team), never with items
+or slots, and a deleted one's series are removed.
 
 Endpoints (one small aiohttp server): ``/metrics``, ``/healthz`` (the
 process's loops are alive: the etcd watch task has not died) and ``/readyz``
@@ -97,6 +98,26 @@ class OperatorMetrics:
             ["result"], registry=r)
         for result in ("ok", "not_found", "error"):
             self.queue_refreshes.labels(result)
+        # Semaphores the same way: one series per JobSemaphore, never per slot.
+        labels = ["namespace", "semaphore"]
+        self.semaphore_limit = Gauge(
+            "joblease_operator_semaphore_limit",
+            "The semaphore's limit (slots live at once), as last read from etcd.", labels,
+            registry=r)
+        self.semaphore_live = Gauge(
+            "joblease_operator_semaphore_live_slots",
+            "Slots of the semaphore held by live claims, as last read from etcd.", labels,
+            registry=r)
+        self.semaphore_waiters = Gauge(
+            "joblease_operator_semaphore_waiters",
+            "Claims waiting in line for slots of the semaphore, as last read from etcd.",
+            labels, registry=r)
+        self.semaphore_refreshes = Counter(
+            "joblease_operator_semaphore_refreshes_total",
+            "Reads of a semaphore by result: ok, not_found (no semaphore in etcd), error.",
+            ["result"], registry=r)
+        for result in ("ok", "not_found", "error"):
+            self.semaphore_refreshes.labels(result)
         for phase in Phase:
             self.jobs.labels(phase.value).set(0)
         for result in ("applied", "unchanged", "stale", "conflict", "contended", "not_found",
@@ -118,6 +139,20 @@ class OperatorMetrics:
                       self.queue_oldest_pending_age):
             try:
                 gauge.remove(namespace, queue)
+            except KeyError:
+                pass
+
+    def set_semaphore(self, namespace: str, semaphore: str, *, limit: int, live: int,
+                      waiters: int) -> None:
+        self.semaphore_limit.labels(namespace, semaphore).set(limit)
+        self.semaphore_live.labels(namespace, semaphore).set(live)
+        self.semaphore_waiters.labels(namespace, semaphore).set(waiters)
+
+    def forget_semaphore(self, namespace: str, semaphore: str) -> None:
+        """Remove a deleted semaphore's series (they would otherwise stay at their last value)."""
+        for gauge in (self.semaphore_limit, self.semaphore_live, self.semaphore_waiters):
+            try:
+                gauge.remove(namespace, semaphore)
             except KeyError:
                 pass
 
