@@ -169,3 +169,34 @@ async def test_guarded_unregister_with_an_unknown_outcome_reads_back_the_guard(
     else:
         assert refused.value.written is None
         assert not (await client.get(job)).registered
+
+
+async def test_guarded_semaphore_create_and_delete_are_refused_under_a_stale_term(
+        client: JobLeaseClient, store: EtcdStore, etcd_config: EtcdConfig) -> None:
+    """``Semaphores.create``/``delete`` with ``guard=`` (the operator's JobSemaphore
+    handlers): written while the guard holds, refused with nothing written after
+    another term took over."""
+    from joblease.keys import SemaphoreRef
+    from joblease.semaphore import Semaphores
+    sems = Semaphores(client)
+    ref = SemaphoreRef("default", "guarded-sem")
+    spec = sems.keys(ref).spec
+    key = leader_key(etcd_config)
+    old = await elect(store, key, b"a")
+    first = await sems.create(ref, 2, guard=old)
+    await sems.create(ref, 2, guard=old)  # idempotent: a read, no new write
+    assert (await store.get(spec))[1][0].mod_revision == first
+    await sems.create(ref, 3, guard=old)
+    assert (await sems.status(ref)).limit == 3
+    await store.txn([], [Delete(key)])  # the term ends; another begins
+    new = await elect(store, key, b"b")
+    before = (await store.get(spec))[1][0]
+    with pytest.raises(FencedError) as refused:
+        await sems.create(ref, 5, guard=old)
+    assert refused.value.written is False
+    with pytest.raises(FencedError):
+        await sems.delete(ref, guard=old)
+    after = (await store.get(spec))[1][0]
+    assert (after.value, after.mod_revision) == (before.value, before.mod_revision)
+    await sems.delete(ref, guard=new)
+    assert (await store.get(sems.client.keys.semaphore(ref).prefix, prefix=True))[1] == []
