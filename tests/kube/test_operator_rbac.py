@@ -194,6 +194,10 @@ def test_namespaced_operator_cannot_reach_beyond_its_grants(
         ("watch", "jobleases.joblease.io", "-n", namespace),
         ("patch", "jobleases.joblease.io", "-n", namespace),
         ("update", "jobleases.joblease.io", "--subresource=status", "-n", namespace),
+        # JobSemaphores: kopf's handlers (finalizer) and the status refresher
+        ("watch", "jobsemaphores.joblease.io", "-n", namespace),
+        ("patch", "jobsemaphores.joblease.io", "-n", namespace),
+        ("update", "jobsemaphores.joblease.io", "--subresource=status", "-n", namespace),
         ("create", "events", "-n", namespace),
         ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
         # kopf matches its namespace list against the cluster's namespaces
@@ -217,6 +221,9 @@ def test_namespaced_operator_cannot_reach_beyond_its_grants(
         ("list", "jobleases.joblease.io", "--all-namespaces"),
         ("delete", "jobleases.joblease.io", "-n", namespace),
         ("create", "jobleases.joblease.io", "-n", namespace),
+        ("delete", "jobsemaphores.joblease.io", "-n", namespace),
+        ("create", "jobsemaphores.joblease.io", "-n", namespace),
+        ("list", "jobsemaphores.joblease.io", "-n", "default"),  # not a watched namespace
         ("get", f"namespaces/{namespace}"),
         ("delete", "namespaces"),
         ("update", "customresourcedefinitions.apiextensions.k8s.io"),
