@@ -128,9 +128,11 @@ def test_upgrade_keeps_the_certificates_and_the_registrations(release: Release) 
     # the injection webhook's serving certificate too, and its CA stays the caBundle
     assert secret_data(rel, f"{rel.fullname}-webhook-tls") == webhook
     configs = json.loads(rel.kubectl("get", "mutatingwebhookconfigurations", "-o", "json"))
-    (hook,) = [w for c in configs["items"] for w in c["webhooks"]
-               if w["clientConfig"].get("service", {}).get("namespace") == rel.namespace]
-    assert hook["clientConfig"]["caBundle"] == webhook["ca.crt"]
+    # every hook of the release: the pods' (injection) and the Jobs' (CronJob slots)
+    hooks = [w for c in configs["items"] for w in c["webhooks"]
+             if w["clientConfig"].get("service", {}).get("namespace") == rel.namespace]
+    assert sorted(h["name"] for h in hooks) == ["inject.joblease.io", "slots.joblease.io"]
+    assert all(h["clientConfig"]["caBundle"] == webhook["ca.crt"] for h in hooks)
     # the member kept running (its emptyDir, i.e. the job state, is the same)
     assert rel.get("pod", f"{rel.etcd}-0")["metadata"]["uid"] == etcd_pod
     # the new operator talks to etcd with the kept certificates ...

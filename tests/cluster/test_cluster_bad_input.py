@@ -33,6 +33,7 @@ from tests.support.pods import (
     wait_phase,
 )
 from tests.support.release import Release
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
@@ -116,6 +117,15 @@ def test_malformed_or_stale_completion_gets_a_4xx_and_changes_nothing(
     assert held["holderIdentity"] == f"worker/{uid}", held
     before = etcd_state(joblease_release, ns, job)
     assert before is not None and before["holder"]["token"] == token, before
+
+    def worker_running() -> bool:
+        # Claimed is the sidecar's doing; the kubelet starts the worker container only
+        # after the sidecar's startup probe passed, a moment later
+        statuses = ((cluster.pod("worker", ns) or {}).get("status") or {}).get(
+            "containerStatuses") or []
+        return any(c["name"] == "worker" and "running" in (c.get("state") or {})
+                   for c in statuses)
+    wait_until(worker_running, timeout=120, interval=0.5, what="the worker container running")
 
     cases = [  # (body, status, error word)
         ("{not json", 400, "invalid"),
