@@ -367,6 +367,41 @@ class JobLeaseClient:
                     return revision  # what we were asked to delete is gone; a newer one stays
         raise OutcomeUnknownError(f"unregister of {job} could not be confirmed")
 
+    async def delete_registered(self, spec_key: bytes, prefix: bytes, what: str,
+                                missing: Callable[[], JobLeaseError], *,
+                                guard: Sequence[Compare] = ()) -> int:
+        """Delete every key under ``prefix`` in one transaction conditional on
+        ``spec_key``'s create revision as read first (a queue or a semaphore:
+        the one read is removed, never a newer one), under ``guard`` if given (an
+        outer transaction, the conditional delete nested in it, as
+        :meth:`unregister`). Raises ``missing()`` if there is no spec,
+        :class:`FencedError` if the guard fails (``written=None`` after an
+        unknown outcome: a first copy may have committed). An unknown outcome is
+        read again: gone or re-created means done. Returns the revision."""
+        unknown = False
+        for _ in range(5):
+            _, kvs = await self.store.get(spec_key)
+            if not kvs:
+                raise missing()
+            condition = Compare(spec_key, "create", "==", kvs[0].create_revision)
+            delete = Delete(prefix, prefix=True)
+            try:
+                if guard:
+                    outer = await self.store.txn(guard, [Txn((condition,), (delete,))], [])
+                    if not outer.succeeded:
+                        raise FencedError(f"delete of {what}", describe(guard),
+                                          written=None if unknown else False)
+                    nested = outer.nested(0)
+                    r = TxnResult(nested.succeeded, outer.revision, nested.responses)
+                else:
+                    r = await self.store.txn([condition], [delete], [])
+            except OutcomeUnknownError:
+                unknown = True
+                continue
+            if r.succeeded:
+                return r.revision
+        raise OutcomeUnknownError(f"deleting {what} did not settle")
+
     async def _write_idempotent(self, compares: list[Compare], success: list[Any],
                                 failure: list[Any]) -> TxnResult:
         """Re-send a write after an unknown outcome, for writes whose repetition is harmless.

@@ -344,31 +344,12 @@ class Queues:
         committed)."""
         self._check_queue(queue)
         keys = self.keys(queue)
-        unknown = False
-        for _ in range(5):
-            _, kvs = await self.store.get(keys.spec)
-            if not kvs:
-                raise QueueNotFoundError(str(queue))
-            condition = Compare(keys.spec, "create", "==", kvs[0].create_revision)
-            delete = Delete(keys.prefix, prefix=True)
-            try:
-                if guard:
-                    outer = await self.store.txn(guard, [Txn((condition,), (delete,))], [])
-                    if not outer.succeeded:
-                        raise FencedError(f"delete of queue {queue}", describe(guard),
-                                          written=None if unknown else False)
-                    r = outer.nested(0)
-                    r = TxnResult(r.succeeded, outer.revision, r.responses)
-                else:
-                    r = await self.store.txn([condition], [delete], [])
-            except OutcomeUnknownError:
-                unknown = True
-                continue  # read again: gone or re-created means done
+        try:
+            return await self.client.delete_registered(
+                keys.spec, keys.prefix, f"queue {queue}",
+                lambda: QueueNotFoundError(str(queue)), guard=guard)
+        finally:
             self._specs.pop(queue, None)
-            if r.succeeded:
-                return r.revision
-        _, kvs = await self.store.get(keys.spec)
-        raise OutcomeUnknownError(f"deleting queue {queue} did not settle")
 
     # -- enqueue ----------------------------------------------------------------------------
 

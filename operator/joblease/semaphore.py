@@ -24,7 +24,7 @@ from joblease.errors import (
 from joblease.keys import JobRef, SemaphoreKeys, SemaphoreRef
 from joblease.records import SemaphoreSpec, SlotRecord, WaiterRecord
 from joblease.slots import MAX_LIMIT, parse, reads
-from joblease.store import Compare, Delete, Get, Put, Txn, TxnResult, describe
+from joblease.store import Compare, Get, Put, Txn, describe
 
 #: Holders listed in a semaphore's state (its status shows at most this many).
 MAX_HOLDERS_SHOWN = 100
@@ -136,26 +136,6 @@ class Semaphores:
         nested in it, as :meth:`joblease.queue.Queues.delete`); if one fails
         nothing is deleted and :class:`FencedError` is raised."""
         keys = self.keys(ref)
-        unknown = False
-        for _ in range(5):
-            _, kvs = await self.store.get(keys.spec)
-            if not kvs:
-                raise SemaphoreNotFoundError(str(ref))
-            condition = Compare(keys.spec, "create", "==", kvs[0].create_revision)
-            delete = Delete(keys.prefix, prefix=True)
-            try:
-                if guard:
-                    outer = await self.store.txn(guard, [Txn((condition,), (delete,))], [])
-                    if not outer.succeeded:
-                        raise FencedError(f"delete of semaphore {ref}", describe(guard),
-                                          written=None if unknown else False)
-                    nested = outer.nested(0)
-                    r = TxnResult(nested.succeeded, outer.revision, nested.responses)
-                else:
-                    r = await self.store.txn([condition], [delete], [])
-            except OutcomeUnknownError:
-                unknown = True
-                continue  # read again: gone or re-created means done
-            if r.succeeded:
-                return r.revision
-        raise OutcomeUnknownError(f"deleting semaphore {ref} did not settle")
+        return await self.client.delete_registered(
+            keys.spec, keys.prefix, f"semaphore {ref}",
+            lambda: SemaphoreNotFoundError(str(ref)), guard=guard)
