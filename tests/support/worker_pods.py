@@ -149,8 +149,24 @@ def joblease_cli(cluster: Cluster, namespace: str, pod: str, *args: str,
         time.sleep(1)  # poll interval; the deadline bounds the wait
 
 
+def wait_worker_running(cluster: Cluster, namespace: str, pod: str,
+                        timeout: float = 240) -> dict[str, Any]:
+    """The pod once its worker container runs. A claim (Claimed, or the sidecar's
+    "held" log line) comes first: the kubelet starts the worker only after the
+    sidecar's startup probe passed, a moment later, so an exec right after a claim
+    can find no worker yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = get_pod(cluster, namespace, pod)
+        if _running(current, WORKER):
+            return current
+        assert time.monotonic() < deadline, f"{pod}: worker never started"
+        time.sleep(0.5)  # poll interval; the deadline bounds the wait
+
+
 def finish_work(cluster: Cluster, namespace: str, pod: str) -> None:
     """Let a held worker (``hold=True``) finish: its work lasts until the hold file exists."""
+    wait_worker_running(cluster, namespace, pod)
     cluster.kubectl("exec", pod, "-n", namespace, "-c", WORKER, "--", "touch", HOLD_FILE,
                     check=True, timeout=90)
 
@@ -268,12 +284,7 @@ def lose(cluster: Cluster, namespace: str, holder: dict[str, Any], how: str) -> 
     the wall-clock moment the loss was caused."""
     name = holder["metadata"]["name"]
     if how == "kill":
-        # the worker starts only after the sidecar's startup probe passed: wait for it
-        deadline = time.monotonic() + 240
-        while not _running(holder, WORKER):
-            assert time.monotonic() < deadline, f"{name}: worker never started"
-            time.sleep(0.5)  # poll interval; the deadline bounds the wait
-            holder = get_pod(cluster, namespace, name)
+        holder = wait_worker_running(cluster, namespace, name)
     if how == "delete":
         lost_at = time.time()
         cluster.kubectl("delete", "pod", name, "-n", namespace, "--wait=false", check=True)
