@@ -1,5 +1,5 @@
 """End to end on the test cluster: worker pods of examples/worker-pod.yaml, the chart's
-operator and bundled etcd, real kubelet and containerd (tests/support/cluster.py).
+operator and bundled etcd, real kubelet and containerd (tests/support/cluster/).
 
 Measures (issue 18, "Measure"):
 

@@ -1,4 +1,4 @@
-"""The session-scoped single-node cluster (tests/support/cluster.py).
+"""The session-scoped single-node cluster (tests/support/cluster/).
 
 Tests opt in with ``@pytest.mark.cluster`` and the ``cluster`` fixture; the
 cluster starts once per session, on first use, and is torn down at the end
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import KUBELET_SYSCTLS, STATE_ROOT, Cluster, _read_sysctl
+from tests.support.cluster import KUBELET_SYSCTLS, STATE_ROOT, Cluster, read_sysctl
 from tests.support.release import Release
 from tests.waiting import wait_until
 
@@ -45,7 +45,7 @@ def cluster() -> Iterator[Cluster]:
         print(f"\ncleaned up clusters of crashed runs: {cleaned}")
     instance = Cluster(f"t{os.getpid()}")
     others_before = running_clusters()
-    sysctls_before = {key: _read_sysctl(key) for key in KUBELET_SYSCTLS}
+    sysctls_before = {key: read_sysctl(key) for key in KUBELET_SYSCTLS}
     instance.up()
     if instance.startup_seconds is not None:
         print(f"\ncluster ready in {instance.startup_seconds}s {instance.timings}")
@@ -54,7 +54,7 @@ def cluster() -> Iterator[Cluster]:
     left = instance.leftovers()
     assert not left, f"the session cluster left things behind: {left}"
     if not others_before and not running_clusters():  # else the last one restores them
-        sysctls_after = {key: _read_sysctl(key) for key in KUBELET_SYSCTLS}
+        sysctls_after = {key: read_sysctl(key) for key in KUBELET_SYSCTLS}
         assert sysctls_after == sysctls_before, "the kubelet's sysctls were not restored"
 
 

@@ -246,11 +246,11 @@ def _host_iptables() -> list[str]:
 
 
 def _host_snapshot(name: str) -> dict[str, Any]:
-    from tests.support.cluster import KUBELET_SYSCTLS, _read_sysctl
+    from tests.support.cluster import KUBELET_SYSCTLS, read_sysctl
 
     return {
         "iptables": _host_iptables(),
-        "sysctls": {key: _read_sysctl(key) for key in KUBELET_SYSCTLS},
+        "sysctls": {key: read_sysctl(key) for key in KUBELET_SYSCTLS},
         "netns": sorted(p.name for p in Path("/run/netns").glob(f"jl-{name}")),
         "run_containerd": Path("/run/containerd").exists(),
         "cni_results": sorted(p.name for p in Path("/var/lib/cni/results").glob(f"jl-{name}-*")),

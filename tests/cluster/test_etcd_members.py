@@ -2,7 +2,7 @@
 
 Real pods on the session cluster: a release of this test's own with
 ``etcd.replicas=3`` and ``etcd.persistence.enabled=true`` (the claims bind to the
-cluster's local volumes, tests/support/cluster.py), and a "tools" pod of the
+cluster's local volumes, tests/support/cluster/), and a "tools" pod of the
 project image running the load driver (tests/support/claim_driver.py) with every
 member as an endpoint, as the operator has them. The leader's pod is deleted
 (the harder case: an election follows) once a few jobs are done, with the node

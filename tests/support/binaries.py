@@ -1,5 +1,5 @@
 """Locate the external binaries the tests run: etcd, kube-apiserver, helm, kubectl,
-and for the single-node cluster (tests/support/cluster.py) kubelet,
+and for the single-node cluster (tests/support/cluster/) kubelet,
 kube-controller-manager, kube-scheduler, kube-proxy, containerd (+ its runc shim
 and ctr), and the Debian-packaged runc, CNI plugins, iptables and socat; and the Go
 sidecar built from ``sidecar-go/`` (:func:`go_sidecar_binary`).

@@ -8,7 +8,7 @@ freezer on the real container the kubelet started.
 
 The test cluster's node is this machine: with the kubelet's ``cgroupfs`` driver a
 container's cgroup is ``/sys/fs/cgroup/freezer/<cgroupRoot>/kubepods[/<qos>]/
-pod<pod uid>/<container id>`` (tests/support/cluster.py). The directory is found by
+pod<pod uid>/<container id>`` (tests/support/cluster/). The directory is found by
 the pod's UID and the container's id, not assumed. A cluster whose node is not this
 machine (``JOBLEASE_TEST_KUBECONFIG``) cannot be frozen from here: the helper says so.
 """

@@ -18,7 +18,7 @@ from tests.waiting import wait_until
 
 CHART = REPO_ROOT / "charts" / "joblease-operator"
 # The members' data in an emptyDir: the test cluster has a default StorageClass,
-# but its pool of local volumes is finite (tests/support/cluster.py) and a volume is
+# but its pool of local volumes is finite (tests/support/cluster/) and a volume is
 # not reused once its claim goes, so only the tests about persistence claim one.
 TEST_CLUSTER_VALUES = ["--set", "etcd.persistence.enabled=false"]
 #: after TEST_CLUSTER_VALUES: one PersistentVolumeClaim per member, as by default
