@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))  # tests.support.* and examples.* importable
 # suite (tests/sidecar, the chaos suite's sidecar pairs)
 #: Fixtures shared by several test directories, from the harness in tests/support/.
 pytest_plugins = ["tests.support.postgres", "tests.support.secure_etcd",
-                  "tests.support.sidecar_impls"]
+                  "tests.support.sidecar_impls", "tests.support.kube_fixtures"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

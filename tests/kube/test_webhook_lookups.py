@@ -3,7 +3,7 @@
 Real: kube-apiserver (and its etcd), the operator's API client (``KubeApi``) with
 the admin kubeconfig, the webhook server over TLS on a loopback port. Not here:
 the API server calling the webhook (tests/cluster/test_injection.py) and the
-chart's RBAC for the Secret lookup (tests/test_chart_webhook_render.py renders it).
+chart's RBAC for the Secret lookup (tests/chart/test_chart_webhook_render.py renders it).
 """
 
 from __future__ import annotations

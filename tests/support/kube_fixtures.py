@@ -1,4 +1,6 @@
-"""Fixtures for tests that need a real Kubernetes API server (marked ``kube``).
+"""Fixtures for tests that need a real Kubernetes API server (marked ``kube``): a
+``pytest_plugins`` entry of tests/conftest.py, so every test directory that needs
+one (tests/kube, tests/chart) shares the session's one control plane.
 
 One control plane per session: starting etcd + kube-apiserver costs seconds,
 and tests isolate themselves with their own namespaces instead.
@@ -9,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -58,9 +59,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     if report.failed and isinstance(cp, ControlPlane):
         report.sections.append(("control plane logs", cp.log_tails()))
     return report
-
-
-def write(tmp_path: Path, name: str, text: str) -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path

@@ -4,7 +4,7 @@ What is guaranteed:
 
 - the rendered ``PrometheusRule`` (``helm template`` with the pinned helm) passes
   ``promtool check rules``, and ``promtool test rules`` fires every alert from
-  synthetic series (tests/alerts/joblease-alerts.test.yaml) with the expected
+  synthetic series (tests/chart/joblease-alerts.test.yaml) with the expected
   labels and annotations, and keeps it silent on healthy series;
 - every alert in the chart has a unit test there;
 - every metric name the rules and the dashboard use is one the operator and the
@@ -44,7 +44,7 @@ from tests.support.binaries import REPO_ROOT, versions
 from tests.waiting import wait_until
 
 CHART = REPO_ROOT / "charts" / "joblease-operator"
-UNIT_TESTS = REPO_ROOT / "tests" / "alerts" / "joblease-alerts.test.yaml"
+UNIT_TESTS = REPO_ROOT / "tests" / "chart" / "joblease-alerts.test.yaml"
 METRIC = re.compile(r"\bjoblease_[a-zA-Z0-9_]+\b")
 
 
