@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from joblease import slots as slots_plan
 from joblease import validation
+from joblease.background import BackgroundTasks
 from joblease.errors import (
     AlreadyCompletedError,
     AttemptsExhaustedError,
@@ -215,7 +216,7 @@ class JobLeaseClient:
         #: claims in flight per session: such a session is never closed as idle
         self._claiming: Counter[Session] = Counter()
         self._session_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks()
 
     async def __aenter__(self) -> JobLeaseClient:
         return self
@@ -235,8 +236,7 @@ class JobLeaseClient:
         self._sessions, self._retired = OrderedDict(), set()
         for s in sessions:
             await s.close(revoke=revoke)
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.wait()
         await self.store.close()
 
     # -- registration ------------------------------------------------------------------------
@@ -498,9 +498,7 @@ class JobLeaseClient:
         in the background so the jobs it held become claimable at once."""
         self._forget_session(session)
         session.lose(reason, expected=expected)
-        task = asyncio.create_task(session.close(revoke=True))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(session.close(revoke=True))
 
     async def _end_session(self, session: Session, reason: str) -> bool:
         """Stop renewing ``session`` and revoke its etcd lease before going on.
@@ -578,9 +576,7 @@ class JobLeaseClient:
         return view
 
     def _close_view(self, view: slots_plan.SemaphoreView) -> None:
-        task = asyncio.ensure_future(view.close())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(view.close())
 
     @contextlib.contextmanager
     def _reserving(self, plan: SlotPlan | None) -> Iterator[None]:

@@ -41,6 +41,7 @@ from typing import Any
 import aiohttp
 
 from joblease import validation
+from joblease.background import BackgroundTasks
 from joblease.client import JobLeaseClient, assemble
 from joblease.errors import InvalidInputError, JobLeaseError, StoreUnavailableError
 from joblease.keys import JobRef
@@ -142,7 +143,7 @@ class Mirror:
         self._objects: dict[JobRef, dict[str, Any]] = {}
         self._previous: dict[JobRef, JobState] = {}
         self._phases: dict[JobRef, Phase] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks()
         self._invalid_names: set[JobRef] = set()
         self.states_seen = 0
 
@@ -256,9 +257,7 @@ class Mirror:
     def refresh(self, job: JobRef) -> None:
         """Re-read ``job`` from etcd and re-decide its status (after its spec changed:
         ``observedGeneration`` may move even when etcd's registration did not)."""
-        task = asyncio.create_task(self._refresh(job))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(self._refresh(job))
 
     async def _refresh(self, job: JobRef) -> None:
         try:
@@ -387,9 +386,7 @@ class Mirror:
             self._objects.pop(job, None)
         if entry.events:
             # Events are informational: post them without holding a write slot.
-            task = asyncio.create_task(self._post_events(job, obj, entry.events))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._background.spawn(self._post_events(job, obj, entry.events))
 
     async def _post_events(self, job: JobRef, obj: dict[str, Any],
                            events: list[JobEvent]) -> None:
@@ -401,7 +398,8 @@ class Mirror:
                 log.info("event %s for %s not posted: %s", event.reason, job, exc)
 
     async def close(self) -> None:
-        tasks = [*self._writers.values(), *self._background]
-        for task in tasks:
+        writers = list(self._writers.values())
+        for task in writers:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*writers, return_exceptions=True)
+        await self._background.cancel()
