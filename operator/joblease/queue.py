@@ -332,6 +332,10 @@ class Queues:
         self._specs[queue] = entry
         return entry
 
+    def forget_spec(self, queue: QueueRef) -> None:
+        """Drop the cached spec of ``queue`` (a caller that stopped following it)."""
+        self._specs.pop(queue, None)
+
     async def delete(self, queue: QueueRef, *, guard: Sequence[Compare] = ()) -> int:
         """Delete the queue and every item, in one transaction conditional on
         the spec it read (a re-created queue is left alone). Returns the
