@@ -9,7 +9,8 @@ The status is never written here: the mirror is its single writer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -20,6 +21,7 @@ from joblease.operator import queue_registration, registration, semaphore_regist
 from joblease.operator.election import Leadership
 from joblease.operator.kube import KubeApiError
 from joblease.operator.mirror import Mirror
+from joblease.operator.periodic_mirror import PeriodicMirror
 from joblease.operator.queue_mirror import QueueMirror
 from joblease.operator.queue_registration import QUEUE_PLURAL, queue_ref
 from joblease.operator.registration import GROUP, PLURAL, VERSION
@@ -68,8 +70,8 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
     (``Leadership.guard()``): etcd refuses it once another replica may lead, and
     such a refusal (``FencedError``) ends the leadership, so the process steps
     down (``run_operator``: exit 3) instead of retrying.
-    ``queue_mirror``: with it, JobQueues are served too (:func:`_queue_handlers`).
-    ``semaphore_mirror``: with it, JobSemaphores are served too (:func:`_semaphore_handlers`).
+    ``queue_mirror``: with it, JobQueues are served too (:func:`_mirrored_handlers`).
+    ``semaphore_mirror``: with it, JobSemaphores are served too (:func:`_mirrored_handlers`).
     """
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
@@ -131,9 +133,9 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
                 raise _tenant_error(exc) from exc
 
     if queue_mirror is not None:
-        _queue_handlers(registry, client, queue_mirror, guard, fenced)
+        _mirrored_handlers(registry, QUEUES, client, queue_mirror, guard, fenced)
     if semaphore_mirror is not None:
-        _semaphore_handlers(registry, client, semaphore_mirror, guard, fenced)
+        _mirrored_handlers(registry, SEMAPHORES, client, semaphore_mirror, guard, fenced)
 
     if tenants is not None:
         manager = tenants
@@ -160,104 +162,73 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
     return registry
 
 
-def _queue_handlers(registry: kopf.OperatorRegistry, client: JobLeaseClient,
-                    queue_mirror: QueueMirror, guard: Sequence[Compare],
-                    fenced: Callable[[JobLeaseError], None]) -> None:
-    """JobQueue create/resume/update -> ``Queues.create`` (fenced by the same term as
-    JobLease registration), then a status refresh; delete -> ``Queues.delete``
-    before kopf releases the finalizer."""
-    resource = (GROUP, VERSION, QUEUE_PLURAL)
+@dataclass(frozen=True)
+class _MirroredKind:
+    """A kind the operator registers in etcd and mirrors on a timer (JobQueue,
+    JobSemaphore): its plural, its noun (handler ids, logs), its registration."""
 
-    async def _register(namespace: str | None, name: str, spec: Any, logger: Any) -> None:
+    plural: str
+    kind: str
+    noun: str
+    register: Callable[..., Awaitable[tuple[Any, int]]]
+    unregister: Callable[..., Awaitable[int | None]]
+    ref: Callable[[str | None, str | None], Any]
+
+
+QUEUES = _MirroredKind(QUEUE_PLURAL, "JobQueue", "queue", queue_registration.register,
+                       queue_registration.unregister, queue_ref)
+SEMAPHORES = _MirroredKind(SEMAPHORE_PLURAL, "JobSemaphore", "semaphore",
+                           semaphore_registration.register, semaphore_registration.unregister,
+                           semaphore_ref)
+
+
+def _mirrored_handlers(registry: kopf.OperatorRegistry, kind: _MirroredKind,
+                       client: JobLeaseClient, mirror: PeriodicMirror[Any, Any],
+                       guard: Sequence[Compare], fenced: Callable[[JobLeaseError], None]
+                       ) -> None:
+    """create/resume/update -> the kind's registration in etcd (fenced by the same term
+    as JobLease registration), then a status refresh; delete -> its unregistration
+    before kopf releases the finalizer (a JobSemaphore's holders keep their jobs:
+    docs/semaphores.md). Handler ids ``register-<noun>``, ``delete-<noun>``."""
+    resource = (GROUP, VERSION, kind.plural)
+
+    async def register(namespace: str | None, name: str, spec: Any, logger: Any) -> None:
         try:
-            queue, revision = await queue_registration.register(
-                client, namespace, name, dict(spec), guard=guard)
+            ref, revision = await kind.register(client, namespace, name, dict(spec),
+                                                guard=guard)
         except JobLeaseError as exc:
             fenced(exc)
-            raise _kopf_error(exc, "JobQueue") from exc
-        logger.info("queue %s in etcd (revision %d)", queue, revision)
-        queue_mirror.track(queue)
+            raise _kopf_error(exc, kind.kind) from exc
+        logger.info("%s %s in etcd (revision %d)", kind.noun, ref, revision)
+        mirror.track(ref)
 
-    @kopf.on.create(*resource, id="register-queue", registry=registry)
-    async def queue_on_create(namespace: str | None, name: str, spec: Any, logger: Any,
-                              **_: Any) -> None:
-        await _register(namespace, name, spec, logger)
+    @kopf.on.create(*resource, id=f"register-{kind.noun}", registry=registry)
+    async def on_create(namespace: str | None, name: str, spec: Any, logger: Any,
+                        **_: Any) -> None:
+        await register(namespace, name, spec, logger)
 
-    @kopf.on.resume(*resource, id="register-queue", registry=registry)
-    async def queue_on_resume(namespace: str | None, name: str, spec: Any, logger: Any,
-                              **_: Any) -> None:
+    @kopf.on.resume(*resource, id=f"register-{kind.noun}", registry=registry)
+    async def on_resume(namespace: str | None, name: str, spec: Any, logger: Any,
+                        **_: Any) -> None:
         """After an operator restart: idempotent, writes only if etcd differs."""
-        await _register(namespace, name, spec, logger)
+        await register(namespace, name, spec, logger)
 
-    @kopf.on.update(*resource, id="register-queue", field="spec", registry=registry)
-    async def queue_on_update(namespace: str | None, name: str, spec: Any, logger: Any,
-                              **_: Any) -> None:
-        await _register(namespace, name, spec, logger)
+    @kopf.on.update(*resource, id=f"register-{kind.noun}", field="spec", registry=registry)
+    async def on_update(namespace: str | None, name: str, spec: Any, logger: Any,
+                        **_: Any) -> None:
+        await register(namespace, name, spec, logger)
 
-    @kopf.on.delete(*resource, id="delete-queue", registry=registry)
-    async def queue_on_delete(namespace: str | None, name: str, logger: Any, **_: Any) -> None:
-        """Remove the queue's keys; kopf releases the finalizer only after this succeeds."""
+    @kopf.on.delete(*resource, id=f"delete-{kind.noun}", registry=registry)
+    async def on_delete(namespace: str | None, name: str, logger: Any, **_: Any) -> None:
+        """Remove the keys; kopf releases the finalizer only after this succeeds."""
         try:
-            revision = await queue_registration.unregister(client, namespace, name, guard=guard)
+            revision = await kind.unregister(client, namespace, name, guard=guard)
         except JobLeaseError as exc:
             fenced(exc)
-            raise _kopf_error(exc, "JobQueue") from exc
+            raise _kopf_error(exc, kind.kind) from exc
         try:
-            queue_mirror.untrack(queue_ref(namespace, name))
+            mirror.untrack(kind.ref(namespace, name))
         except JobLeaseError:
-            pass  # a name no queue can have was never tracked
-        logger.info("removed queue %s/%s from etcd (%s)", namespace, name,
-                    "already gone" if revision is None else f"revision {revision}")
-
-
-def _semaphore_handlers(registry: kopf.OperatorRegistry, client: JobLeaseClient,
-                        semaphore_mirror: SemaphoreMirror, guard: Sequence[Compare],
-                        fenced: Callable[[JobLeaseError], None]) -> None:
-    """JobSemaphore create/resume/update -> ``Semaphores.create`` (fenced by the same
-    term as JobLease registration), then a status refresh; delete ->
-    ``Semaphores.delete`` before kopf releases the finalizer."""
-    resource = (GROUP, VERSION, SEMAPHORE_PLURAL)
-
-    async def _register(namespace: str | None, name: str, spec: Any, logger: Any) -> None:
-        try:
-            ref, revision = await semaphore_registration.register(
-                client, namespace, name, dict(spec), guard=guard)
-        except JobLeaseError as exc:
-            fenced(exc)
-            raise _kopf_error(exc, "JobSemaphore") from exc
-        logger.info("semaphore %s in etcd (revision %d)", ref, revision)
-        semaphore_mirror.track(ref)
-
-    @kopf.on.create(*resource, id="register-semaphore", registry=registry)
-    async def semaphore_on_create(namespace: str | None, name: str, spec: Any, logger: Any,
-                                  **_: Any) -> None:
-        await _register(namespace, name, spec, logger)
-
-    @kopf.on.resume(*resource, id="register-semaphore", registry=registry)
-    async def semaphore_on_resume(namespace: str | None, name: str, spec: Any, logger: Any,
-                                  **_: Any) -> None:
-        """After an operator restart: idempotent, writes only if etcd differs."""
-        await _register(namespace, name, spec, logger)
-
-    @kopf.on.update(*resource, id="register-semaphore", field="spec", registry=registry)
-    async def semaphore_on_update(namespace: str | None, name: str, spec: Any, logger: Any,
-                                  **_: Any) -> None:
-        await _register(namespace, name, spec, logger)
-
-    @kopf.on.delete(*resource, id="delete-semaphore", registry=registry)
-    async def semaphore_on_delete(namespace: str | None, name: str, logger: Any,
-                                  **_: Any) -> None:
-        """Remove the semaphore's keys; kopf releases the finalizer only after this succeeds.
-        Claims holding slots keep their jobs (docs/semaphores.md)."""
-        try:
-            revision = await semaphore_registration.unregister(client, namespace, name,
-                                                               guard=guard)
-        except JobLeaseError as exc:
-            fenced(exc)
-            raise _kopf_error(exc, "JobSemaphore") from exc
-        try:
-            semaphore_mirror.untrack(semaphore_ref(namespace, name))
-        except JobLeaseError:
-            pass  # a name no semaphore can have was never tracked
-        logger.info("removed semaphore %s/%s from etcd (%s)", namespace, name,
+            pass  # a name no resource of the kind can have was never tracked
+        logger.info("removed %s %s/%s from etcd (%s)", kind.noun, namespace, name,
                     "already gone" if revision is None else f"revision {revision}")
