@@ -16,7 +16,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 import click
@@ -38,9 +38,17 @@ from joblease.etcd_store import (
     read_password_file,
 )
 from joblease.keys import DEFAULT_NAMESPACE, ItemRef, JobRef, QueueRef, SemaphoreRef
-from joblease.lease import LeaseState
+from joblease.lease import Lease, LeaseState
 from joblease.queue import ItemPhase, Queues
-from joblease.records import JobSpec, JobState, Phase, QueueSpec, SemaphoreUse
+from joblease.records import (
+    CheckpointRecord,
+    JobSpec,
+    JobState,
+    Phase,
+    QueueSpec,
+    ResultRecord,
+    SemaphoreUse,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -370,19 +378,9 @@ def complete(job: str, namespace: str | None, owner: str | None, token: int, res
              output: str,
              **kw: Any) -> None:
     """Complete JOB under OWNER's claim with TOKEN (same condition as the holder's)."""
-    owner = required_owner(owner)
-    config, ref = split_etcd(kw), job_ref(job, namespace)
     value = _json_option(result, "--result", "result", validation.MAX_RESULT_BYTES)
-
-    async def go() -> dict[str, Any]:
-        async with JobLeaseClient(config) as c:
-            lease = await c.lease_for(ref, owner, token)
-            record = await lease.complete(value)
-            return {"job": str(ref), **record.to_dict()}
-
-    emit(run(go()), output, lambda d: [[d["job"], d["owner"], d["generation"], d["token"],
-                                        d["revision"]]],
-         ("JOB", "OWNER", "GENERATION", "TOKEN", "REVISION"))
+    _as_holder(job, namespace, owner, token, kw, output,
+               lambda lease: lease.complete(value))
 
 
 @main.command()
@@ -396,14 +394,22 @@ def checkpoint(job: str, namespace: str | None, owner: str | None, token: int, d
                **kw: Any) -> None:
     """Store DATA as JOB's checkpoint under OWNER's claim with TOKEN (refused as
     stale, exit 7, unless that claim holds the job now)."""
+    value = _json_option(data, "--data", "checkpoint", validation.MAX_CHECKPOINT_BYTES)
+    _as_holder(job, namespace, owner, token, kw, output,
+               lambda lease: lease.checkpoint(value))
+
+
+def _as_holder(job: str, namespace: str | None, owner: str | None, token: int,
+               kw: dict[str, Any], output: str,
+               write: Callable[[Lease], Awaitable[ResultRecord | CheckpointRecord]]) -> None:
+    """``complete`` and ``checkpoint``: one write under OWNER's claim with TOKEN, the
+    record it stored printed (the same conditions as the holder's own write)."""
     owner = required_owner(owner)
     config, ref = split_etcd(kw), job_ref(job, namespace)
-    value = _json_option(data, "--data", "checkpoint", validation.MAX_CHECKPOINT_BYTES)
 
     async def go() -> dict[str, Any]:
         async with JobLeaseClient(config) as c:
-            lease = await c.lease_for(ref, owner, token)
-            record = await lease.checkpoint(value)
+            record = await write(await c.lease_for(ref, owner, token))
             return {"job": str(ref), **record.to_dict()}
 
     emit(run(go()), output, lambda d: [[d["job"], d["owner"], d["generation"], d["token"],
