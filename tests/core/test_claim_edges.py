@@ -203,16 +203,10 @@ async def test_ambiguous_claim_whose_read_back_finds_another_workers_holder_is_r
     await b.release()
 
 
-async def test_claim_copy_committing_between_read_back_and_revoke_is_reported_truthfully(
-    faulty: tuple[JobLeaseClient, FaultyStore], client: JobLeaseClient,
-) -> None:
-    """Defect 9: with maxAttempts 1, a delayed copy of our claim commits after
-    the read-back saw nothing and before the revoke ends it. The job is now out
-    of attempts although nobody ever held it; the claim must say exactly that
-    (our own claim, its token), not an anonymous "attempts exhausted"."""
-    c, store = faulty
-    job = JobRef("default", "late-copy")
-    await client.register(job, JobSpec(30, 1))
+def _delay_the_first_claim_until_the_revoke(store: FaultyStore) -> dict[str, Any]:
+    """The first claim transaction is held back (its sender told "outcome unknown")
+    and lands just before the next lease revoke applies, as a delayed copy of a
+    request would. Returns what happened: ``request``, then ``landed`` (its result)."""
     delayed: dict[str, Any] = {}
     one_at_a_time = asyncio.Lock()
 
@@ -232,6 +226,20 @@ async def test_claim_copy_committing_between_read_back_and_revoke_is_reported_tr
 
     store.on_txn = hold_the_claim_back
     store.on_revoke = copy_lands_just_before_the_revoke
+    return delayed
+
+
+async def test_claim_copy_committing_between_read_back_and_revoke_is_reported_truthfully(
+    faulty: tuple[JobLeaseClient, FaultyStore], client: JobLeaseClient,
+) -> None:
+    """Defect 9: with maxAttempts 1, a delayed copy of our claim commits after
+    the read-back saw nothing and before the revoke ends it. The job is now out
+    of attempts although nobody ever held it; the claim must say exactly that
+    (our own claim, its token), not an anonymous "attempts exhausted"."""
+    c, store = faulty
+    job = JobRef("default", "late-copy")
+    await client.register(job, JobSpec(30, 1))
+    delayed = _delay_the_first_claim_until_the_revoke(store)
     with pytest.raises(AttemptsExhaustedError) as info:
         await c.claim(job, "worker-a")
     landed: TxnResult = delayed["landed"]
@@ -254,25 +262,7 @@ async def test_claim_copy_committing_before_the_revoke_is_followed_by_a_fresh_cl
     c, store = faulty
     job = JobRef("default", "late-copy-retry")
     await client.register(job, JobSpec(30, 3))
-    delayed: dict[str, Any] = {}
-    one_at_a_time = asyncio.Lock()
-
-    async def hold_the_claim_back(
-        compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp]
-    ) -> TxnResult:
-        if is_claim(success) and "request" not in delayed:
-            delayed["request"] = (compares, success, failure)
-            raise OutcomeUnknownError("test: sent; the copy is still on its way")
-        return await store.inner.txn(compares, success, failure)
-
-    async def copy_lands_just_before_the_revoke(lease_id: int) -> None:
-        async with one_at_a_time:  # the copy lands before any revoke applies
-            if "request" in delayed and "landed" not in delayed:
-                delayed["landed"] = await store.inner.txn(*delayed["request"])
-            await store.inner.revoke(lease_id)
-
-    store.on_txn = hold_the_claim_back
-    store.on_revoke = copy_lands_just_before_the_revoke
+    delayed = _delay_the_first_claim_until_the_revoke(store)
     lease = await c.claim(job, "worker-a")
     assert delayed["landed"].succeeded
     assert lease.generation == 2 and lease.token > delayed["landed"].revision
