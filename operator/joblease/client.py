@@ -25,7 +25,7 @@ import json
 import logging
 import time
 import uuid
-from collections import Counter, OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -77,6 +77,7 @@ from joblease.records import (
     decoding,
 )
 from joblease.session import Session
+from joblease.session_pool import SessionPool
 from joblease.slots import SlotGrant, SlotPlan, Ticket
 from joblease.store import (
     Compare,
@@ -91,6 +92,7 @@ from joblease.store import (
     WatchEvent,
     describe,
     prefix_end,
+    retry_unavailable,
 )
 
 log = logging.getLogger(__name__)
@@ -189,10 +191,6 @@ class JobLeaseClient:
 
     #: Specs of at most this many jobs are cached; the least recently used go first.
     _spec_cache_size = 1024
-    #: At most this many sessions without holders are kept open for reuse.
-    _idle_sessions = 4
-    #: A session with less local safety left than this takes no new claim.
-    _min_session_left = 0.5
 
     def __init__(self, config: EtcdConfig | None = None, *, store: Store | None = None,
                  margin: float | None = None, read_back_timeout: float = 30.0,
@@ -200,23 +198,18 @@ class JobLeaseClient:
         self.config = config or EtcdConfig.from_env()
         self.store: Store = store if store is not None else EtcdStore(self.config)
         self.keys = KeySpace(self.config.root)
-        self._margin = margin
         self._read_back_timeout = read_back_timeout
-        self._revoke_on_loss = revoke_on_loss
         self._specs: OrderedDict[JobRef, tuple[int, JobSpec]] = OrderedDict()
         #: slot indexes picked by this client's claims in flight, by semaphore prefix
         self._reserved_slots: dict[bytes, set[int]] = {}
         #: watched views of the semaphores its claims use, by prefix (LRU)
         self._views: OrderedDict[bytes, slots_plan.SemaphoreView] = OrderedDict()
         self._max_views = 64
-        #: per TTL, the session new claims are bound to (least recently used first)
-        self._sessions: OrderedDict[int, Session] = OrderedDict()
-        #: replaced sessions, renewed until their holders finish or their deadline passes
-        self._retired: set[Session] = set()
-        #: claims in flight per session: such a session is never closed as idle
-        self._claiming: Counter[Session] = Counter()
-        self._session_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._background = BackgroundTasks()
+        #: the etcd leases claims are bound to (joblease.session_pool)
+        self.sessions = SessionPool(self.store, self._background, margin=margin,
+                                    revoke_on_loss=revoke_on_loss,
+                                    revoke_timeout=read_back_timeout)
 
     async def __aenter__(self) -> JobLeaseClient:
         return self
@@ -232,10 +225,7 @@ class JobLeaseClient:
         views, self._views = list(self._views.values()), OrderedDict()
         for view in views:
             await view.close()
-        sessions = [*self._sessions.values(), *self._retired]
-        self._sessions, self._retired = OrderedDict(), set()
-        for s in sessions:
-            await s.close(revoke=revoke)
+        await self.sessions.close(revoke=revoke)
         await self._background.wait()
         await self.store.close()
 
@@ -348,11 +338,11 @@ class JobLeaseClient:
                 log.info("unregister of %s has an unknown outcome; reading back", job)
                 try:
                     if guard:
-                        back = await self._retry_read(
+                        back = await self.retry_read(
                             lambda: self.store.txn(guard, [Get(keys.spec)], [Get(keys.spec)]))
                         revision, now = back.revision, back.kvs(0)
                     else:
-                        revision, now = await self._retry_read(lambda: self.store.get(keys.spec))
+                        revision, now = await self.retry_read(lambda: self.store.get(keys.spec))
                 except JobLeaseError as read_failed:
                     raise OutcomeUnknownError(
                         f"unregister of {job} has an unknown outcome and reading it back "
@@ -441,96 +431,6 @@ class JobLeaseClient:
             self._specs.popitem(last=False)
         return entry
 
-    async def _session(self, ttl: int) -> Session:
-        """The session a new claim of ``ttl`` seconds is bound to.
-
-        A session with less than ``_min_session_left`` of local safety takes no
-        new claim (its handle could be lost at once if the keep-alive in
-        flight answers late), but it is not ended either: the answer may be on
-        its way, and the jobs it holds keep it until its own deadline. It is
-        retired: renewed as before, and closed once it has no holders or its
-        deadline has passed.
-        """
-        session = self._sessions.get(ttl)
-        if (session is None or not session.alive
-                or session.remaining() < self._min_session_left):
-            async with self._session_locks[ttl]:
-                session = self._sessions.get(ttl)
-                if (session is None or not session.alive
-                        or session.remaining() < self._min_session_left):
-                    if session is not None:
-                        del self._sessions[ttl]
-                        self._retired.add(session)
-                    session = await Session(self.store, ttl, margin=self._margin,
-                                            check_holders=Lease.check_all,
-                                            revoke_on_loss=self._revoke_on_loss).start()
-                    self._sessions[ttl] = session
-        self._sessions.move_to_end(ttl)
-        self._sweep_sessions(keep=session)
-        return session
-
-    def _sweep_sessions(self, keep: Session) -> None:
-        """Close sessions nobody needs, so a long-lived client keeps a bounded
-        number: retired ones without holders or past their deadline, current
-        ones that are dead and idle, and idle ones beyond ``_idle_sessions``
-        (least recently used first). Never ``keep`` or one a claim is using."""
-        def idle(s: Session) -> bool:
-            return s.holders == 0 and self._claiming[s] == 0 and s is not keep
-
-        for s in list(self._retired):
-            if s is not keep and self._claiming[s] == 0 and (s.holders == 0 or not s.alive):
-                self._drop_session(s, "retired and no longer needed", expected=True)
-        idle_current = [s for s in self._sessions.values() if idle(s)]
-        for s in idle_current:
-            if not s.alive:
-                self._drop_session(s, "dead and idle", expected=True)
-        idle_current = [s for s in idle_current if s.alive]
-        for s in idle_current[:max(0, len(idle_current) - self._idle_sessions)]:
-            self._drop_session(s, "idle", expected=True)
-
-    def _forget_session(self, session: Session) -> None:
-        if self._sessions.get(session.ttl) is session:
-            del self._sessions[session.ttl]
-        self._retired.discard(session)
-
-    def _drop_session(self, session: Session, reason: str, *, expected: bool = False) -> None:
-        """Stop using ``session``: its handles are lost; its etcd lease is revoked
-        in the background so the jobs it held become claimable at once."""
-        self._forget_session(session)
-        session.lose(reason, expected=expected)
-        self._background.spawn(session.close(revoke=True))
-
-    async def _end_session(self, session: Session, reason: str) -> bool:
-        """Stop renewing ``session`` and revoke its etcd lease before going on.
-
-        True once etcd confirmed the lease is gone (so nothing can still be
-        bound to it); False if etcd could not be reached within the read-back
-        timeout (capped at the TTL: an unrenewed lease expires by then anyway).
-        """
-        self._forget_session(session)
-        session.lose(reason)
-        await session.close(revoke=False)
-        try:
-            await self._retry_read(lambda: self.store.revoke(session.lease_id),
-                                   min(self._read_back_timeout, float(session.ttl)))
-        except LeaseNotFoundError:
-            return True
-        except JobLeaseError as exc:
-            log.warning("could not revoke etcd lease %x: %s; it expires within %ds",
-                        session.lease_id, exc, session.ttl)
-            return False
-        return True
-
-    @contextlib.contextmanager
-    def _using(self, session: Session) -> Iterator[None]:
-        self._claiming[session] += 1
-        try:
-            yield
-        finally:
-            self._claiming[session] -= 1
-            if self._claiming[session] <= 0:
-                del self._claiming[session]
-
     async def plan_slots(self, what: str, namespace: str, spec: JobSpec,
                          ticket: Ticket | None, *, fresh: bool = False) -> SlotPlan | None:
         """The semaphore slots a claim of ``spec`` takes (None: it names none):
@@ -553,7 +453,7 @@ class JobLeaseClient:
                 except SemaphoreFullError:
                     pass  # the view may be behind: the read below decides
         reads = [op for _, keys, _ in refs for op in slots_plan.reads(keys)]
-        r = await self._retry_read(lambda: self.store.txn([], reads))
+        r = await self.retry_read(lambda: self.store.txn([], reads))
         states = [(slots_plan.parse(ref, keys, r, 3 * n), weight)
                   for n, (ref, keys, weight) in enumerate(refs)]
         try:
@@ -629,8 +529,8 @@ class JobLeaseClient:
                     raise
                 refresh = True  # planned from a cached spec: make sure it is current
                 continue
-            session = await self._session(spec.lease_duration_seconds)
-            with self._using(session), self._reserving(slot_plan):
+            session = await self.sessions.for_claim(spec.lease_duration_seconds)
+            with self.sessions.using(session), self._reserving(slot_plan):
                 outcome = await self._claim_on(job, keys, owner, spec_revision, spec, session,
                                                revoked, slots=slot_plan)
             if isinstance(outcome, Lease):
@@ -689,7 +589,7 @@ class JobLeaseClient:
             r = await self.store.txn(compares, success, failure)
         except LeaseNotFoundError:
             # etcd expired our session lease before we noticed; start a new one.
-            self._drop_session(session, "etcd no longer knows the lease")
+            self.sessions.drop(session, "etcd no longer knows the lease")
             return False
         except OutcomeUnknownError:
             lease = await self._resolve_ambiguous_claim(job, keys, owner, claim_id,
@@ -700,7 +600,7 @@ class JobLeaseClient:
             # The request may be on its way and commit a holder bound to this
             # session that no handle knows of, renewed for as long as the session
             # lives: end the session so that cannot outlive the cancellation.
-            self._drop_session(session, "a claim bound to it was cancelled in flight")
+            self.sessions.drop(session, "a claim bound to it was cancelled in flight")
             raise
         if r.succeeded:
             claims = r.kv(2)
@@ -795,7 +695,7 @@ class JobLeaseClient:
             raise await self._unresolved(job, claim_id, session,
                                          f"reading it back failed: {exc}") from exc
         except BaseException:  # cancelled or a bug: the outcome is still unknown
-            self._drop_session(session, "its claim's unknown outcome was not settled")
+            self.sessions.drop(session, "its claim's unknown outcome was not settled")
             raise
         holder = fields.get("holder")
         if holder is not None and holder.value == holder_value:
@@ -811,12 +711,12 @@ class JobLeaseClient:
                          slots=slots.grants(holder.create_revision) if slots else ())
         log.info("ambiguous claim of %s not visible; revoking lease %x so it cannot commit late",
                  job, session.lease_id)
-        if not await self._end_session(session, "revoked to settle an ambiguous claim"):
+        if not await self.sessions.end(session, "revoked to settle an ambiguous claim"):
             raise ClaimOutcomeUnknownError(
                 str(job), claim_id, session.lease_id, lease_revoked=False, ttl=session.ttl,
                 why="not visible on read-back, and the revoke that settles it failed")
         try:
-            _, kvs = await self._retry_read(lambda: self.store.get(keys.claims))
+            _, kvs = await self.retry_read(lambda: self.store.get(keys.claims))
         except JobLeaseError as exc:
             raise ClaimOutcomeUnknownError(
                 str(job), claim_id, session.lease_id, lease_revoked=True, ttl=session.ttl,
@@ -847,7 +747,7 @@ class JobLeaseClient:
                           ) -> ClaimOutcomeUnknownError:
         """End ``session`` (a holder of the unsettled claim must not be renewed)
         and say truthfully what is known."""
-        revoked = await self._end_session(session, "its claim's unknown outcome was not settled")
+        revoked = await self.sessions.end(session, "its claim's unknown outcome was not settled")
         return ClaimOutcomeUnknownError(str(job), claim_id, session.lease_id,
                                         lease_revoked=revoked, ttl=session.ttl, why=why)
 
@@ -861,22 +761,14 @@ class JobLeaseClient:
                 return {name: kv for i, name in enumerate(fields) if (kv := r.kv(i)) is not None}
             _, kvs = await self.store.get(keys.prefix, prefix=True)
             return {kv.key[len(keys.prefix):].decode(): kv for kv in kvs}
-        return await self._retry_read(read)
+        return await self.retry_read(read)
 
-    async def _retry_read(self, fn: Callable[[], Awaitable[T]], timeout: float | None = None
-                          ) -> T:
+    async def retry_read(self, fn: Callable[[], Awaitable[T]], timeout: float | None = None
+                         ) -> T:
         """``fn`` retried while etcd is unavailable, for up to ``timeout``
         seconds (default: the client's read-back timeout)."""
-        deadline = time.monotonic() + (self._read_back_timeout if timeout is None else timeout)
-        delay = 0.05
-        while True:
-            try:
-                return await fn()
-            except StoreUnavailableError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(1.0, delay * 2)
+        return await retry_unavailable(
+            fn, self._read_back_timeout if timeout is None else timeout)
 
     # -- acting on someone's behalf ----------------------------------------------------------
 
@@ -916,7 +808,7 @@ class JobLeaseClient:
         if not uses:
             return ()
         refs = slots_plan.semaphore_refs(self.keys, namespace, uses)
-        r = await self._retry_read(lambda: self.store.txn(
+        r = await self.retry_read(lambda: self.store.txn(
             [], [Get(k.slots, prefix=True) for _, k, _ in refs]))
         grants = []
         for n, (ref, keys, _) in enumerate(refs):
@@ -1010,8 +902,7 @@ class JobLeaseClient:
                         raise
                     if guard is None:
                         _, spec = await self._spec(job, self.keys.job(job))
-                        guard = await Session(self.store, spec.lease_duration_seconds,
-                                              margin=self._margin).start()
+                        guard = await self.sessions.guard(spec.lease_duration_seconds)
                     if ticket is None:
                         ticket = await self._take_ticket(job, owner, guard)
                     limit = min(left, float(guard.ttl))
@@ -1023,8 +914,7 @@ class JobLeaseClient:
                         raise
                     if guard is None:
                         _, spec = await self._spec(job, self.keys.job(job))
-                        guard = await Session(self.store, spec.lease_duration_seconds,
-                                              margin=self._margin).start()
+                        guard = await self.sessions.guard(spec.lease_duration_seconds)
                     if on_held is not None and shown != (held.owner, held.token):
                         shown = (held.owner, held.token)
                         on_held(held)

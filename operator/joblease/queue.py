@@ -214,7 +214,7 @@ class Queues:
 
     async def _read(self, reads: list[Get]) -> TxnResult:
         """``reads`` at one revision (a read-only transaction), retried while etcd is away."""
-        return await self.client._retry_read(lambda: self.store.txn([], reads))
+        return await self.client.retry_read(lambda: self.store.txn([], reads))
 
     async def queues_of(self, namespace: str) -> list[QueueRef]:
         """The queues of ``namespace`` (their specs: one key each, read in pages,
@@ -462,9 +462,9 @@ class Queues:
                 job_spec = dataclasses.replace(
                     job_spec, max_attempts=attempts_from + job_spec.max_attempts)
             slot_plan = await client.plan_slots(str(item), item.namespace, job_spec, None)
-            session = await client._session(spec.lease_duration_seconds)
+            session = await client.sessions.for_claim(spec.lease_duration_seconds)
             try:
-                with client._using(session), client._reserving(slot_plan):
+                with client.sessions.using(session), client._reserving(slot_plan):
                     outcome = await client._claim_on(
                         item, keys, owner, spec_revision, job_spec, session, revoked,
                         item=ItemClaim(pending.mod_revision), slots=slot_plan)

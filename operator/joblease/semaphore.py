@@ -114,7 +114,7 @@ class Semaphores:
     async def status(self, ref: SemaphoreRef) -> SemaphoreStatus:
         """Limit, holders and waiters at one revision."""
         keys = self.keys(ref)
-        r = await self.client._retry_read(lambda: self.store.txn([], reads(keys)))
+        r = await self.client.retry_read(lambda: self.store.txn([], reads(keys)))
         state = parse(ref, keys, r, 0)
         holders = []
         for index in sorted(state.slots)[:MAX_HOLDERS_SHOWN]:

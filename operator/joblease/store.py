@@ -12,9 +12,15 @@ Write methods never retry a request whose outcome is unknown: they raise
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
+
+from joblease.errors import StoreUnavailableError
+
+T = TypeVar("T")
 
 Target = Literal["version", "create", "mod", "value", "lease"]
 Op = Literal["==", "!=", "<", ">"]
@@ -207,3 +213,18 @@ def prefix_end(prefix: bytes) -> bytes:
             b[i] += 1
             return bytes(b[: i + 1])
     return b"\0"
+
+
+async def retry_unavailable(fn: Callable[[], Awaitable[T]], timeout: float) -> T:
+    """``fn`` (a read, or a write safe to repeat) retried while etcd is unavailable,
+    for up to ``timeout`` seconds; then the last StoreUnavailableError is raised."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        try:
+            return await fn()
+        except StoreUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(1.0, delay * 2)

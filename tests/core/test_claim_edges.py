@@ -391,12 +391,12 @@ async def test_long_lived_client_keeps_a_bounded_spec_cache_and_few_sessions(
 ) -> None:
     """Defect 16: a client that claims many jobs of many TTLs keeps at most
     ``_spec_cache_size`` specs and closes (revokes) sessions with no holders
-    beyond ``_idle_sessions``; a session with a holder stays. The sizes are
+    beyond ``sessions.idle_sessions``; a session with a holder stays. The sizes are
     shrunk so the bound shows with few jobs; open sessions are counted as etcd
     leases granted and not revoked."""
     c, store = faulty
     c._spec_cache_size = 3
-    c._idle_sessions = 2
+    c.sessions.idle_sessions = 2
     keep = JobRef("default", "kept")
     await client.register(keep, JobSpec(20, 0))
     kept = await c.claim(keep, "worker-a")

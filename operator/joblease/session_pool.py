@@ -1,0 +1,152 @@
+"""The etcd leases a client's claims are bound to: one current session per TTL,
+shared by every claim of that TTL, and the sessions retired from that role.
+
+Why a pool: a session is an etcd lease plus its keep-alive loop; one per claim
+would cost a grant and a keep-alive stream per job. Why retiring: a session with
+less than :attr:`SessionPool.min_session_left` of local safety takes no new claim
+(its handle could be lost at once if the keep-alive in flight answers late), but
+it is not ended either: the answer may be on its way, and the jobs it holds keep
+it until its own deadline. A retired session is renewed as before and closed once
+it has no holders or its deadline has passed. Idle sessions beyond
+:attr:`SessionPool.idle_sessions` are closed (revoked), so a long-lived client
+keeps a bounded number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter, OrderedDict, defaultdict
+from collections.abc import Iterator
+
+from joblease.background import BackgroundTasks
+from joblease.errors import JobLeaseError, LeaseNotFoundError
+from joblease.lease import Lease
+from joblease.session import Session
+from joblease.store import Store, retry_unavailable
+
+log = logging.getLogger("joblease.client")
+
+
+class SessionPool:
+    """The sessions of one client (module docstring)."""
+
+    #: At most this many sessions without holders are kept open for reuse.
+    idle_sessions = 4
+    #: A session with less local safety left than this takes no new claim.
+    min_session_left = 0.5
+
+    def __init__(self, store: Store, background: BackgroundTasks, *, margin: float | None,
+                 revoke_on_loss: bool, revoke_timeout: float) -> None:
+        self.store = store
+        self._background = background
+        self._margin = margin
+        self._revoke_on_loss = revoke_on_loss
+        self._revoke_timeout = revoke_timeout
+        #: per TTL, the session new claims are bound to (least recently used first)
+        self._current: OrderedDict[int, Session] = OrderedDict()
+        #: replaced sessions, renewed until their holders finish or their deadline passes
+        self._retired: set[Session] = set()
+        #: claims in flight per session: such a session is never closed as idle
+        self._claiming: Counter[Session] = Counter()
+        self._locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    def _usable(self, session: Session | None) -> bool:
+        return (session is not None and session.alive
+                and session.remaining() >= self.min_session_left)
+
+    async def for_claim(self, ttl: int) -> Session:
+        """The session a new claim of ``ttl`` seconds is bound to (started if none is
+        usable; the one it replaces is retired)."""
+        session = self._current.get(ttl)
+        if not self._usable(session):
+            async with self._locks[ttl]:
+                session = self._current.get(ttl)
+                if not self._usable(session):
+                    if session is not None:
+                        del self._current[ttl]
+                        self._retired.add(session)
+                    session = await Session(self.store, ttl, margin=self._margin,
+                                            check_holders=Lease.check_all,
+                                            revoke_on_loss=self._revoke_on_loss).start()
+                    self._current[ttl] = session
+        assert session is not None
+        self._current.move_to_end(ttl)
+        self._sweep(keep=session)
+        return session
+
+    async def guard(self, ttl: int) -> Session:
+        """A session of its own for a waiter's keys (tickets): not shared, not pooled;
+        the caller closes it."""
+        return await Session(self.store, ttl, margin=self._margin).start()
+
+    @contextlib.contextmanager
+    def using(self, session: Session) -> Iterator[None]:
+        """While a claim is in flight on ``session``, it is never closed as idle."""
+        self._claiming[session] += 1
+        try:
+            yield
+        finally:
+            self._claiming[session] -= 1
+            if self._claiming[session] <= 0:
+                del self._claiming[session]
+
+    def _sweep(self, keep: Session) -> None:
+        """Close sessions nobody needs: retired ones without holders or past their
+        deadline, current ones that are dead and idle, and idle ones beyond
+        ``idle_sessions`` (least recently used first). Never ``keep`` or one a claim
+        is using."""
+        def idle(s: Session) -> bool:
+            return s.holders == 0 and self._claiming[s] == 0 and s is not keep
+
+        for s in list(self._retired):
+            if s is not keep and self._claiming[s] == 0 and (s.holders == 0 or not s.alive):
+                self.drop(s, "retired and no longer needed", expected=True)
+        idle_current = [s for s in self._current.values() if idle(s)]
+        for s in idle_current:
+            if not s.alive:
+                self.drop(s, "dead and idle", expected=True)
+        idle_current = [s for s in idle_current if s.alive]
+        for s in idle_current[:max(0, len(idle_current) - self.idle_sessions)]:
+            self.drop(s, "idle", expected=True)
+
+    def _forget(self, session: Session) -> None:
+        if self._current.get(session.ttl) is session:
+            del self._current[session.ttl]
+        self._retired.discard(session)
+
+    def drop(self, session: Session, reason: str, *, expected: bool = False) -> None:
+        """Stop using ``session``: its handles are lost; its etcd lease is revoked
+        in the background so the jobs it held become claimable at once."""
+        self._forget(session)
+        session.lose(reason, expected=expected)
+        self._background.spawn(session.close(revoke=True))
+
+    async def end(self, session: Session, reason: str) -> bool:
+        """Stop renewing ``session`` and revoke its etcd lease before going on.
+
+        True once etcd confirmed the lease is gone (so nothing can still be
+        bound to it); False if etcd could not be reached within the revoke
+        timeout (capped at the TTL: an unrenewed lease expires by then anyway).
+        """
+        self._forget(session)
+        session.lose(reason)
+        await session.close(revoke=False)
+        try:
+            await retry_unavailable(lambda: self.store.revoke(session.lease_id),
+                                    min(self._revoke_timeout, float(session.ttl)))
+        except LeaseNotFoundError:
+            return True
+        except JobLeaseError as exc:
+            log.warning("could not revoke etcd lease %x: %s; it expires within %ds",
+                        session.lease_id, exc, session.ttl)
+            return False
+        return True
+
+    async def close(self, *, revoke: bool) -> None:
+        """Close every session, current and retired."""
+        sessions = [*self._current.values(), *self._retired]
+        self._current, self._retired = OrderedDict(), set()
+        for s in sessions:
+            await s.close(revoke=revoke)
