@@ -549,7 +549,7 @@ class JobLeaseClient:
         raise StoreUnavailableError(f"claim of {job} did not settle after several attempts")
 
     async def _claim_on(self, job: JobRef | ItemRef, keys: JobKeys | ItemKeys, owner: str,
-                        spec_revision: int, spec: JobSpec, session: Session,
+                        spec_revision: int, spec: JobSpec, session: Session[Lease],
                         revoked: list[int], item: ItemClaim | None = None,
                         slots: SlotPlan | None = None) -> Lease | bool:
         """One claim transaction bound to ``session``: the lease, or whether to
@@ -670,7 +670,7 @@ class JobLeaseClient:
 
     async def _resolve_ambiguous_claim(
         self, job: JobRef | ItemRef, keys: JobKeys | ItemKeys, owner: str, claim_id: str,
-        holder_value: bytes, session: Session, spec: JobSpec, revoked: list[int],
+        holder_value: bytes, session: Session[Lease], spec: JobSpec, revoked: list[int],
         slots: SlotPlan | None = None,
     ) -> Lease | None:
         """Invariant ``read-back``: a claim whose response was lost is resolved by reading back.
@@ -743,8 +743,8 @@ class JobLeaseClient:
         claim_id = value.get("claimId") if isinstance(value, dict) else None
         return claim_id if isinstance(claim_id, str) else None
 
-    async def _unresolved(self, job: JobRef | ItemRef, claim_id: str, session: Session, why: str
-                          ) -> ClaimOutcomeUnknownError:
+    async def _unresolved(self, job: JobRef | ItemRef, claim_id: str, session: Session[Lease],
+                          why: str) -> ClaimOutcomeUnknownError:
         """End ``session`` (a holder of the unsettled claim must not be renewed)
         and say truthfully what is known."""
         revoked = await self.sessions.end(session, "its claim's unknown outcome was not settled")
@@ -882,7 +882,7 @@ class JobLeaseClient:
             raise InvalidInputError("the wait must be a number of seconds >= 0")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        guard: Session | None = None
+        guard: Session[Lease] | None = None
         ticket: Ticket | None = None  # our place in line for semaphore slots
         shown: tuple[str, int] | None = None
         backoff = 0.2
@@ -936,7 +936,7 @@ class JobLeaseClient:
         _, spec = await self._spec(job, self.keys.job(job))
         return slots_plan.semaphore_refs(self.keys, job.namespace, spec.semaphores)
 
-    async def _take_ticket(self, job: JobRef, owner: str, guard: Session) -> Ticket:
+    async def _take_ticket(self, job: JobRef, owner: str, guard: Session[Lease]) -> Ticket:
         """Waiter keys for every semaphore the job needs, put in one transaction
         (one create revision: the same place in every line) bound to ``guard``."""
         refs = await self._semaphore_keys(job)
@@ -986,7 +986,7 @@ class JobLeaseClient:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     @staticmethod
-    async def _wait_unless_lost(waiting: Awaitable[T], session: Session) -> T | None:
+    async def _wait_unless_lost(waiting: Awaitable[T], session: Session[Lease]) -> T | None:
         """``waiting``'s result, or ``None`` as soon as ``session`` is lost."""
         task = asyncio.ensure_future(waiting)
         lost = asyncio.ensure_future(session.wait_lost())

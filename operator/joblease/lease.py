@@ -77,7 +77,7 @@ class Lease:
         self,
         *,
         store: Store,
-        session: Session | None,
+        session: Session[Lease] | None,
         job: JobRef | ItemRef,
         keys: JobKeys | ItemKeys,
         owner: str,
@@ -457,7 +457,7 @@ class Lease:
                 log.info("release of %s on exit failed: %s", self.job, e)
 
     @staticmethod
-    async def check_all(holders: list[object]) -> None:
+    async def check_all(holders: list[Lease]) -> None:
         """Re-check many holders with few requests (invariant ``renew-checks-holder`` at scale).
 
         One transaction per chunk of 64 handles (two compares each, within
@@ -466,7 +466,7 @@ class Lease:
         by handle to find which were lost. Renewal then costs about
         ``held / 64`` requests per keep-alive period instead of ``held``.
         """
-        leases = [h for h in holders if isinstance(h, Lease) and h._state is LeaseState.HELD]
+        leases = [h for h in holders if h._state is LeaseState.HELD]
         for start in range(0, len(leases), 64):
             chunk = leases[start:start + 64]
             try:

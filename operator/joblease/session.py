@@ -27,6 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
 from joblease import validation
 from joblease.errors import JobLeaseError, LeaseNotFoundError, StoreUnavailableError
@@ -35,6 +36,8 @@ from joblease.store import Store
 log = logging.getLogger(__name__)
 
 LossCallback = Callable[[str], None]
+#: What a session re-checks after each keep-alive (the client's: its Lease handles).
+HolderT = TypeVar("HolderT")
 
 
 def default_margin(ttl: int) -> float:
@@ -42,8 +45,10 @@ def default_margin(ttl: int) -> float:
     return min(2.0, 0.2 * ttl)
 
 
-class Session:
-    """One etcd lease (``lease_id``) of ``ttl`` seconds and its keep-alive loop."""
+class Session(Generic[HolderT]):
+    """One etcd lease (``lease_id``) of ``ttl`` seconds and its keep-alive loop; the
+    handles bound to it (``HolderT``) are re-checked by ``check_holders`` after each
+    successful keep-alive."""
 
     def __init__(
         self,
@@ -52,7 +57,7 @@ class Session:
         *,
         margin: float | None = None,
         clock: Callable[[], float] = time.monotonic,
-        check_holders: Callable[[list[object]], Awaitable[None]] | None = None,
+        check_holders: Callable[[list[HolderT]], Awaitable[None]] | None = None,
         revoke_on_loss: bool = True,
     ) -> None:
         self.store = store
@@ -66,7 +71,7 @@ class Session:
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
         self._listeners: list[LossCallback] = []
-        self._holders: set[object] = set()
+        self._holders: set[HolderT] = set()
         self._check_holders = check_holders
         self._lost = asyncio.Event()
         self._closing = False
@@ -95,7 +100,7 @@ class Session:
     def _expire(self) -> None:
         self.lose("no keep-alive succeeded before the safety deadline")
 
-    async def start(self) -> Session:
+    async def start(self) -> Session[HolderT]:
         sent = self._clock()
         self.lease_id, granted = await self.store.grant(self.ttl)
         self.deadline = sent + granted - self.margin
@@ -112,11 +117,11 @@ class Session:
         with contextlib.suppress(ValueError):
             self._listeners.remove(callback)
 
-    def attach(self, holder: object) -> None:
+    def attach(self, holder: HolderT) -> None:
         """Re-check ``holder`` after each successful keep-alive (see ``check_holders``)."""
         self._holders.add(holder)
 
-    def detach(self, holder: object) -> None:
+    def detach(self, holder: HolderT) -> None:
         self._holders.discard(holder)
 
     @property

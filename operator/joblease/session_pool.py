@@ -45,18 +45,18 @@ class SessionPool:
         self._revoke_on_loss = revoke_on_loss
         self._revoke_timeout = revoke_timeout
         #: per TTL, the session new claims are bound to (least recently used first)
-        self._current: OrderedDict[int, Session] = OrderedDict()
+        self._current: OrderedDict[int, Session[Lease]] = OrderedDict()
         #: replaced sessions, renewed until their holders finish or their deadline passes
-        self._retired: set[Session] = set()
+        self._retired: set[Session[Lease]] = set()
         #: claims in flight per session: such a session is never closed as idle
-        self._claiming: Counter[Session] = Counter()
+        self._claiming: Counter[Session[Lease]] = Counter()
         self._locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
 
-    def _usable(self, session: Session | None) -> bool:
+    def _usable(self, session: Session[Lease] | None) -> bool:
         return (session is not None and session.alive
                 and session.remaining() >= self.min_session_left)
 
-    async def for_claim(self, ttl: int) -> Session:
+    async def for_claim(self, ttl: int) -> Session[Lease]:
         """The session a new claim of ``ttl`` seconds is bound to (started if none is
         usable; the one it replaces is retired)."""
         session = self._current.get(ttl)
@@ -67,7 +67,7 @@ class SessionPool:
                     if session is not None:
                         del self._current[ttl]
                         self._retired.add(session)
-                    session = await Session(self.store, ttl, margin=self._margin,
+                    session = await Session[Lease](self.store, ttl, margin=self._margin,
                                             check_holders=Lease.check_all,
                                             revoke_on_loss=self._revoke_on_loss).start()
                     self._current[ttl] = session
@@ -76,13 +76,13 @@ class SessionPool:
         self._sweep(keep=session)
         return session
 
-    async def guard(self, ttl: int) -> Session:
+    async def guard(self, ttl: int) -> Session[Lease]:
         """A session of its own for a waiter's keys (tickets): not shared, not pooled;
         the caller closes it."""
-        return await Session(self.store, ttl, margin=self._margin).start()
+        return await Session[Lease](self.store, ttl, margin=self._margin).start()
 
     @contextlib.contextmanager
-    def using(self, session: Session) -> Iterator[None]:
+    def using(self, session: Session[Lease]) -> Iterator[None]:
         """While a claim is in flight on ``session``, it is never closed as idle."""
         self._claiming[session] += 1
         try:
@@ -92,12 +92,12 @@ class SessionPool:
             if self._claiming[session] <= 0:
                 del self._claiming[session]
 
-    def _sweep(self, keep: Session) -> None:
+    def _sweep(self, keep: Session[Lease]) -> None:
         """Close sessions nobody needs: retired ones without holders or past their
         deadline, current ones that are dead and idle, and idle ones beyond
         ``idle_sessions`` (least recently used first). Never ``keep`` or one a claim
         is using."""
-        def idle(s: Session) -> bool:
+        def idle(s: Session[Lease]) -> bool:
             return s.holders == 0 and self._claiming[s] == 0 and s is not keep
 
         for s in list(self._retired):
@@ -111,19 +111,19 @@ class SessionPool:
         for s in idle_current[:max(0, len(idle_current) - self.idle_sessions)]:
             self.drop(s, "idle", expected=True)
 
-    def _forget(self, session: Session) -> None:
+    def _forget(self, session: Session[Lease]) -> None:
         if self._current.get(session.ttl) is session:
             del self._current[session.ttl]
         self._retired.discard(session)
 
-    def drop(self, session: Session, reason: str, *, expected: bool = False) -> None:
+    def drop(self, session: Session[Lease], reason: str, *, expected: bool = False) -> None:
         """Stop using ``session``: its handles are lost; its etcd lease is revoked
         in the background so the jobs it held become claimable at once."""
         self._forget(session)
         session.lose(reason, expected=expected)
         self._background.spawn(session.close(revoke=True))
 
-    async def end(self, session: Session, reason: str) -> bool:
+    async def end(self, session: Session[Lease], reason: str) -> bool:
         """Stop renewing ``session`` and revoke its etcd lease before going on.
 
         True once etcd confirmed the lease is gone (so nothing can still be

@@ -83,7 +83,7 @@ class Leader:
 class Leadership:
     """This replica leads; ``term`` is its fencing token. Lost once, lost for good."""
 
-    def __init__(self, election: Election, session: Session, term: int) -> None:
+    def __init__(self, election: Election, session: Session[object], term: int) -> None:
         self.election = election
         self.session = session
         self.term = term
@@ -183,14 +183,14 @@ class Election:
         alive while waiting, so the try is one transaction; an attempt whose
         outcome is unknown is settled by the key's lease being ours.
         """
-        session: Session | None = None
+        session: Session[object] | None = None
         try:
             while True:
                 try:
                     if session is None or not session.alive:
                         if session is not None:
                             await session.close(revoke=True)
-                        session = await Session(self.store, self.ttl).start()
+                        session = await Session[object](self.store, self.ttl).start()
                     result = await self.store.txn(
                         [Compare(self.key, "create", "==", 0)],
                         [Put(self.key, self.identity.encode(), lease=session.lease_id)],
@@ -230,7 +230,7 @@ class Election:
             if session is not None:  # cancelled (or failed) while standing by
                 await session.close(revoke=True)
 
-    async def _wait_vacant(self, session: Session, revision: int, kv: KeyValue) -> None:
+    async def _wait_vacant(self, session: Session[object], revision: int, kv: KeyValue) -> None:
         """Until the key seen at ``revision`` is deleted (or our session is lost,
         which needs a new lease before the next try)."""
         log.info("election %s: standing by (leader %s, term %d)", self.name,
