@@ -288,6 +288,10 @@ class QueueChaosRunner(ChaosRunner):
         violations = queue_checker.check_queue(
             ops, final=final, max_attempts=self.qcfg.max_attempts, poison=self.poison,
             destinations=destinations, holders=holders, statuses=statuses)
+        # a watch that could not resume (410 Gone) missed statuses: the verdict on
+        # them would be incomplete, so the run cannot pass
+        violations += [checker.Violation("status-watch-gap", gap, job=str(QUEUE))
+                       for gap in (self.recorder.gaps if self.recorder else [])]
         report.statuses_served = sum(len(v) for v in (statuses or {}).values())
         operations = history.pair(ops)
         report.items_enqueued = len(queue_checker.enqueued(operations))

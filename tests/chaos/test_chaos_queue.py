@@ -62,7 +62,7 @@ async def test_queue_operator_status_under_faults(
     the queue; its served statuses never move backwards and end at etcd's counts."""
     cfg = QueueChaosConfig(workers=3, sidecar_pairs=1, sidecar_argv=tuple(sidecar_argv),
                            ttl=2, fault_interval=1.0, duration=30.0, liveness_bound=45.0,
-                           items=80, poison=2, max_attempts=20, pg_dsn=pg_dsn,
+                           items=120, poison=2, max_attempts=20, pg_dsn=pg_dsn,
                            fault_types=FAULT_TYPES + OPERATOR_FAULT_TYPES)
     report = await run(cfg, _run_dir(tmp_path, f"queue-operator-{sidecar_impl}"),
                        control_plane)
