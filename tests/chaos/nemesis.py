@@ -25,7 +25,8 @@ Fault types (``FAULT_TYPES``):
 for the whole run (hours ahead/behind, x0.5 / x2); each such start is logged.
 
 ``OPERATOR_FAULT_TYPES``, scheduled only in runs with the operator
-(``tests/chaos/test_chaos_operator.py``):
+(``tests/chaos/test_chaos_operator.py``; the queue workload's operator run in
+``tests/chaos/test_chaos_queue.py``):
 
 * ``kill-operator``: SIGKILL the operator and restart it a moment later;
 * ``rollout-operator``: start a second operator, let both run for 1-3 x TTL,

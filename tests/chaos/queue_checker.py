@@ -30,6 +30,25 @@ The queue's own rules, each a function of its own:
 * ``item-token-order`` (:func:`check_claim_tokens`): the tokens of an item's
   successive ok claims (by generation) do not increase.
 
+With the operator (tests/chaos/test_chaos_queue.py's operator run), every
+JobQueue status the API server served, in served order
+(:func:`check_queue_statuses`; docs/operator.md, "JobQueues"):
+
+* ``queue-status-backwards``: ``etcdRevision`` (the operator never applies
+  counts read at an older revision, and the CRD refuses a decreasing one),
+  ``observedGeneration``, ``total``, ``completed`` or ``failed`` decreased from
+  one served status to the next. The counts only grow in these runs because
+  nothing prunes or retries an item (retention and ``joblease queue retry``
+  lower them, documented; a run that used them would need another rule).
+* ``queue-status-torn``: ``pending + held + completed + failed != total`` in one
+  status (its counts are one read at one revision, so they add up).
+* ``queue-status-counts``: a status's ``total``, ``completed`` or ``failed`` is
+  not what etcd held at the status's ``etcdRevision``: the items, results and
+  failed keys created at or before it (those keys are never deleted in these
+  runs, so their create revisions say exactly when each count grew).
+* ``queue-status-final``: no status was served, or the last one's counts are
+  not etcd's final ones (every item settled: ``pending`` and ``held`` 0).
+
 Like ``checker``, nothing here reads a clock.
 """
 
@@ -39,6 +58,7 @@ import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tests.chaos import checker
 from tests.chaos.checker import Entry, HolderAt, Violation
@@ -56,6 +76,10 @@ class FinalItem:
     failed_generation: int | None = None   # failed/<id>'s generation, if failed
     pending: bool = False                  # pending/<id> exists
     held: bool = False                     # held/<id> exists
+    # create revisions (0: no such key): when each count of the queue's grew
+    item_revision: int = 0                 # items/<id>
+    result_revision: int = 0               # results/<id>
+    failed_revision: int = 0               # failed/<id>
 
     @property
     def phase(self) -> str:
@@ -245,12 +269,92 @@ def check_claim_tokens(operations: Sequence[Operation]) -> list[Violation]:
     return found
 
 
+#: JobQueue status fields that never decrease in a run without prune or retry.
+MONOTONE_STATUS_FIELDS = ("etcdRevision", "observedGeneration", "total", "completed", "failed")
+COUNT_FIELDS = ("total", "pending", "held", "completed", "failed")
+
+
+def final_counts(final: Mapping[str, FinalItem]) -> dict[str, int]:
+    """The counts a JobQueue status must show for etcd's final state (docs/queues.md,
+    "Counts": ``pending`` is the pending keys minus the held ones)."""
+    states = list(final.values())
+    held = sum(1 for s in states if s.held)
+    return {"total": sum(1 for s in states if s.item_revision),
+            "pending": sum(1 for s in states if s.pending) - held, "held": held,
+            "completed": sum(1 for s in states if s.result_revision),
+            "failed": sum(1 for s in states if s.failed_revision)}
+
+
+def counts_at(final: Mapping[str, FinalItem], revision: int) -> dict[str, int]:
+    """``total``, ``completed`` and ``failed`` as etcd had them at ``revision``."""
+    def upto(rev: int) -> bool:
+        return 0 < rev <= revision
+    states = list(final.values())
+    return {"total": sum(1 for s in states if upto(s.item_revision)),
+            "completed": sum(1 for s in states if upto(s.result_revision)),
+            "failed": sum(1 for s in states if upto(s.failed_revision))}
+
+
+def check_queue_statuses(served: Sequence[Mapping[str, Any]], queue: str,
+                         final: Mapping[str, FinalItem] | None = None) -> list[Violation]:
+    """The JobQueue ``queue``'s statuses, as the API server served them in order
+    (empty ones, before the operator's first write, are skipped); ``final``: etcd's
+    items at the end (None: only the rules that need no etcd state)."""
+    found = []
+    statuses = [(i, s) for i, s in enumerate(served) if s]
+    prev: tuple[int, Mapping[str, Any]] | None = None
+    for i, status in statuses:
+        if prev is not None:
+            for f in MONOTONE_STATUS_FIELDS:
+                a, b = prev[1].get(f), status.get(f)
+                if a is not None and b is not None and int(b) < int(a):
+                    found.append(Violation(
+                        "queue-status-backwards",
+                        f"served status #{i}: {f} {b} after {a} (status #{prev[0]})",
+                        job=queue))
+        prev = (i, status)
+        counts = {f: status.get(f) for f in COUNT_FIELDS}
+        if all(isinstance(v, int) for v in counts.values()):
+            parts = sum(int(counts[f] or 0) for f in COUNT_FIELDS if f != "total")
+            if parts != counts["total"]:
+                found.append(Violation(
+                    "queue-status-torn",
+                    f"served status #{i}: pending + held + completed + failed = {parts}, "
+                    f"total {counts['total']} ({counts})", job=queue))
+        revision = status.get("etcdRevision")
+        if final is not None and isinstance(revision, int):
+            want = counts_at(final, revision)
+            got = {f: status.get(f) for f in want}
+            if got != want:
+                found.append(Violation(
+                    "queue-status-counts",
+                    f"served status #{i} at etcdRevision {revision} says {got}; etcd had "
+                    f"{want} at that revision", job=queue))
+    if final is not None:
+        want_final = final_counts(final)
+        if prev is None:
+            found.append(Violation("queue-status-final",
+                                   f"no status was served; etcd's counts are {want_final}",
+                                   job=queue))
+        else:
+            got_final = {f: prev[1].get(f) for f in COUNT_FIELDS}
+            if got_final != want_final:
+                found.append(Violation(
+                    "queue-status-final",
+                    f"the last status served (#{prev[0]}) says {got_final}; etcd's final "
+                    f"counts are {want_final}", job=queue))
+    return found
+
+
 def check_queue(ops: Sequence[Op], *, final: Mapping[str, FinalItem],
                 max_attempts: int, poison: Iterable[str] = (),
                 destinations: Mapping[str, Sequence[Entry]] | None = None,
                 holders: Mapping[tuple[str, int], HolderAt | None] | None = None,
+                statuses: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
                 ) -> list[Violation]:
-    """Every violation of a queue run: the job rules per item, then the queue's."""
+    """Every violation of a queue run: the job rules per item, then the queue's;
+    ``statuses`` (runs with the operator): every JobQueue's served statuses, by
+    ``<namespace>/<name>``, each judged with ``final``'s items of that queue."""
     operations = pair(ops)
     poison = list(poison)
     found = checker.check(ops, final={i: s.as_job() for i, s in final.items()},
@@ -261,4 +365,7 @@ def check_queue(ops: Sequence[Op], *, final: Mapping[str, FinalItem],
               + check_claim_tokens(operations))
     if destinations is not None:
         found += check_item_fences(operations, destinations)
+    for queue, served in sorted((statuses or {}).items()):
+        items = {i: st for i, st in final.items() if i.rpartition("/")[0] == queue}
+        found += check_queue_statuses(served, queue, items)
     return found

@@ -17,10 +17,22 @@ the queue within ``liveness_bound`` seconds; then they are stopped, etcd's
 final state of every item and the destinations are read, and
 ``queue_checker.check_queue`` judges (tests/chaos/queue_checker.py).
 
-Worker processes run ``tests.chaos.queue_workload`` (``--mode worker``: the core
-library's ``Queues``). The sidecar pairs (``--mode sidecar``) wait for the Go
-sidecar's queue mode (see the hook in queue_workload.py), and operator faults
-for an operator that manages JobQueues: neither exists on this branch.
+Worker processes run ``tests.chaos.queue_workload``: library workers
+(``--mode worker``: the core library's ``Queues``) and ``sidecar_pairs`` pairs
+(``--mode sidecar``: a draining Go sidecar in queue mode and a worker talking
+HTTP to it), so every fault type has a target: the sidecar faults pause, kill,
+partition or delay the pairs' sidecars as in the job workload.
+
+With a control plane (``tests.support.controlplane``, the CRDs installed:
+:func:`run`'s ``control_plane``) the real operator runs too (started with
+``--queue-interval``), the queue is a ``JobQueue`` created with ``kubectl
+apply`` as a user would (the operator registers it in etcd; the runner waits
+for that before it enqueues), the nemesis also kills and rolls out the operator
+and cuts or delays its traffic (``OPERATOR_FAULT_TYPES``), and a watch records
+every JobQueue status the API server served. After the drain the runner waits
+(bounded) until the last one shows etcd's final counts, and the checker judges
+them (``queue_checker.check_queue_statuses``: never backwards, counts that add
+up and equal etcd's at their ``etcdRevision``, the last one etcd's final).
 """
 
 from __future__ import annotations
@@ -45,15 +57,15 @@ from tests.chaos.history import History
 from tests.chaos.nemesis import FAULT_TYPES
 from tests.chaos.runner import NAMESPACE, ChaosConfig, ChaosRunner, Report, _retry
 
-#: The nemesis's faults that have a target in a queue run (no sidecar pairs yet).
-QUEUE_FAULT_TYPES = tuple(t for t in FAULT_TYPES if "sidecar" not in t)
+#: The nemesis's faults that need no sidecar pair (a run with ``sidecar_pairs=0``).
+NO_PAIR_FAULT_TYPES = tuple(t for t in FAULT_TYPES if "sidecar" not in t)
 QUEUE = QueueRef(NAMESPACE, "q")
 
 
 @dataclass
 class QueueChaosConfig(ChaosConfig):
-    sidecar_pairs: int = 0            # the sidecar has no queue mode yet (queue_workload.py)
-    fault_types: tuple[str, ...] = QUEUE_FAULT_TYPES
+    sidecar_pairs: int = 1            # draining Go sidecars + their HTTP workers
+    fault_types: tuple[str, ...] = FAULT_TYPES
     step_delay: float = 0.3           # items are many: ~1 s each (a job's ~1-2 s)
     liveness_bound: float = 45.0      # after the faults, the drain's deadline
     items: int = 150                  # items enqueued in all, poison ones included
@@ -63,11 +75,13 @@ class QueueChaosConfig(ChaosConfig):
     backlog: int = 24                 # enqueue while fewer items than this are open
     concurrency: int = 2              # claimers per worker process (one shared pool)
     claim_wait: float = 1.0           # claim_next's wait (a watch) before "empty"
+    status_interval: float = 0.5      # with the operator: its --queue-interval
 
     def __post_init__(self) -> None:
-        if self.sidecar_pairs:
-            raise ValueError("queue runs have no sidecar pairs yet: the Go sidecar's queue "
-                             "mode is not on this branch (tests/chaos/queue_workload.py)")
+        pair_faults = [t for t in self.fault_types if "sidecar" in t]
+        if pair_faults and not self.sidecar_pairs:
+            raise ValueError(f"fault types {pair_faults} need a sidecar pair to target: "
+                             "sidecar_pairs=0 schedules NO_PAIR_FAULT_TYPES")
         if not 0 <= self.poison <= self.items:
             raise ValueError(f"poison {self.poison} must be within 0..items ({self.items})")
         if self.max_attempts < 1:
@@ -96,15 +110,18 @@ class QueueReport(Report):
                                                if self.failed_exhausted else ""),
             f"  most claims of one (non-poison) item: {self.max_claims_of_an_item}",
         ]
+        lines = [line.replace("every job completed", "every item settled") for line in lines]
         return "\n".join(lines)
 
 
 class QueueChaosRunner(ChaosRunner):
     worker_module = "tests.chaos.queue_workload"
     report_class = QueueReport
+    status_plural = "jobqueues"
 
-    def __init__(self, cfg: QueueChaosConfig, run_dir: Path | None = None) -> None:
-        super().__init__(cfg, run_dir)
+    def __init__(self, cfg: QueueChaosConfig, run_dir: Path | None = None,
+                 control_plane: Any = None) -> None:
+        super().__init__(cfg, run_dir, control_plane)
         self.qcfg = cfg
         width = len(str(cfg.items))
         ids = [f"poison-{n}" for n in range(cfg.poison)]
@@ -119,6 +136,9 @@ class QueueChaosRunner(ChaosRunner):
         return ["--queue", str(QUEUE), "--concurrency", str(self.qcfg.concurrency),
                 "--claim-wait", str(self.qcfg.claim_wait)]
 
+    def _operator_args(self) -> list[str]:
+        return ["--queue-interval", str(self.qcfg.status_interval)]
+
     def _holder_key(self, job: str) -> bytes:
         queue, _, item_id = job.rpartition("/")
         return KeySpace(self.root).queue(QueueRef.parse(queue)).item(item_id).holder
@@ -128,9 +148,35 @@ class QueueChaosRunner(ChaosRunner):
     async def _begin(self, client: JobLeaseClient) -> None:
         self.h = History(self.dir / "history-runner.jsonl", "runner")
         queues = self.queues = Queues(client)
-        spec = QueueSpec(self.qcfg.ttl, self.qcfg.max_attempts)
-        await _retry(lambda: queues.create(QUEUE, spec))
+        if self.cp is None:
+            spec = QueueSpec(self.qcfg.ttl, self.qcfg.max_attempts)
+            await _retry(lambda: queues.create(QUEUE, spec))
+        else:
+            await self._create_job_queue(queues)
         await self._enqueue(max(self.qcfg.poison, self.qcfg.backlog))
+
+    async def _create_job_queue(self, queues: Queues, timeout: float = 60.0) -> None:
+        """As a user does: a JobQueue resource; the operator creates the queue in etcd
+        (items are enqueued through the library: a queue has no object per item)."""
+        assert self.cp is not None
+        doc = json.dumps({"apiVersion": "joblease.io/v1alpha1", "kind": "JobQueue",
+                          "metadata": {"name": QUEUE.name, "namespace": QUEUE.namespace},
+                          "spec": {"leaseDurationSeconds": self.qcfg.ttl,
+                                   "maxAttempts": self.qcfg.max_attempts}})
+        r = await asyncio.to_thread(self.cp.kubectl, "apply", "-f", "-", input=doc)
+        if r.returncode != 0:
+            raise RuntimeError(f"kubectl apply of the JobQueue failed: {r.stderr}")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await queues.spec(QUEUE, refresh=True)
+                return
+            except JobLeaseError as e:  # QueueNotFoundError until the operator created it
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the operator did not create queue {QUEUE} in etcd "
+                                       f"within {timeout:.0f}s: {e}") from e
+            self._check_operator()
+            await asyncio.sleep(0.2)
 
     async def _enqueue(self, n: int) -> None:
         """The next ``n`` ids as one batch; an unknown outcome is sent again until
@@ -219,7 +265,11 @@ class QueueChaosRunner(ChaosRunner):
                 result_version=result.version if result else 0,
                 failed_generation=FailedRecord.decode(failed.value).generation
                 if failed else None,
-                pending=item_id in by["pending"], held=item_id in by["held"])
+                pending=item_id in by["pending"], held=item_id in by["held"],
+                item_revision=by["items"][item_id].create_revision
+                if item_id in by["items"] else 0,
+                result_revision=result.create_revision if result else 0,
+                failed_revision=failed.create_revision if failed else 0)
             if item_id in by["items"] or state != queue_checker.FinalItem():
                 out[f"{QUEUE}/{item_id}"] = state
         return out
@@ -231,12 +281,18 @@ class QueueChaosRunner(ChaosRunner):
         if self.h is not None:
             self.h.close()
         final = await self._final_items(client)
+        statuses = await self._queue_converged(final)
         ops = history.merge(self.dir.glob("history-*.jsonl"))
         holders = await self._holders(client, ops)
         destinations = await self._destinations(client)
         violations = queue_checker.check_queue(
             ops, final=final, max_attempts=self.qcfg.max_attempts, poison=self.poison,
-            destinations=destinations, holders=holders)
+            destinations=destinations, holders=holders, statuses=statuses)
+        # a watch that could not resume (410 Gone) missed statuses: the verdict on
+        # them would be incomplete, so the run cannot pass
+        violations += [checker.Violation("status-watch-gap", gap, job=str(QUEUE))
+                       for gap in (self.recorder.gaps if self.recorder else [])]
+        report.statuses_served = sum(len(v) for v in (statuses or {}).values())
         operations = history.pair(ops)
         report.items_enqueued = len(queue_checker.enqueued(operations))
         report.enqueues = sum(1 for o in operations if o.kind == "enqueue" and o.phase == "ok")
@@ -250,8 +306,30 @@ class QueueChaosRunner(ChaosRunner):
         return ops, destinations, violations
 
 
-async def run(cfg: QueueChaosConfig, run_dir: Path | None = None) -> QueueReport:
-    report = await QueueChaosRunner(cfg, run_dir).run()
+    async def _queue_converged(self, final: dict[str, queue_checker.FinalItem],
+                               timeout: float = 60.0) -> dict[str, list[dict[str, Any]]] | None:
+        """With the operator: wait (bounded) until the last JobQueue status served shows
+        etcd's final counts; return every status served, keyed ``<namespace>/<name>``
+        (the checker judges them, the last one included: a timeout is its finding)."""
+        if self.recorder is None:
+            return None
+        want = queue_checker.final_counts(final)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_operator()
+            last = self.recorder.last(QUEUE.name)
+            if {f: last.get(f) for f in want} == want:
+                break
+            await asyncio.sleep(0.5)
+        return {f"{NAMESPACE}/{name}": served
+                for name, served in self.recorder.snapshot().items()}
+
+
+async def run(cfg: QueueChaosConfig, run_dir: Path | None = None,
+              control_plane: Any = None) -> QueueReport:
+    """One queue chaos run; with ``control_plane`` (the CRDs installed) the operator
+    runs too and the queue is a JobQueue whose served statuses are judged."""
+    report = await QueueChaosRunner(cfg, run_dir, control_plane).run()
     assert isinstance(report, QueueReport)
     return report
 
@@ -261,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=30.0)
     p.add_argument("--trials", type=int, default=0)
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--sidecar-pairs", type=int, default=1)
     p.add_argument("--items", type=int, default=150)
     p.add_argument("--poison", type=int, default=3)
     p.add_argument("--max-attempts", type=int, default=20)
@@ -269,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="run directory (default: a temp dir)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    cfg = QueueChaosConfig(workers=a.workers, duration=a.duration, trials=a.trials,
+    cfg = QueueChaosConfig(workers=a.workers, sidecar_pairs=a.sidecar_pairs,
+                           fault_types=FAULT_TYPES if a.sidecar_pairs else NO_PAIR_FAULT_TYPES,
+                           duration=a.duration, trials=a.trials,
                            items=a.items, poison=a.poison, max_attempts=a.max_attempts,
                            fault_interval=a.interval, seed=a.seed, pg_dsn=a.pg)
     report = asyncio.run(run(cfg, Path(a.out) if a.out else None))

@@ -286,7 +286,7 @@ class OperatorProc:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "joblease.operator", "--namespace", NAMESPACE,
                  "--metrics-host", "127.0.0.1", "--metrics-port", str(self.port),
-                 "--watch-timeout", "60"],
+                 "--watch-timeout", "60", *r._operator_args()],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL)
 
@@ -347,6 +347,8 @@ class ChaosRunner:
     #: of ``tests.chaos.workload.parser``)
     worker_module = "tests.chaos.workload"
     report_class = Report
+    #: the resources whose statuses the watch records (runs with the operator)
+    status_plural = "jobleases"
 
     def __init__(self, cfg: ChaosConfig, run_dir: Path | None = None,
                  control_plane: Any = None) -> None:
@@ -465,7 +467,7 @@ class ChaosRunner:
                         raise RuntimeError(r.stderr)
                     self.recorder = await asyncio.to_thread(
                         StatusWatch, self.cp.kubeconfig, NAMESPACE,
-                        log=self.dir / "statuses.jsonl")
+                        log=self.dir / "statuses.jsonl", plural=self.status_plural)
                     g = await ProxyGroup(self.cluster).start()
                     groups.append(g)
                     # its API-server traffic too, so "delay-destination" can hold it
@@ -575,6 +577,10 @@ class ChaosRunner:
 
     def _worker_args(self) -> list[str]:
         """Extra arguments of every ``tests.chaos.workload`` process."""
+        return []
+
+    def _operator_args(self) -> list[str]:
+        """Extra arguments of the operator (runs with a control plane)."""
         return []
 
     async def _during_faults(self, client: JobLeaseClient) -> None:

@@ -16,7 +16,13 @@ from tests.chaos.checker import (
     summarize,
 )
 from tests.chaos.history import History, Op, merge
-from tests.chaos.queue_checker import FinalItem, check_queue, failures
+from tests.chaos.queue_checker import (
+    FinalItem,
+    check_queue,
+    check_queue_statuses,
+    failures,
+    final_counts,
+)
 from tests.chaos.sem_checker import (
     SlotEvent,
     check_limit,
@@ -513,6 +519,89 @@ def test_item_claim_tokens_not_increasing() -> None:
     assert "item-token-order" in kinds(v)
     assert any("generation 3 has token 14" in x.message for x in v)
 
+
+
+# -- the operator's JobQueue statuses (queue_checker.check_queue_statuses) --------------------
+
+def queue_served() -> tuple[list[dict[str, Any]], dict[str, FinalItem]]:
+    """good_queue's run as the operator mirrored it: the queue created at revision 3,
+    both items enqueued at 5, i1's result created at 18, poison-0 marked failed at 26."""
+    _, final, _ = good_queue()
+    final[I1] = replace(final[I1], item_revision=5, result_revision=18)
+    final[P0] = replace(final[P0], item_revision=5, failed_revision=26)
+
+    def status(rev: int, total: int, pending: int, held: int, completed: int,
+               failed: int) -> dict[str, Any]:
+        return {"etcdRevision": rev, "observedGeneration": 1, "total": total,
+                "pending": pending, "held": held, "completed": completed, "failed": failed}
+    served = [
+        {},                              # created; the operator has not written yet
+        status(3, 0, 0, 0, 0, 0),        # registered, nothing enqueued
+        status(8, 2, 1, 1, 0, 0),        # i1 held
+        status(19, 2, 1, 0, 1, 0),       # i1 completed; poison-0 pending (between claims)
+        status(27, 2, 0, 0, 1, 1),       # poison-0 failed: drained
+    ]
+    return served, final
+
+
+def test_queue_statuses_that_only_move_forward_pass() -> None:
+    served, final = queue_served()
+    assert check_queue_statuses(served, Q, final) == []
+    assert final_counts(final) == {"total": 2, "pending": 0, "held": 0, "completed": 1,
+                                   "failed": 1}
+    h, _, dest = good_queue()  # the same run's history, judged with its statuses
+    assert check_queue(h.ops, final=final, max_attempts=MAX, poison=[P0], destinations=dest,
+                       statuses={Q: served}) == []
+
+
+def test_queue_status_moving_backwards() -> None:
+    served, final = queue_served()
+    served.insert(4, dict(served[2]))  # counts read at revision 8, applied after 19's
+    v = check_queue_statuses(served, Q, final)
+    assert kinds(v) == {"queue-status-backwards"}
+    assert {w.message.split(": ")[1].split()[0] for w in v} == {"etcdRevision", "completed"}
+    # a later revision whose completed count fell (the counts cannot fall in these runs)
+    served, final = queue_served()
+    served[4] = {**served[4], "completed": 0, "pending": 1}
+    v = check_queue_statuses(served, Q, final)
+    assert "queue-status-backwards" in kinds(v) and "queue-status-counts" in kinds(v)
+    # observedGeneration going back
+    served, final = queue_served()
+    served[3] = {**served[3], "observedGeneration": 2}
+    v = check_queue_statuses(served, Q, final)
+    assert kinds(v) == {"queue-status-backwards"} and "observedGeneration 1" in v[0].message
+
+
+def test_queue_status_counts_that_do_not_add_up() -> None:
+    served, final = queue_served()
+    served[3] = {**served[3], "pending": 0}  # 0 + 0 + 1 + 0 != 2
+    v = check_queue_statuses(served, Q, final)
+    assert kinds(v) == {"queue-status-torn"} and "#3" in v[0].message
+
+
+def test_queue_status_counts_not_etcds_at_their_revision() -> None:
+    """They add up and never fall, but at revision 19 etcd had i1's result (created at
+    18): a status claiming none then is wrong."""
+    served, final = queue_served()
+    served[3] = {**served[3], "completed": 0, "pending": 2}
+    v = check_queue_statuses(served, Q, final)
+    assert kinds(v) == {"queue-status-counts"} and "etcdRevision 19" in v[0].message
+    # and one counting an item etcd did not have yet
+    served, final = queue_served()
+    served[1] = {**served[1], "total": 1, "pending": 1}
+    assert kinds(check_queue_statuses(served, Q, final)) == {"queue-status-counts"}
+
+
+def test_last_queue_status_differs_from_etcd() -> None:
+    served, final = queue_served()
+    v = check_queue_statuses(served[:-1], Q, final)  # never caught up with the drain
+    assert kinds(v) == {"queue-status-final"} and "'failed': 1" in v[0].message
+    assert kinds(check_queue_statuses([{}], Q, final)) == {"queue-status-final"}
+    # wired into check_queue per JobQueue
+    h, _, dest = good_queue()
+    v = check_queue(h.ops, final=final, max_attempts=MAX, poison=[P0], destinations=dest,
+                    statuses={Q: served[:-1]})
+    assert kinds(v) == {"queue-status-final"} and v[0].job == Q
 
 # -- the semaphore workload (tests/chaos/sem_checker.py) ------------------------------------
 

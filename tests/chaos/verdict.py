@@ -50,9 +50,10 @@ def judge(report: Report) -> None:
 
 
 def judge_queue(report: QueueReport) -> None:
-    """A queue run (tests/chaos/queue_runner.py): no violation, every scheduled fault
-    injected, every acknowledged item settled, the poison ones Failed, the fences and
-    the re-sends exercised."""
+    """A queue run (tests/chaos/queue_runner.py): no violation (with the operator, its
+    JobQueue statuses included), every scheduled fault injected, every acknowledged
+    item settled, the poison ones Failed, the fences and the re-sends exercised, the
+    sidecar pairs' claims there."""
     print("\n" + report.summary())
     print(f"report: {Path(report.run_dir) / 'report.json'}")
     assert report.violations == [], json.dumps(report.violations[:10], indent=2)
@@ -67,6 +68,9 @@ def judge_queue(report: QueueReport) -> None:
     assert ops["claim"]["accepted"] >= report.items_enqueued
     assert ops["write"]["accepted"] > 0 and ops["write"].get("resent", 0) > 0
     assert ops["release"]["accepted"] > 0  # the poison items were given back
+    if report.config["sidecar_pairs"]:
+        # the pairs really drained (items served by the sidecar's queue mode)
+        assert report.sidecar_claims > 0
     dests = {"http", "sqlite", "direct-memory", "direct-sqlite", "etcd"}
     if report.config["pg_dsn"]:
         dests.add("pg")
