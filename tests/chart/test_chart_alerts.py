@@ -40,7 +40,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
-from tests.support.binaries import REPO_ROOT, versions
+from tests.support.binaries import REPO_ROOT, BinaryNotFound, helm_binary, versions
 from tests.waiting import wait_until
 
 CHART = REPO_ROOT / "charts" / "joblease-operator"
@@ -61,12 +61,12 @@ def promtool() -> str:
 
 @pytest.fixture(scope="session")
 def helm() -> str:
-    cache = Path(os.environ.get("JOBLEASE_CACHE", Path.home() / ".cache" / "joblease"))
-    path = cache / "bin" / f"helm-{versions()['HELM_VERSION']}" / "helm"
-    if not path.exists():
+    try:
+        return helm_binary()
+    except BinaryNotFound:
         subprocess.run([str(REPO_ROOT / "hack" / "build-test-binaries"), "helm"], check=True,
                        timeout=3600)
-    return str(path)
+        return helm_binary()
 
 
 def render(helm: str, *values: str) -> list[dict[str, Any]]:

@@ -60,9 +60,10 @@ def _executable(path: Path | str | None) -> str | None:
 
 
 def _find(name: str, env_var: str, version_key: str, envtest: bool,
-          build: str | None = None) -> str | None:
+          build: str | None = None, suffix: str = "") -> str | None:
     """``build`` names the cache dir when it differs from ``name`` (containerd's
-    three binaries live in ``containerd-<version>/``)."""
+    three binaries live in ``containerd-<version>/``); ``suffix`` follows the
+    version in it when a build setting is part of the build's name."""
     explicit = os.environ.get(env_var)
     if explicit:
         found = _executable(explicit)
@@ -75,7 +76,7 @@ def _find(name: str, env_var: str, version_key: str, envtest: bool,
         if found:
             return found
     version = versions()[version_key]
-    return _executable(cache_dir() / "bin" / f"{build or name}-{version}" / name)
+    return _executable(cache_dir() / "bin" / f"{build or name}-{version}{suffix}" / name)
 
 
 def _missing(name: str, env_var: str, envtest: bool = True) -> BinaryNotFound:
@@ -103,7 +104,10 @@ def kube_apiserver_binary() -> str:
 
 
 def helm_binary() -> str:
-    found = _find("helm", "JOBLEASE_HELM", "HELM_VERSION", envtest=False)
+    """helm, built with its release's default Kubernetes version stamped
+    (``HELM_KUBE_VERSION``: the cache dir is ``helm-<version>-kube<minor>``)."""
+    found = _find("helm", "JOBLEASE_HELM", "HELM_VERSION", envtest=False,
+                  suffix=f"-kube{versions()['HELM_KUBE_VERSION'].lstrip('v')}")
     if not found:
         raise _missing("helm", "JOBLEASE_HELM", envtest=False)
     return found
