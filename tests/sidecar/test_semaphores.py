@@ -99,13 +99,21 @@ async def test_a_sidecar_waits_in_line_with_python_waiters_and_the_limit_holds_a
 
     s = await env.sidecar("go").started()
     await _waiting_for_slot(s, conformance, sem)
+    waiting_seen = time.monotonic()
     in_line = await poll(lambda: _waiters(client, sem), 10, "the sidecar's waiter key")
     assert [(w.holder, w.weight) for w in in_line] == [(str(env.job), 1)]
     behind = asyncio.ensure_future(client.claim_waiting(later, "python-2", wait=30))
     await poll(lambda: _len_is(_waiters(client, sem), 2), 10, "the Python waiter's key")
 
+    released_at = time.monotonic()
     await python_holder.release()
     view = await _held(s, conformance)
+    # the wait is in its metrics once granted: one wait, lasting at least from the
+    # moment it was seen waiting until the release (it began before it was seen)
+    metrics = await s.metrics()
+    assert metrics["joblease_sidecar_slot_waits_total"] == 1.0, metrics
+    waited = metrics["joblease_sidecar_slot_wait_seconds_total"]
+    assert released_at - waiting_seen <= waited <= time.monotonic() - waiting_seen + 15, metrics
     assert view["semaphores"] == [{"semaphore": str(sem), "slots": [0], "token": view["token"]}]
     info = json.loads((s.workdir / "token.json").read_text())
     assert info["semaphores"] == view["semaphores"]

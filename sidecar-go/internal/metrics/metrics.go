@@ -33,7 +33,10 @@ type counter struct {
 type Metrics struct {
 	mu                                                          sync.Mutex
 	Claims, ClaimAttempts, Losses, Completions, StaleRejections *counter
-	counters                                                    []*counter
+	// Waits in line for semaphore slots that ended in a grant, and the seconds
+	// they lasted (their ratio over a window is the mean wait for a slot).
+	SlotWaits, SlotWaitSeconds *counter
+	counters                   []*counter
 	state                                                       string
 }
 
@@ -53,6 +56,10 @@ func New() *Metrics {
 	m.Completions = mk("joblease_sidecar_completions", "Completions the store accepted.")
 	m.StaleRejections = mk("joblease_sidecar_stale_rejections",
 		"Completions or releases refused because the token was not current.")
+	m.SlotWaits = mk("joblease_sidecar_slot_waits",
+		"Claims that waited for semaphore slots, counted when the slots were granted.")
+	m.SlotWaitSeconds = mk("joblease_sidecar_slot_wait_seconds",
+		"Seconds claims waited for semaphore slots, added when the slots were granted.")
 	return m
 }
 
@@ -60,6 +67,13 @@ func New() *Metrics {
 func (m *Metrics) Inc(c *counter) {
 	m.mu.Lock()
 	c.value++
+	m.mu.Unlock()
+}
+
+// Add v to c.
+func (m *Metrics) Add(c *counter, v float64) {
+	m.mu.Lock()
+	c.value += v
 	m.mu.Unlock()
 }
 

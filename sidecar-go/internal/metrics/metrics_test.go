@@ -12,7 +12,8 @@ import (
 // timestamps are replaced by CREATED. The Go rendering must be the same text.
 // (The state "waiting" of queue mode came after the Python sidecar was
 // retired: its line was added to the file as prometheus_client renders a
-// ninth state, in order.)
+// ninth state, in order; so were the slot-wait counters, as prometheus_client
+// renders two more counters after the others.)
 func TestRenderingMatchesPrometheusClient(t *testing.T) {
 	want, err := os.ReadFile("testdata/prometheus_client.txt")
 	if err != nil {

@@ -104,6 +104,9 @@ type Runner struct {
 	// "waiting" (nil: waiting for an item); ticket is a job sidecar's place in line.
 	full   *errs.Error
 	ticket *protocol.Ticket
+	// slotWaitSince: when the claim now waiting for slots was first refused for
+	// them (zero: not waiting); the wait is counted in the metrics at the grant.
+	slotWaitSince time.Time
 
 	opMu     sync.Mutex // one API operation at a time (the Python _op_lock)
 	stop     chan struct{}
@@ -194,6 +197,11 @@ func (r *Runner) held(lease *protocol.Lease) {
 	}
 	r.setPhase(HeldPhase)
 	r.Metrics.Inc(r.Metrics.Claims)
+	if !r.slotWaitSince.IsZero() {
+		r.Metrics.Inc(r.Metrics.SlotWaits)
+		r.Metrics.Add(r.Metrics.SlotWaitSeconds, time.Since(r.slotWaitSince).Seconds())
+		r.slotWaitSince = time.Time{}
+	}
 	r.log.Info("lease held", "job", lease.Job.String(), "token", lease.Token, "generation", lease.Generation, "ttl", lease.TTL)
 	// A claim that took longer than its TTL is already lost: check before
 	// publishing anything, and again right before each file appears.

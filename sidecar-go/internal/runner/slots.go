@@ -54,6 +54,9 @@ func (r *Runner) waitForSlot(full *errs.Error) bool {
 		r.log.Info("waiting for a semaphore slot", append(objArgs(full.Details), "revision", full.Revision)...)
 	}
 	r.full = full
+	if r.slotWaitSince.IsZero() {
+		r.slotWaitSince = time.Now()
+	}
 	r.setPhase(Waiting)
 	r.mu.Unlock()
 	ctx, cancel := r.stopCtx()
