@@ -212,7 +212,7 @@ func (r *Runner) held(lease *protocol.Lease) {
 			r.log.Error("cannot write the token file", "path", r.cfg.TokenFile, "reason", err.Error())
 		}
 	}
-	// The writes fsync and can be slow: if the deadline passed meanwhile, this removes what was published.
+	// The writes can be slow (a busy disk): if the deadline passed meanwhile, this removes what was published.
 	r.currentLocked()
 }
 
