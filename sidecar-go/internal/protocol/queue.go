@@ -269,6 +269,26 @@ type candidatePool struct {
 	candidates []etcd.KV
 	// heldHint and pendingHint: holders and pending keys the last read counted.
 	heldHint, pendingHint int
+	// readCost is how long the last candidate read took; refusedCost how
+	// long the claims refused since then (or since the last success) took.
+	readCost, refusedCost time.Duration
+}
+
+// refused records a claim of a candidate that was refused after d (another
+// claimer took it, or it was completed or exhausted meanwhile), and drops
+// what is left (the next claim reads again) once refusals cost a read.
+//
+// A sidecar's pool is one pod's, and a queue usually has several pods
+// draining it: they take most of each other's candidates, and every one
+// tried costs a transaction. So once refusals cost as long as a read (which
+// returns only free items) took, the pool is read again: never much more
+// than a read's worth of refusals per claim (shallow queues, whose reads are
+// cheap, are read again soon), and on a deep queue, whose read sorts it all
+// and costs far more than a refusal, the pool is kept as joblease.queue keeps it.
+func (p *candidatePool) refused(d time.Duration) {
+	if p.refusedCost += d; p.refusedCost >= p.readCost {
+		p.candidates, p.refusedCost = nil, 0
+	}
 }
 
 // take one of the PickFrom oldest left, at random (claimers in other
@@ -304,10 +324,11 @@ func (c *Client) poolOf(queue QueueRef) *candidatePool {
 // and a sidecar draining a queue reads it about once in A items. One of the
 // PickFrom oldest candidates is claimed at random. A refused candidate (taken
 // by another claimer, completed, or found exhausted and marked failed
-// meanwhile) is dropped and another tried; an empty pool is read again. It
-// returns a lease, or nil and what to wait from when a read found nothing
-// claimable (it never waits itself). Suspended is returned as ClaimItem
-// would, before anything is sent.
+// meanwhile) is dropped and another tried, until refusals have cost as long
+// as the last read took (candidatePool.refused: then the rest is dropped);
+// an empty pool is read again. It returns a lease, or nil and what to wait
+// from when a read found nothing claimable (it never waits itself).
+// Suspended is returned as ClaimItem would, before anything is sent.
 //
 // Not safe for concurrent use on one Client (nor is the rest of Client): a
 // sidecar claims one item at a time.
@@ -336,14 +357,18 @@ func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*
 				break
 			}
 			id := strings.TrimPrefix(string(pending.Key), pendingPrefix)
+			sent := time.Now()
 			lease, err := c.claimItem(ctx, ItemRef{queue, id}, owner, &pending)
 			if err == nil {
+				pool.refusedCost = 0
 				return lease, NoItem{}, nil
 			}
 			switch {
-			case errs.Is(err, errs.KindHeld, errs.KindExhausted, errs.KindCompleted):
-				continue // taken, exhausted (now marked failed) or completed meanwhile
-			case errs.Is(err, errs.KindNotRegistered) && hasDetail(err, "item"): // gone with a re-created queue
+			case errs.Is(err, errs.KindHeld, errs.KindExhausted, errs.KindCompleted),
+				errs.Is(err, errs.KindNotRegistered) && hasDetail(err, "item"):
+				// Taken, exhausted (now marked failed), completed meanwhile, or
+				// gone with a re-created queue: try another, or read again.
+				pool.refused(time.Since(sent))
 				continue
 			case errs.Is(err, errs.KindFull):
 				pool.candidates = append(pool.candidates, pending) // still claimable once a slot frees
@@ -354,10 +379,12 @@ func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*
 			}
 			return nil, NoItem{}, err
 		}
+		read := time.Now()
 		revision, free, err := c.candidateRead(ctx, keys, pool)
 		if err != nil {
 			return nil, NoItem{}, err
 		}
+		pool.readCost, pool.refusedCost = time.Since(read), 0
 		if len(free) == 0 {
 			return nil, NoItem{Revision: revision, Empty: pool.pendingHint == 0}, nil
 		}

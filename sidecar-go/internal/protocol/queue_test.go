@@ -374,9 +374,9 @@ func TestAnAmbiguousItemClaimThatCommittedIsFoundByItsClaimID(t *testing.T) {
 	}
 }
 
-// The oldest pending keys a claimer reads are all exhausted: it marks each
-// failed and reads again (a pending delete wakes no waiter) rather than
-// answering NoItem while an item beyond them is claimable.
+// The oldest pending keys a claimer reads are all exhausted: it marks those
+// it meets failed and reads again (a pending delete wakes no waiter) rather
+// than answering NoItem while an item beyond them is claimable.
 func TestAWindowOfExhaustedItemsDoesNotHideAClaimableOne(t *testing.T) {
 	ep, _ := startEtcd(t)
 	ctx := context.Background()
@@ -403,9 +403,15 @@ func TestAWindowOfExhaustedItemsDoesNotHideAClaimableOne(t *testing.T) {
 	if err != nil || l == nil || l.Item.ID != "fresh" {
 		t.Fatalf("claim next: %v %+v %v", l, miss, err)
 	}
+	// It got past the window: "fresh" is beyond the oldest ReadAhead pending
+	// keys until len(old)+1-ReadAhead of them are marked. Every exhausted item
+	// it met is marked failed (it may read again before meeting them all: a
+	// pool is dropped once refusals cost a read), the rest is still pending
+	// (and so is "fresh", held).
 	_, failed, _ := admin.GetPrefix(ctx, QueueKeysOf(DefaultRoot, q).FieldPrefix("failed"))
-	if len(failed) < ReadAhead {
-		t.Fatalf("only %d marked failed", len(failed))
+	_, pending, _ := admin.GetPrefix(ctx, QueueKeysOf(DefaultRoot, q).FieldPrefix("pending"))
+	if len(failed) < len(old)+1-ReadAhead || len(failed)+len(pending) != len(old)+1 {
+		t.Fatalf("%d of %d exhausted items marked failed, %d pending", len(failed), len(old), len(pending))
 	}
 }
 
@@ -527,5 +533,30 @@ func TestTheReadAheadGrowsWithTheBacklog(t *testing.T) {
 	if want := backlog/ReadAheadShare - 1; len(pool.candidates) != want || pool.pendingHint != backlog-ReadAhead {
 		t.Fatalf("after the second read: %d candidates (want %d), %d pending counted", len(pool.candidates), want,
 			pool.pendingHint)
+	}
+}
+
+// A pool whose candidates other claimers keep taking (several pods draining
+// one queue) is read again once its refusals cost as long as its read took,
+// not tried to the end: on a shallow queue (cheap reads) after a refusal or
+// two, on a deep one (reads that sort it all) much later.
+func TestAPoolIsReadAgainOnceItsRefusalsCostARead(t *testing.T) {
+	kvs := func(n int) []etcd.KV { return make([]etcd.KV, n) }
+	p := &candidatePool{candidates: kvs(10), readCost: 10 * time.Millisecond}
+	p.refused(4 * time.Millisecond)
+	p.refused(4 * time.Millisecond)
+	if len(p.candidates) != 10 {
+		t.Fatalf("dropped after refusals worth less than a read: %d left", len(p.candidates))
+	}
+	p.refused(4 * time.Millisecond)
+	if len(p.candidates) != 0 || p.refusedCost != 0 {
+		t.Fatalf("kept %d candidates after refusals worth more than a read", len(p.candidates))
+	}
+	deep := &candidatePool{candidates: kvs(1000), readCost: 400 * time.Millisecond}
+	for range 100 {
+		deep.refused(time.Millisecond)
+	}
+	if len(deep.candidates) != 1000 {
+		t.Fatal("a deep queue's pool was dropped for refusals far cheaper than its read")
 	}
 }
