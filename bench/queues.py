@@ -515,27 +515,34 @@ async def drain_sidecar(config: EtcdConfig, binary: str, n: int, *, poll: bool =
             "polls": polls}
 
 
-async def bench_sidecar(config: EtcdConfig, binary: str, n: int, rounds: int
-                        ) -> dict[str, Any]:
+async def bench_sidecar(config: EtcdConfig, binary: str, n: int, rounds: int,
+                        compare: str | None = None) -> dict[str, Any]:
     """Items/s through one sidecar against its baseline in the same run: the
     library's ``claim_next`` + ``complete`` at concurrency 1 (one claimer, as
-    one sidecar is) on a queue of the same size, rounds rotated."""
-    runs: dict[str, list[dict[str, Any]]] = {"sidecar": [], "sidecar_poll": [], "library": []}
+    one sidecar is) on a queue of the same size, rounds rotated. ``compare``:
+    another sidecar binary (e.g. an earlier build) run the same way, as side
+    ``sidecar_compare`` (a build without ``?wait`` answers at once: its worker
+    polls)."""
+    sides = ["sidecar", "sidecar_poll", "library"] + (["sidecar_compare"] if compare else [])
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     async with JobLeaseClient(config) as client:
-        for order in rotations(list(runs), rounds):
+        for order in rotations(sides, rounds):
             for side in order:
                 if side == "library":
                     runs[side].append(await cycles_queue(client, n, 1))
                 else:
-                    runs[side].append(await drain_sidecar(config, binary, n,
-                                                          poll=side == "sidecar_poll"))
+                    runs[side].append(await drain_sidecar(
+                        config, compare if side == "sidecar_compare" and compare else binary, n,
+                        poll=side == "sidecar_poll"))
     out: dict[str, Any] = {s: combine(r, "items") for s, r in runs.items()}
-    for side in ("sidecar", "sidecar_poll"):
-        out[side]["polls_per_item"] = round(
-            sum(r["polls"] for r in runs[side]) / sum(r["n"] for r in runs[side]), 3)
     lib = out["library"]["items_per_s"]
-    out["ratio"] = round(out["sidecar"]["items_per_s"] / lib, 3)
-    out["ratio_poll"] = round(out["sidecar_poll"]["items_per_s"] / lib, 3)
+    for side in sides:
+        out[side]["x_library"] = round(out[side]["items_per_s"] / lib, 3)
+        if side != "library":
+            out[side]["polls_per_item"] = round(
+                sum(r["polls"] for r in runs[side]) / sum(r["n"] for r in runs[side]), 3)
+    if compare:
+        out["compare_binary"] = compare
     return out
 
 
@@ -563,7 +570,7 @@ async def run(args: argparse.Namespace, endpoints: tuple[str, ...]) -> dict[str,
             report["sidecar"] = {"skipped": why}
         else:
             report["sidecar"] = await bench_sidecar(config, binary, args.sidecar_items,
-                                                    args.rounds)
+                                                    args.rounds, args.sidecar_compare)
     return report
 
 
@@ -604,17 +611,20 @@ def print_report(report: dict[str, Any]) -> None:
         else:
             print("\none Go sidecar draining a queue (worker: GET /v1/lease?wait=10, or polled "
                   "1 ms apart) vs the library's claim_next + complete at concurrency 1")
-            print(f"{'side':>12} {'items/s':>8} {'x library':>9} {'claim p50/p99 ms':>17} "
+            print(f"{'side':>15} {'items/s':>8} {'x library':>9} {'claim p50/p99 ms':>17} "
                   f"{'complete p50/p99 ms':>20} {'GETs/item that found none':>26}")
-            for name, ratio in (("sidecar", s["ratio"]), ("sidecar_poll", s["ratio_poll"]),
-                                ("library", 1.0)):
+            for name in ("sidecar", "sidecar_poll", "sidecar_compare", "library"):
+                if name not in s:
+                    continue
                 side = s[name]
-                print(f"{name:>12} {side['items_per_s']:>8} {ratio:>9} "
+                print(f"{name:>15} {side['items_per_s']:>8} {side['x_library']:>9} "
                       f"{side['claim_p50_ms']:>8}/{side['claim_p99_ms']:<8} "
                       f"{side['complete_p50_ms']:>9}/{side['complete_p99_ms']:<10} "
                       f"{side.get('polls_per_item', ''):>26}")
             print("(a sidecar's claim: from the completion's answer until the worker saw the "
                   "next item held)")
+            if "compare_binary" in s:
+                print(f"sidecar_compare: {s['compare_binary']}")
 
 
 def ints(text: str) -> list[int]:
@@ -636,6 +646,9 @@ def main() -> None:
     parser.add_argument("--backlog-cycles", type=int, default=1000)
     parser.add_argument("--backlog-concurrency", type=int, default=8)
     parser.add_argument("--sidecar-items", type=int, default=500)
+    parser.add_argument("--sidecar-compare", metavar="BINARY",
+                        help="another sidecar build to run beside this checkout's (e.g. an "
+                             "earlier one)")
     parser.add_argument("--endpoints", help="use this etcd instead of starting one")
     parser.add_argument("--json", default=str(HERE / "results" / "queue.json"))
     args = parser.parse_args()
