@@ -21,8 +21,11 @@ etcd); a side's figure is its total work over its total time across rounds.
    candidate read (the read-only transaction ``claim_next`` sends when its
    pool is empty) at each backlog, which explains the difference.
    Target: drop <= 10 %.
-4. **sidecar** (TODO, see ``bench_sidecar``): items/s through one Go sidecar in
-   queue mode. Skipped, with the reason, while the binary has no queue mode.
+4. **sidecar**: items/s through one Go sidecar draining a queue with a trivial
+   worker (``GET /v1/lease?wait=10``, or polled 1 ms apart, then
+   ``POST /v1/complete``), against the library's
+   ``claim_next`` + ``complete`` at concurrency 1 on a queue of the same size
+   (one claimer, as one sidecar is). Target: >= 200 items/s per pod.
 
     python bench/queues.py [--quick] [--json bench/results/queue.json]
 """
@@ -409,86 +412,138 @@ async def bench_backlog(client: JobLeaseClient, backlogs: list[int], n: int,
     return {"concurrency": concurrency, "rows": rows}
 
 
-# -- 4. the Go sidecar in queue mode (TODO) ---------------------------------------------------
+# -- 4. one Go sidecar draining a queue ---------------------------------------------------------
+
+#: The sidecar's token files go to tmpfs where there is one, as in an injected
+#: pod (its /run/joblease is an emptyDir with medium Memory): a disk would
+#: measure the disk.
+TOKEN_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
 
 def sidecar_queue_mode() -> tuple[str | None, str]:
-    """``(binary, "")`` if the Go sidecar has queue mode, else ``(None, why)``.
-
-    Queue mode is recognised by ``JOBLEASE_QUEUE`` in ``--help`` (the variable
-    the goqueue branch's brief names; its --help is held to docs/sidecar.md)."""
+    """``(binary, "")`` if the Go sidecar can be had (built from this
+    checkout by ``hack/build-sidecar``, or ``JOBLEASE_SIDECAR_GO``), else
+    ``(None, why)``."""
     try:
         from tests.support.binaries import BinaryNotFound, go_sidecar_binary
     except ImportError as exc:
         return None, f"tests.support is not importable: {exc}"
     try:
-        binary = go_sidecar_binary()
+        return go_sidecar_binary(), ""
     except BinaryNotFound as exc:
         return None, f"no Go sidecar binary: {exc}"
-    help_text = subprocess.run([binary, "--help"], capture_output=True, text=True,
-                               timeout=30, check=False).stdout
-    if "JOBLEASE_QUEUE" not in help_text:
-        return None, (f"{binary} has no queue mode (no JOBLEASE_QUEUE in its --help); "
-                      "it is being written on branch goqueue")
-    return binary, ""
 
 
-async def bench_sidecar(config: EtcdConfig, binary: str, n: int) -> dict[str, Any]:
-    """TODO(goqueue): items/s through one Go sidecar draining a queue.
-
-    Written against the interface the goqueue brief specifies (JOBLEASE_QUEUE
-    =<ns>/<queue> without JOBLEASE_ITEM drains: after each completion the
-    sidecar claims the next item; ``GET /v1/lease`` adds ``queue``, ``item``
-    and ``payload``) but never run against a binary that has it: check the
-    variable names and the answer while the sidecar waits for its next item
-    against docs/sidecar.md once that branch lands (its "Queue mode" section
-    describes this loop: ``GET /v1/lease`` until 200, complete under
-    ``token``; 503 ``waiting`` between items), then compare with
-    ``cycles_queue`` at concurrency 1 (one claimer, as one sidecar is)."""
+async def drain_sidecar(config: EtcdConfig, binary: str, n: int, *, poll: bool = False
+                        ) -> dict[str, Any]:
+    """``n`` items through one Go sidecar draining a queue (docs/sidecar.md,
+    "Queue mode") with a trivial worker: ``GET /v1/lease?wait=10`` (a long
+    poll; with ``poll``, ``GET /v1/lease`` 1 ms apart) until it holds an item
+    not seen yet, then ``POST /v1/complete`` under its token. The queue has
+    ``n + 1`` items: the first is worked untimed, as ``cycles_queue`` warms
+    its side. ``complete`` is the POST's latency, ``claim`` the time from its
+    answer until the next item is seen held (the sidecar's claim of the next
+    item plus the worker's GETs)."""
     async with JobLeaseClient(config) as client:
         queues = Queues(client)
         queue = new_queue()
         await queues.create(queue, QueueSpec(TTL, MAX_ATTEMPTS))
-        await fill(queues, queue, n)
-        with tempfile.TemporaryDirectory() as tmp:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEASE_")}
-            env.update({
-                "JOBLEASE_ETCD_ENDPOINTS": ",".join(config.endpoints),
-                "JOBLEASE_ROOT": config.root, "JOBLEASE_QUEUE": str(queue),
-                "POD_NAME": "bench-sidecar", "POD_UID": uuid.uuid4().hex[:8],
-                "JOBLEASE_SIDECAR_PORT": "0", "JOBLEASE_SIDECAR_PORT_FILE": f"{tmp}/port",
-                "JOBLEASE_SIDECAR_PROBE_PORT": "-1", "JOBLEASE_TOKEN_FILE": f"{tmp}/token",
-                "JOBLEASE_SIDECAR_ON_LOSS": "none", "JOBLEASE_SIDECAR_RATE_LIMIT": "off"})
-            proc = subprocess.Popen([binary], env=env, stdout=subprocess.DEVNULL,  # noqa: ASYNC220
-                                    stderr=subprocess.DEVNULL)
-            try:
-                port_file = Path(tmp) / "port"
-                deadline = time.monotonic() + 30
-                while not (port_file.exists() and port_file.read_text().strip()):
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"sidecar exited ({proc.poll()}) or wrote no port")
-                    await asyncio.sleep(0.005)
-                async with httpx.AsyncClient(
-                        base_url=f"http://127.0.0.1:{port_file.read_text().strip()}",
-                        timeout=10) as http:
-                    done: set[str] = set()
-                    start = time.perf_counter()
-                    while len(done) < n:
+        await fill(queues, queue, n + 1)
+    with tempfile.TemporaryDirectory(dir=TOKEN_DIR) as tmp:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEASE_")}
+        env.update({
+            "JOBLEASE_ETCD_ENDPOINTS": ",".join(config.endpoints),
+            "JOBLEASE_ROOT": config.root, "JOBLEASE_QUEUE": str(queue),
+            "POD_NAME": "bench-sidecar", "POD_UID": uuid.uuid4().hex[:8],
+            "JOBLEASE_SIDECAR_PORT": "0", "JOBLEASE_SIDECAR_PORT_FILE": f"{tmp}/port",
+            "JOBLEASE_SIDECAR_PROBE_PORT": "-1", "JOBLEASE_TOKEN_FILE": f"{tmp}/token",
+            "JOBLEASE_SIDECAR_ON_LOSS": "none", "JOBLEASE_SIDECAR_RATE_LIMIT": "off"})
+        proc = subprocess.Popen([binary], env=env, stdout=subprocess.DEVNULL,  # noqa: ASYNC220
+                                stderr=subprocess.DEVNULL)
+        try:
+            port_file = Path(tmp) / "port"
+            deadline = time.monotonic() + 30
+            while not (port_file.exists() and port_file.read_text().strip()):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"sidecar exited ({proc.poll()}) or wrote no port")
+                await asyncio.sleep(0.005)
+            async with httpx.AsyncClient(
+                    base_url=f"http://127.0.0.1:{port_file.read_text().strip()}",
+                    timeout=10) as http:
+
+                async def next_item(seen: set[str]) -> tuple[dict[str, Any], int]:
+                    """The next item held (its GET /v1/lease body) and the polls it took."""
+                    polls = 0
+                    while True:
                         if proc.poll() is not None or time.monotonic() > deadline + 600:
                             raise RuntimeError(f"sidecar exited ({proc.poll()}) or stalled")
-                        r = await http.get("/v1/lease")
+                        r = await http.get("/v1/lease", params={} if poll else {"wait": "10"})
                         body = r.json() if r.status_code == 200 else {}
-                        if body.get("item") is None or body["item"] in done:
-                            await asyncio.sleep(0.001)  # between items: the next claim
-                            continue
-                        c = await http.post("/v1/complete", json={"token": body["token"],
-                                                                  "result": {"ok": True}})
-                        assert c.status_code == 200, c.text
-                        done.add(body["item"])
-                    seconds = time.perf_counter() - start
-            finally:
-                proc.terminate()
-                await asyncio.to_thread(proc.wait, 10)
-    return {"items": n, "seconds": round(seconds, 3), "items_per_s": round(n / seconds, 1)}
+                        if body.get("item") is not None and body["item"] not in seen:
+                            return body, polls
+                        polls += 1
+                        await asyncio.sleep(0.001)  # between items: the next claim
+
+                async def complete(body: dict[str, Any]) -> None:
+                    c = await http.post("/v1/complete", json={"token": body["token"],
+                                                              "result": {"ok": True}})
+                    assert c.status_code == 200, c.text
+
+                done: set[str] = set()
+                body, _ = await next_item(done)  # the warm-up item (the sidecar's first claim)
+                await complete(body)
+                done.add(body["item"])
+                claim: list[float] = []
+                completion: list[float] = []
+                polls = 0
+                start = t = time.perf_counter()
+                while len(done) < n + 1:
+                    body, p = await next_item(done)
+                    t1 = time.perf_counter()
+                    await complete(body)
+                    t2 = time.perf_counter()
+                    claim.append(t1 - t)
+                    completion.append(t2 - t1)
+                    polls += p
+                    done.add(body["item"])
+                    t = t2
+                seconds = time.perf_counter() - start
+        finally:
+            proc.terminate()
+            await asyncio.to_thread(proc.wait, 10)
+    return {"n": n, "seconds": seconds, "claim": claim, "complete": completion,
+            "polls": polls}
+
+
+async def bench_sidecar(config: EtcdConfig, binary: str, n: int, rounds: int,
+                        compare: str | None = None) -> dict[str, Any]:
+    """Items/s through one sidecar against its baseline in the same run: the
+    library's ``claim_next`` + ``complete`` at concurrency 1 (one claimer, as
+    one sidecar is) on a queue of the same size, rounds rotated. ``compare``:
+    another sidecar binary (e.g. an earlier build) run the same way, as side
+    ``sidecar_compare`` (a build without ``?wait`` answers at once: its worker
+    polls)."""
+    sides = ["sidecar", "sidecar_poll", "library"] + (["sidecar_compare"] if compare else [])
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    async with JobLeaseClient(config) as client:
+        for order in rotations(sides, rounds):
+            for side in order:
+                if side == "library":
+                    runs[side].append(await cycles_queue(client, n, 1))
+                else:
+                    runs[side].append(await drain_sidecar(
+                        config, compare if side == "sidecar_compare" and compare else binary, n,
+                        poll=side == "sidecar_poll"))
+    out: dict[str, Any] = {s: combine(r, "items") for s, r in runs.items()}
+    lib = out["library"]["items_per_s"]
+    for side in sides:
+        out[side]["x_library"] = round(out[side]["items_per_s"] / lib, 3)
+        if side != "library":
+            out[side]["polls_per_item"] = round(
+                sum(r["polls"] for r in runs[side]) / sum(r["n"] for r in runs[side]), 3)
+    if compare:
+        out["compare_binary"] = compare
+    return out
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -514,7 +569,8 @@ async def run(args: argparse.Namespace, endpoints: tuple[str, ...]) -> dict[str,
             print(f"sidecar part skipped: {why}", file=sys.stderr)
             report["sidecar"] = {"skipped": why}
         else:
-            report["sidecar"] = await bench_sidecar(config, binary, args.sidecar_items)
+            report["sidecar"] = await bench_sidecar(config, binary, args.sidecar_items,
+                                                    args.rounds, args.sidecar_compare)
     return report
 
 
@@ -553,7 +609,22 @@ def print_report(report: dict[str, Any]) -> None:
         if "skipped" in s:
             print(f"\nsidecar (queue mode): SKIPPED: {s['skipped']}")
         else:
-            print(f"\nsidecar (queue mode): {s['items_per_s']} items/s over {s['items']} items")
+            print("\none Go sidecar draining a queue (worker: GET /v1/lease?wait=10, or polled "
+                  "1 ms apart) vs the library's claim_next + complete at concurrency 1")
+            print(f"{'side':>15} {'items/s':>8} {'x library':>9} {'claim p50/p99 ms':>17} "
+                  f"{'complete p50/p99 ms':>20} {'GETs/item that found none':>26}")
+            for name in ("sidecar", "sidecar_poll", "sidecar_compare", "library"):
+                if name not in s:
+                    continue
+                side = s[name]
+                print(f"{name:>15} {side['items_per_s']:>8} {side['x_library']:>9} "
+                      f"{side['claim_p50_ms']:>8}/{side['claim_p99_ms']:<8} "
+                      f"{side['complete_p50_ms']:>9}/{side['complete_p99_ms']:<10} "
+                      f"{side.get('polls_per_item', ''):>26}")
+            print("(a sidecar's claim: from the completion's answer until the worker saw the "
+                  "next item held)")
+            if "compare_binary" in s:
+                print(f"sidecar_compare: {s['compare_binary']}")
 
 
 def ints(text: str) -> list[int]:
@@ -575,6 +646,9 @@ def main() -> None:
     parser.add_argument("--backlog-cycles", type=int, default=1000)
     parser.add_argument("--backlog-concurrency", type=int, default=8)
     parser.add_argument("--sidecar-items", type=int, default=500)
+    parser.add_argument("--sidecar-compare", metavar="BINARY",
+                        help="another sidecar build to run beside this checkout's (e.g. an "
+                             "earlier one)")
     parser.add_argument("--endpoints", help="use this etcd instead of starting one")
     parser.add_argument("--json", default=str(HERE / "results" / "queue.json"))
     args = parser.parse_args()

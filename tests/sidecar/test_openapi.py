@@ -19,6 +19,7 @@ proxy that drops requests (tests/support/sidecar_proxy.py).
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -96,7 +97,21 @@ async def _main_routes(start: Any, client: JobLeaseClient) -> None:
     assert (await api.call("HEAD", "/v1/lease")).status_code == 503
     assert (await api.call("GET", "/readyz")).status_code == 503
     assert (await api.call("HEAD", "/readyz")).status_code == 503
+    # the long poll: a bad wait is refused; one that runs out answers the 503 of then
+    for bad in ("-1", "61", "soon", ""):
+        for method in ("GET", "HEAD"):
+            r = await api.call(method, "/v1/lease", params={"wait": bad})
+            assert r.status_code == 400, (method, bad, r.text)
+    asked = time.monotonic()
+    assert (await api.call("GET", "/v1/lease", params={"wait": "0.3"})).status_code == 503
+    assert time.monotonic() - asked >= 0.3
+    # one in flight when the claim commits answers with the lease
+    waiting = asyncio.create_task(api.call("GET", "/v1/lease", params={"wait": "30"}))
+    done, _ = await asyncio.wait({waiting}, timeout=0.5)
+    assert not done, "the long poll answered while the sidecar was still claiming"
     await client.register(job, JobSpec(lease_duration_seconds=20))
+    polled = await asyncio.wait_for(waiting, 20)
+    assert polled.status_code == 200 and polled.json()["state"] == "held", polled.text
     lease = await api.held()
     token = lease["token"]
     for method, path in (("GET", "/v1/lease"), ("HEAD", "/v1/lease"), ("GET", "/readyz"),

@@ -8,6 +8,7 @@ Python). Every answer is also held to docs/sidecar-api.yaml.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import time
@@ -147,6 +148,57 @@ async def test_an_empty_queue_is_waited_on_with_a_watch_not_a_poll(
     assert again["item"] == "late" and again["generation"] == 2
     metrics = await s.metrics()
     assert metrics["joblease_sidecar_claims_total"] == 2
+
+
+async def long_poll(s: Sidecar, conformance: Conformance, wait: float) -> dict[str, Any]:
+    """``GET /v1/lease?wait=...``: the answer once the sidecar moved on (or the wait ran out)."""
+    r = await s.request("GET", "/v1/lease", params={"wait": str(wait)}, timeout=wait + 10)
+    conformance.check("/v1/lease", "GET", r)
+    return {"status": r.status_code, **r.json()}
+
+
+async def test_a_long_poll_answers_the_next_item_once_claimed_never_the_one_just_ended(
+        env: Env, queues: Queues, conformance: Conformance) -> None:
+    """A draining worker on ``GET /v1/lease?wait=``: it waits on an empty queue until an
+    item is claimed, gets each next item right after completing (or releasing) the last,
+    never that item's 409, a 503 once the wait runs out with nothing claimable, and an
+    answer at once when the sidecar is stopped."""
+    q = queue_ref()
+    await queues.create(q, QueueSpec(lease_duration_seconds=10, max_attempts=3))
+    s = await sidecar(env, "longpoll", q).started()
+    first = asyncio.create_task(long_poll(s, conformance, 30))
+    done, _ = await asyncio.wait({first}, timeout=0.5)
+    assert not done, "the long poll answered while the queue was empty"
+    await queues.enqueue(q, [(f"lp{i}", {"n": i}) for i in range(4)])
+    view = await asyncio.wait_for(first, 20)
+    assert view["status"] == 200 and view["state"] == "held", view
+    tokens = [view["token"]]
+    done_items = {view["item"]}
+    status, _ = await post(s, conformance, "/v1/release", {"token": view["token"]})
+    assert status == 200
+    while True:  # the released item comes back (generation 2) among the others
+        view = await long_poll(s, conformance, 8)
+        if view["status"] == 503:
+            break
+        assert view["status"] == 200 and view["token"] > tokens[-1], view
+        tokens.append(view["token"])
+        status, body = await post(s, conformance, "/v1/complete",
+                                  {"token": view["token"], "result": view["payload"]})
+        assert status == 200 and body["token"] == view["token"], body
+        done_items.add(view["item"])
+        assert len(tokens) <= 5, tokens
+    assert view["state"] == "waiting" and view["item"] is None, view  # nothing left: it waited 8 s
+    assert len(tokens) == 5 and done_items == {f"lp{i}" for i in range(4)}, tokens
+    counts = await queues.counts(q)
+    assert (counts.completed, counts.pending, counts.held) == (4, 0, 0)
+    stopped = asyncio.create_task(long_poll(s, conformance, 30))
+    done, _ = await asyncio.wait({stopped}, timeout=0.5)
+    assert not done
+    asked = time.monotonic()
+    s.signal(signal.SIGTERM)
+    view = await asyncio.wait_for(stopped, 10)
+    assert view["status"] == 503 and time.monotonic() - asked < 10, view
+    assert await s.wait_exit(15) == 0, s.output()
 
 
 async def _waiting(s: Sidecar, conformance: Conformance) -> dict[str, Any] | None:

@@ -216,6 +216,26 @@ func payload(obj map[string]any, limit int, key, what string) (any, *badRequest)
 	return v, nil
 }
 
+// leaseWait is GET /v1/lease's optional "wait" query parameter: seconds,
+// a finite number from 0 to runner.MaxLeaseWait (0 or absent: answer at once).
+func leaseWait(req *http.Request) (time.Duration, *badRequest) {
+	values, ok := req.URL.Query()["wait"]
+	if !ok {
+		return 0, nil
+	}
+	limit := runner.MaxLeaseWait.Seconds()
+	text := ""
+	if len(values) == 1 {
+		text = values[0]
+	}
+	f, err := strconv.ParseFloat(text, 64)
+	if len(values) != 1 || err != nil || math.IsNaN(f) || f < 0 || f > limit {
+		return 0, &badRequest{400, "invalid", fmt.Sprintf(`"wait" must be one number of seconds from 0 to %g, got %q`,
+			limit, strings.Join(values, ","))}
+	}
+	return time.Duration(f * float64(time.Second)), nil
+}
+
 func probeRoutes(mux routes, rn *runner.Runner) {
 	get := []string{"GET", "HEAD"}
 	mux["/healthz"] = guard(rn, get, func(*http.Request) (runner.Outcome, *badRequest) {
@@ -314,7 +334,14 @@ func Handler(rn *runner.Runner) http.Handler {
 		limiter = NewRateLimiter(cfg.RateLimit)
 	}
 	mux := routes{}
-	mux["/v1/lease"] = guard(rn, []string{"GET", "HEAD"}, func(*http.Request) (runner.Outcome, *badRequest) {
+	mux["/v1/lease"] = guard(rn, []string{"GET", "HEAD"}, func(req *http.Request) (runner.Outcome, *badRequest) {
+		wait, bad := leaseWait(req)
+		if bad != nil {
+			return runner.Outcome{}, bad
+		}
+		if wait > 0 {
+			return rn.LeaseWait(req.Context(), wait), nil
+		}
 		return rn.LeaseView(), nil
 	}, true, limiter)
 	mux["/v1/complete"] = guard(rn, []string{"POST"}, func(req *http.Request) (runner.Outcome, *badRequest) {

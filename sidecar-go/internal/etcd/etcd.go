@@ -305,6 +305,8 @@ type TxnResult struct {
 	Succeeded bool
 	Revision  int64
 	Gets      [][]KV
+	// Counts[i] is how many keys get i matched (before any limit), 0 for a put or delete.
+	Counts []int64
 }
 
 // First KV of get i of the branch that ran, or nil.
@@ -331,6 +333,8 @@ type RangeOpts struct {
 	Limit int64
 	// OldestFirst sorts by create revision, ascending (etcd sorts before it limits).
 	OldestFirst bool
+	// CountOnly returns no keys, only how many there are (TxnResult.Counts).
+	CountOnly bool
 }
 
 // GetPrefixOp reads every key under prefix inside a transaction.
@@ -405,7 +409,8 @@ func requestOps(ops []Op) []*pb.RequestOp {
 		case 2:
 			out = append(out, &pb.RequestOp{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: []byte(op.key)}}})
 		case 3:
-			rr := &pb.RangeRequest{Key: []byte(op.key), RangeEnd: PrefixEnd(op.key), KeysOnly: op.rng.KeysOnly, Limit: op.rng.Limit}
+			rr := &pb.RangeRequest{Key: []byte(op.key), RangeEnd: PrefixEnd(op.key), KeysOnly: op.rng.KeysOnly, Limit: op.rng.Limit,
+				CountOnly: op.rng.CountOnly}
 			if op.rng.OldestFirst {
 				rr.SortOrder, rr.SortTarget = pb.RangeRequest_ASCEND, pb.RangeRequest_CREATE
 			}
@@ -443,8 +448,10 @@ func (s *Store) Txn(ctx context.Context, cmps []Cmp, success, failure []Op) (Txn
 				kvs = append(kvs, KV{kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease})
 			}
 			r.Gets = append(r.Gets, kvs)
+			r.Counts = append(r.Counts, rr.Count)
 		} else {
 			r.Gets = append(r.Gets, nil)
+			r.Counts = append(r.Counts, 0)
 		}
 	}
 	return r, nil

@@ -37,7 +37,7 @@ type Metrics struct {
 	// they lasted (their ratio over a window is the mean wait for a slot).
 	SlotWaits, SlotWaitSeconds *counter
 	counters                   []*counter
-	state                                                       string
+	state                      string
 }
 
 func nowSeconds() float64 { return float64(time.Now().UnixNano()) / 1e9 }

@@ -26,8 +26,8 @@ type Client struct {
 	spec    *Spec
 	// queueSpecs: the queues' specs as last read (queue.go).
 	queueSpecs map[QueueRef]cachedQueueSpec
-	// heldHint: holders the last claim-next read saw (how far to read ahead).
-	heldHint int
+	// pools: each queue's candidates as the last claim-next read found them (queue.go).
+	pools map[QueueRef]*candidatePool
 }
 
 // NewClient over store, keys under root.

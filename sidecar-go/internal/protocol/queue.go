@@ -24,8 +24,13 @@ const (
 	// PickFrom: a claimer picks at random among this many of the oldest
 	// claimable items, so many claimers do not all race for the head.
 	PickFrom = 16
-	// ReadAhead: pending keys read beyond the held ones when looking for the next item.
+	// ReadAhead: pending keys read beyond the held ones when looking for the next item (at least).
 	ReadAhead = 32
+	// ReadAheadShare and ReadAheadMax: a candidate read reads ahead one in
+	// ReadAheadShare of the pending keys the previous read counted, at most
+	// ReadAheadMax (joblease.queue's READ_AHEAD_SHARE and READ_AHEAD_MAX).
+	ReadAheadShare = 64
+	ReadAheadMax   = 2048
 )
 
 // itemJob is the name an item goes by in a lease and in errors: "<queue>/<id>"
@@ -257,20 +262,76 @@ type NoItem struct {
 	Empty    bool
 }
 
+// candidatePool is what one candidate read found of a queue, kept across
+// ClaimNext calls as joblease.queue's _Pool is: the pending keys without a
+// holder not yet tried, and the hints for the next read's size.
+type candidatePool struct {
+	candidates []etcd.KV
+	// heldHint and pendingHint: holders and pending keys the last read counted.
+	heldHint, pendingHint int
+	// readCost is how long the last candidate read took; refusedCost how
+	// long the claims refused since then (or since the last success) took.
+	readCost, refusedCost time.Duration
+}
+
+// refused records a claim of a candidate that was refused after d (another
+// claimer took it, or it was completed or exhausted meanwhile), and drops
+// what is left (the next claim reads again) once refusals cost a read.
+//
+// A sidecar's pool is one pod's, and a queue usually has several pods
+// draining it: they take most of each other's candidates, and every one
+// tried costs a transaction. So once refusals cost as long as a read (which
+// returns only free items) took, the pool is read again: never much more
+// than a read's worth of refusals per claim (shallow queues, whose reads are
+// cheap, are read again soon), and on a deep queue, whose read sorts it all
+// and costs far more than a refusal, the pool is kept as joblease.queue keeps it.
+func (p *candidatePool) refused(d time.Duration) {
+	if p.refusedCost += d; p.refusedCost >= p.readCost {
+		p.candidates, p.refusedCost = nil, 0
+	}
+}
+
+// take one of the PickFrom oldest left, at random (claimers in other
+// processes read the same head: a random pick spreads them out).
+func (p *candidatePool) take() (etcd.KV, bool) {
+	if len(p.candidates) == 0 {
+		return etcd.KV{}, false
+	}
+	pick := rand.IntN(min(PickFrom, len(p.candidates)))
+	kv := p.candidates[pick]
+	p.candidates = append(p.candidates[:pick], p.candidates[pick+1:]...)
+	return kv, true
+}
+
+func (c *Client) poolOf(queue QueueRef) *candidatePool {
+	if c.pools == nil {
+		c.pools = map[QueueRef]*candidatePool{}
+	}
+	p := c.pools[queue]
+	if p == nil {
+		p = &candidatePool{}
+		c.pools[queue] = p
+	}
+	return p
+}
+
 // ClaimNext claims one of the oldest claimable items of queue (docs/queues.md,
-// "Claim the next item"): one read-only transaction reads the held keys
-// (keys only) and the oldest held+ReadAhead pending keys by create revision;
-// those without a holder are the candidates, and one of the PickFrom oldest
-// is claimed at random. A refused candidate (taken by another claimer,
-// completed, or found exhausted and marked failed meanwhile) is dropped and
-// another tried; when none is left the queue is read again (refused
-// candidates left the read's window: held ones by the held read, finished
-// ones by the pending one). It returns a lease, or nil and what to wait
+// "Claim the next item"), as joblease.queue's claim_next does for one
+// claimer: candidates come from a pool filled by one read-only transaction
+// (the held keys, keys only; the oldest held+A pending keys by create
+// revision, A the adaptive read-ahead of candidateRead; the count of pending
+// keys) and kept across calls, so a claim usually costs its one transaction
+// and a sidecar draining a queue reads it about once in A items. One of the
+// PickFrom oldest candidates is claimed at random. A refused candidate (taken
+// by another claimer, completed, or found exhausted and marked failed
+// meanwhile) is dropped and another tried, until refusals have cost as long
+// as the last read took (candidatePool.refused: then the rest is dropped);
+// an empty pool is read again. It returns a lease, or nil and what to wait
 // from when a read found nothing claimable (it never waits itself).
 // Suspended is returned as ClaimItem would, before anything is sent.
 //
-// A sidecar claims one item at a time, so unlike joblease.queue's pool
-// shared by a client's concurrent claimers, the candidates are this call's.
+// Not safe for concurrent use on one Client (nor is the rest of Client): a
+// sidecar claims one item at a time.
 func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*Lease, NoItem, error) {
 	if err := ValidateQueue(queue); err != nil {
 		return nil, NoItem{}, err
@@ -280,65 +341,88 @@ func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*
 	}
 	keys := QueueKeysOf(c.Root, queue)
 	pendingPrefix := keys.FieldPrefix("pending")
+	pool := c.poolOf(queue)
 	for {
-		revision, candidates, anyPending, err := c.candidates(ctx, keys)
-		if err != nil {
-			return nil, NoItem{}, err
-		}
 		_, spec, readRev, err := c.queueSpec(ctx, queue, false)
 		if err != nil {
+			pool.candidates = nil
 			return nil, NoItem{}, err
 		}
 		if spec.Suspend {
 			return nil, NoItem{}, errs.Suspended(queue.String(), readRev)
 		}
-		if len(candidates) == 0 {
-			return nil, NoItem{Revision: revision, Empty: !anyPending}, nil
-		}
-		for len(candidates) > 0 {
-			pick := rand.IntN(min(PickFrom, len(candidates)))
-			pending := candidates[pick]
-			candidates = append(candidates[:pick], candidates[pick+1:]...)
+		for {
+			pending, ok := pool.take()
+			if !ok {
+				break
+			}
 			id := strings.TrimPrefix(string(pending.Key), pendingPrefix)
+			sent := time.Now()
 			lease, err := c.claimItem(ctx, ItemRef{queue, id}, owner, &pending)
 			if err == nil {
+				pool.refusedCost = 0
 				return lease, NoItem{}, nil
 			}
 			switch {
-			case errs.Is(err, errs.KindHeld, errs.KindExhausted, errs.KindCompleted):
-				continue // taken, exhausted (now marked failed) or completed meanwhile
-			case errs.Is(err, errs.KindNotRegistered) && hasDetail(err, "item"): // gone with a re-created queue
+			case errs.Is(err, errs.KindHeld, errs.KindExhausted, errs.KindCompleted),
+				errs.Is(err, errs.KindNotRegistered) && hasDetail(err, "item"):
+				// Taken, exhausted (now marked failed), completed meanwhile, or
+				// gone with a re-created queue: try another, or read again.
+				pool.refused(time.Since(sent))
 				continue
+			case errs.Is(err, errs.KindFull):
+				pool.candidates = append(pool.candidates, pending) // still claimable once a slot frees
+			default:
+				// The queue is gone, etcd unreachable...: what the pool read
+				// may be stale by the time a claim can pass; read it again then.
+				pool.candidates = nil
 			}
 			return nil, NoItem{}, err
 		}
+		read := time.Now()
+		revision, free, err := c.candidateRead(ctx, keys, pool)
+		if err != nil {
+			return nil, NoItem{}, err
+		}
+		pool.readCost, pool.refusedCost = time.Since(read), 0
+		if len(free) == 0 {
+			return nil, NoItem{Revision: revision, Empty: pool.pendingHint == 0}, nil
+		}
+		pool.candidates = free
 	}
 }
 
-// candidates reads, in one read-only transaction, the held ids and the
-// oldest pending keys, and returns the revision read at (a waiter watches
-// from just after it), the pending keys without a holder and whether any
-// pending key exists at all. The read asks for held+ReadAhead pending keys,
-// held as seen by the last read; when holders filled a read cut at that
-// limit, it reads again past them.
-func (c *Client) candidates(ctx context.Context, keys QueueKeys) (int64, []etcd.KV, bool, error) {
+// candidateRead reads, in one read-only transaction, the held ids (keys
+// only), the oldest pending keys and the number of pending keys, records the
+// counts in pool (the next read's hints) and returns the revision read at (a
+// waiter watches from just after it) and the pending keys without a holder.
+// It asks for held+A pending keys, held as the last read counted and A =
+// ReadAhead, or one in ReadAheadShare of the pending keys it counted, at
+// most ReadAheadMax (docs/queues.md: etcd sorts the whole range before it
+// limits, so reading ahead in proportion keeps the cost per claim flat on a
+// deep queue); when holders filled a read cut at that limit, it reads again
+// past them.
+func (c *Client) candidateRead(ctx context.Context, keys QueueKeys, pool *candidatePool) (int64, []etcd.KV, error) {
 	heldPrefix, pendingPrefix := keys.FieldPrefix("held"), keys.FieldPrefix("pending")
-	limit := int64(c.heldHint + ReadAhead)
+	ahead := min(max(ReadAhead, pool.pendingHint/ReadAheadShare), ReadAheadMax)
+	limit := int64(pool.heldHint + ahead)
 	for {
 		r, err := retryRead(ctx, ReadBackTimeout, func() (etcd.TxnResult, error) {
 			return c.Store.Txn(ctx, nil, []etcd.Op{etcd.GetPrefixOp(heldPrefix, etcd.RangeOpts{KeysOnly: true}),
-				etcd.GetPrefixOp(pendingPrefix, etcd.RangeOpts{Limit: limit, OldestFirst: true})}, nil)
+				etcd.GetPrefixOp(pendingPrefix, etcd.RangeOpts{Limit: limit, OldestFirst: true}),
+				etcd.GetPrefixOp(pendingPrefix, etcd.RangeOpts{CountOnly: true})}, nil)
 		})
 		if err != nil {
-			return 0, nil, false, err
+			return 0, nil, err
 		}
 		held := map[string]bool{}
 		var pending []etcd.KV
-		if len(r.Gets) == 2 {
+		var count int64
+		if len(r.Gets) == 3 {
 			for _, kv := range r.Gets[0] {
 				held[strings.TrimPrefix(string(kv.Key), heldPrefix)] = true
 			}
-			pending = r.Gets[1]
+			pending, count = r.Gets[1], r.Counts[2]
 		}
 		var free []etcd.KV
 		for _, kv := range pending {
@@ -346,11 +430,11 @@ func (c *Client) candidates(ctx context.Context, keys QueueKeys) (int64, []etcd.
 				free = append(free, kv)
 			}
 		}
-		c.heldHint = len(held)
+		pool.heldHint, pool.pendingHint = len(held), int(count)
 		if len(free) >= ReadAhead || int64(len(pending)) < limit {
-			return r.Revision, free, len(pending) > 0, nil
+			return r.Revision, free, nil
 		}
-		limit = int64(len(held) + ReadAhead)
+		limit = int64(len(held) + ahead)
 	}
 }
 

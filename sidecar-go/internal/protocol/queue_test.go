@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
 
 	"github.com/joblease/joblease/sidecar-go/internal/errs"
 	"github.com/joblease/joblease/sidecar-go/internal/etcd"
@@ -370,9 +374,9 @@ func TestAnAmbiguousItemClaimThatCommittedIsFoundByItsClaimID(t *testing.T) {
 	}
 }
 
-// The oldest pending keys a claimer reads are all exhausted: it marks each
-// failed and reads again (a pending delete wakes no waiter) rather than
-// answering NoItem while an item beyond them is claimable.
+// The oldest pending keys a claimer reads are all exhausted: it marks those
+// it meets failed and reads again (a pending delete wakes no waiter) rather
+// than answering NoItem while an item beyond them is claimable.
 func TestAWindowOfExhaustedItemsDoesNotHideAClaimableOne(t *testing.T) {
 	ep, _ := startEtcd(t)
 	ctx := context.Background()
@@ -399,8 +403,160 @@ func TestAWindowOfExhaustedItemsDoesNotHideAClaimableOne(t *testing.T) {
 	if err != nil || l == nil || l.Item.ID != "fresh" {
 		t.Fatalf("claim next: %v %+v %v", l, miss, err)
 	}
+	// It got past the window: "fresh" is beyond the oldest ReadAhead pending
+	// keys until len(old)+1-ReadAhead of them are marked. Every exhausted item
+	// it met is marked failed (it may read again before meeting them all: a
+	// pool is dropped once refusals cost a read), the rest is still pending
+	// (and so is "fresh", held).
 	_, failed, _ := admin.GetPrefix(ctx, QueueKeysOf(DefaultRoot, q).FieldPrefix("failed"))
-	if len(failed) < ReadAhead {
-		t.Fatalf("only %d marked failed", len(failed))
+	_, pending, _ := admin.GetPrefix(ctx, QueueKeysOf(DefaultRoot, q).FieldPrefix("pending"))
+	if len(failed) < len(old)+1-ReadAhead || len(failed)+len(pending) != len(old)+1 {
+		t.Fatalf("%d of %d exhausted items marked failed, %d pending", len(failed), len(old), len(pending))
+	}
+}
+
+// countingStore is a client of ep that counts the read-only transactions it
+// sends (no compares, only ranges): the candidate reads of ClaimNext, and
+// nothing else a claim-and-complete cycle sends.
+func countingStore(t *testing.T, ep string) (*etcd.Store, *atomic.Int64) {
+	var reads atomic.Int64
+	s, err := etcd.New(etcd.Config{Endpoints: []string{ep}, RequestTimeout: 5 * time.Second,
+		UnaryInterceptor: func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+			invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if txn, ok := req.(*pb.TxnRequest); ok && len(txn.Compare) == 0 {
+				readOnly := true
+				for _, op := range txn.Success {
+					readOnly = readOnly && op.GetRequestRange() != nil
+				}
+				if readOnly {
+					reads.Add(1)
+				}
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s, &reads
+}
+
+// One claimer draining a queue keeps what a candidate read found for its
+// next claims (joblease.queue's pool): one read per ReadAhead items, not one
+// per item, and every item still claimed and completed exactly once.
+func TestADrainingClaimerReadsTheQueueOncePerPoolNotPerItem(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx := context.Background()
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "pool"}
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 10, MaxAttempts: 3})
+	var ids []string
+	for i := range ReadAhead + 8 {
+		ids = append(ids, fmt.Sprintf("item-%02d", i))
+	}
+	enqueue(t, NewClient(newStore(t, ep), DefaultRoot), q, ids...)
+	store, reads := countingStore(t, ep)
+	c := NewClient(store, DefaultRoot)
+	done := map[string]bool{}
+	for {
+		l, miss, err := c.ClaimNext(ctx, q, "drainer")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l == nil {
+			if !miss.Empty {
+				t.Fatalf("nothing claimable but the queue is not empty: %+v", miss)
+			}
+			break
+		}
+		if done[l.Item.ID] {
+			t.Fatalf("item %s claimed again after its completion", l.Item.ID)
+		}
+		if _, err := l.Complete(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		done[l.Item.ID] = true
+	}
+	if len(done) != len(ids) {
+		t.Fatalf("%d of %d items completed", len(done), len(ids))
+	}
+	// ReadAhead candidates, then the 8 left, then the read that finds none.
+	if got := reads.Load(); got != 3 {
+		t.Fatalf("%d candidate reads for %d items, want 3", got, len(ids))
+	}
+}
+
+// The read-ahead grows with the backlog as joblease.queue's does (one in
+// ReadAheadShare of the pending keys the previous read counted), so a deep
+// queue's sort-everything read is paid about once per ReadAheadShare claims.
+func TestTheReadAheadGrowsWithTheBacklog(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx := context.Background()
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "deep"}
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 10})
+	const backlog = 40 * ReadAheadShare // read-ahead 40 once counted
+	item, _ := ItemRecord{Payload: nil, EnqueuedAt: 1}.Encode()
+	pending, _ := PendingRecord{Since: 1}.Encode()
+	keys := QueueKeysOf(DefaultRoot, q)
+	for lo := 0; lo < backlog; lo += 60 { // the enqueue's records, written in bulk (set-up only)
+		var ops []etcd.Op
+		for i := lo; i < min(lo+60, backlog); i++ {
+			k := keys.Item(fmt.Sprintf("i%05d", i))
+			ops = append(ops, etcd.Put(k.Item(), item, 0), etcd.Put(k.Pending(), pending, 0))
+		}
+		if _, err := admin.Txn(ctx, nil, ops, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := NewClient(newStore(t, ep), DefaultRoot)
+	claimAndComplete := func() {
+		t.Helper()
+		l, _, err := c.ClaimNext(ctx, q, "drainer")
+		if err != nil || l == nil {
+			t.Fatalf("claim next: %v %v", l, err)
+		}
+		if _, err := l.Complete(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claimAndComplete()
+	pool := c.pools[q]
+	// The first read knew no backlog: ReadAhead, one of them claimed.
+	if len(pool.candidates) != ReadAhead-1 || pool.pendingHint != backlog {
+		t.Fatalf("after the first read: %d candidates, %d pending counted", len(pool.candidates), pool.pendingHint)
+	}
+	for range ReadAhead - 1 {
+		claimAndComplete()
+	}
+	claimAndComplete() // the second read, sized by the first read's count
+	if want := backlog/ReadAheadShare - 1; len(pool.candidates) != want || pool.pendingHint != backlog-ReadAhead {
+		t.Fatalf("after the second read: %d candidates (want %d), %d pending counted", len(pool.candidates), want,
+			pool.pendingHint)
+	}
+}
+
+// A pool whose candidates other claimers keep taking (several pods draining
+// one queue) is read again once its refusals cost as long as its read took,
+// not tried to the end: on a shallow queue (cheap reads) after a refusal or
+// two, on a deep one (reads that sort it all) much later.
+func TestAPoolIsReadAgainOnceItsRefusalsCostARead(t *testing.T) {
+	kvs := func(n int) []etcd.KV { return make([]etcd.KV, n) }
+	p := &candidatePool{candidates: kvs(10), readCost: 10 * time.Millisecond}
+	p.refused(4 * time.Millisecond)
+	p.refused(4 * time.Millisecond)
+	if len(p.candidates) != 10 {
+		t.Fatalf("dropped after refusals worth less than a read: %d left", len(p.candidates))
+	}
+	p.refused(4 * time.Millisecond)
+	if len(p.candidates) != 0 || p.refusedCost != 0 {
+		t.Fatalf("kept %d candidates after refusals worth more than a read", len(p.candidates))
+	}
+	deep := &candidatePool{candidates: kvs(1000), readCost: 400 * time.Millisecond}
+	for range 100 {
+		deep.refused(time.Millisecond)
+	}
+	if len(deep.candidates) != 1000 {
+		t.Fatal("a deep queue's pool was dropped for refusals far cheaper than its read")
 	}
 }

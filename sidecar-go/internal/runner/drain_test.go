@@ -140,3 +140,64 @@ func TestAStopEndsTheWaitForAnItemAtOnce(t *testing.T) {
 		t.Fatal("the wait did not end on the stop")
 	}
 }
+
+// viewToken is the token of a lease view (0: none).
+func viewToken(o Outcome) int64 {
+	for _, kv := range o.Body {
+		if kv.Key == "token" {
+			tok, _ := kv.Value.(int64)
+			return tok
+		}
+	}
+	return 0
+}
+
+// GET /v1/lease?wait=... of a draining worker: asked right after a
+// completion, it answers the next item once claimed, not the 409 of the item
+// just completed; with nothing left it waits its whole wait and answers
+// "waiting"; a stop ends a wait at once.
+func TestALeaseWaitAnswersTheNextItemNotTheOneJustCompleted(t *testing.T) {
+	ep, _ := etcdtest.Start(t)
+	q := protocol.QueueRef{Namespace: "default", Name: "longpoll"}
+	createQueue(t, etcdtest.NewStore(t, ep), q, protocol.QueueSpec{LeaseDurationSeconds: 5, MaxAttempts: 3})
+	producer := protocol.NewClient(etcdtest.NewStore(t, ep), protocol.DefaultRoot)
+	for _, id := range []string{"a", "b", "c"} {
+		if _, err := producer.Enqueue(context.Background(), protocol.ItemRef{Queue: q, ID: id}, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, _ := drainer(t, ep, q, false)
+	o := r.LeaseWait(context.Background(), 10*time.Second)
+	for i := range 3 {
+		token := viewToken(o)
+		if o.Answer != Done || token == 0 {
+			t.Fatalf("long poll for an item: %+v (phase %s)", o, r.PhaseNow())
+		}
+		if c := r.Complete(token, nil); c.Answer != Done {
+			t.Fatalf("complete: %+v", c)
+		}
+		if i == 2 {
+			break
+		}
+		o = r.LeaseWait(context.Background(), 10*time.Second)
+		if o.Answer == Done && viewToken(o) <= token {
+			t.Fatalf("the long poll answered the item just completed: %+v", o)
+		}
+	}
+	asked := time.Now()
+	o = r.LeaseWait(context.Background(), 300*time.Millisecond)
+	if o.Answer != NotYet || r.PhaseNow() != Waiting || time.Since(asked) < 300*time.Millisecond {
+		t.Fatalf("a wait with nothing to claim: %+v after %v (phase %s)", o, time.Since(asked), r.PhaseNow())
+	}
+	stopped := make(chan Outcome, 1)
+	go func() { stopped <- r.LeaseWait(context.Background(), 30*time.Second) }()
+	r.RequestStop("SIGTERM")
+	select {
+	case o := <-stopped:
+		if o.Answer != NotYet {
+			t.Fatalf("stopped: %+v", o)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a stop did not end the long poll")
+	}
+}

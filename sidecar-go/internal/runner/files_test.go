@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -57,5 +58,51 @@ func TestRemoveStaleTakesTheTokenFilesAndTheirTemporaries(t *testing.T) {
 	}
 	if err := removeStale(token, info); err != nil {
 		t.Fatalf("files already gone: %v", err)
+	}
+}
+
+// A reader of the token file while it is rewritten (item after item of a
+// draining sidecar) sees one whole version or the other, never a torn or
+// empty file; a write publishIf refuses publishes nothing and leaves no
+// temporary behind.
+func TestWriteAtomicIsNeverSeenTornAndPublishesOnlyIfAllowed(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "token.json")
+	versions := [][]byte{[]byte(`{"token": 7}` + "\n"), []byte(`{"token": 123456789, "item": "a-longer-one"}` + "\n")}
+	if ok, err := WriteAtomic(path, versions[0], nil); !ok || err != nil {
+		t.Fatalf("first write: %v %v", ok, err)
+	}
+	stop := make(chan struct{})
+	bad := make(chan string, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				close(bad)
+				return
+			default:
+			}
+			got, err := os.ReadFile(path)
+			if err != nil || (string(got) != string(versions[0]) && string(got) != string(versions[1])) {
+				bad <- fmt.Sprintf("read %q (%v)", got, err)
+				return
+			}
+		}
+	}()
+	for i := range 2000 {
+		if _, err := WriteAtomic(path, versions[i%2], nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	if why, ok := <-bad; ok {
+		t.Fatalf("a reader saw neither version: %s", why)
+	}
+	if ok, err := WriteAtomic(path, []byte("99\n"), func() bool { return false }); ok || err != nil {
+		t.Fatalf("a refused write: published %v, %v", ok, err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if got, _ := os.ReadFile(path); len(entries) != 1 || string(got) != string(versions[1]) {
+		t.Fatalf("after a refused write: %d entries, %q", len(entries), got)
 	}
 }

@@ -107,6 +107,9 @@ type Runner struct {
 	// slotWaitSince: when the claim now waiting for slots was first refused for
 	// them (zero: not waiting); the wait is counted in the metrics at the grant.
 	slotWaitSince time.Time
+	// changed is closed (and replaced) at every change of phase: what a
+	// GET /v1/lease?wait=... waits on (leasewait.go).
+	changed chan struct{}
 
 	opMu     sync.Mutex // one API operation at a time (the Python _op_lock)
 	stop     chan struct{}
@@ -119,7 +122,7 @@ type Runner struct {
 func New(cfg config.Config, client *protocol.Client, log *slog.Logger) *Runner {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Runner{cfg: cfg, client: client, Metrics: metrics.New(), log: log, phase: Claiming,
-		stop: make(chan struct{}), ctx: ctx, cancel: cancel}
+		changed: make(chan struct{}), stop: make(chan struct{}), ctx: ctx, cancel: cancel}
 	if cfg.Queue != nil && cfg.Item != "" {
 		r.item = &protocol.ItemRef{Queue: *cfg.Queue, ID: cfg.Item}
 	}
@@ -129,9 +132,12 @@ func New(cfg config.Config, client *protocol.Client, log *slog.Logger) *Runner {
 // Config of the runner.
 func (r *Runner) Config() config.Config { return r.cfg }
 
+// setPhase (with mu held) also wakes the requests waiting for a change (LeaseWait).
 func (r *Runner) setPhase(p Phase) {
 	r.phase = p
 	r.Metrics.SetState(string(p))
+	close(r.changed)
+	r.changed = make(chan struct{})
 }
 
 // Current is the phase after re-checking a held lease against the monotonic clock.
@@ -220,7 +226,7 @@ func (r *Runner) held(lease *protocol.Lease) {
 			r.log.Error("cannot write the token file", "path", r.cfg.TokenFile, "reason", err.Error())
 		}
 	}
-	// The writes fsync and can be slow: if the deadline passed meanwhile, this removes what was published.
+	// The writes can be slow (a busy disk): if the deadline passed meanwhile, this removes what was published.
 	r.currentLocked()
 }
 
@@ -707,6 +713,10 @@ func (r *Runner) Release(token int64) Outcome {
 func (r *Runner) LeaseView() Outcome {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.leaseViewLocked()
+}
+
+func (r *Runner) leaseViewLocked() Outcome {
 	phase := r.currentLocked()
 	base := pyjson.Obj{{Key: "state", Value: string(phase)}, {Key: "job", Value: r.nameLocked()}, {Key: "owner", Value: r.cfg.Owner}}
 	if r.cfg.Queue != nil {
