@@ -9,7 +9,9 @@ from typing import Any
 from joblease import JobLeaseClient
 from joblease.store import Put
 from tests.support.etcd_keys import snapshot, writes
+from tests.support.openapi_conformance import Conformance
 from tests.support.sidecar_process import Env
+from tests.waiting import poll
 
 LIMIT = 1024
 
@@ -108,3 +110,52 @@ async def test_a_stored_lone_surrogate_checkpoint_is_shown_corrupt_and_the_holde
     state = await client.get(env.job)
     assert state.corrupt is None and state.checkpoint is not None
     assert state.checkpoint.data == {"note": "clean"}
+
+
+async def test_checkpoint_volume_is_bounded_per_sidecar_and_over_it_nothing_is_written(
+    registered: Env, client: JobLeaseClient,
+) -> None:
+    """Issue 24: every checkpoint is a new etcd revision, kept until compaction, so one
+    worker checkpointing at the request rate could fill etcd's quota for every
+    tenant. The sidecar admits at most ``JOBLEASE_SIDECAR_CHECKPOINT_RATE`` bytes of
+    checkpoints per second (bursts of 16 s worth, at least one largest checkpoint):
+    over it, ``429 checkpoint_volume`` with ``Retry-After``, and etcd is not touched;
+    once the bytes have come back, checkpoints are admitted again. Here 256 B/s,
+    a result limit of 4096 B: the burst is 4096 B (16 s x 256 = one largest)."""
+    env = registered
+    a = env.sidecar("a", JOBLEASE_SIDECAR_CHECKPOINT_RATE="256",
+                    JOBLEASE_SIDECAR_MAX_RESULT_BYTES="4096", JOBLEASE_SIDECAR_RATE_LIMIT="off")
+    await a.started()
+    token = (await a.held())["token"]
+    chunk = "x" * 1000  # ~1 KB of JSON per checkpoint
+    accepted = 0
+    while True:
+        r = await a.request("POST", "/v1/checkpoint",
+                            json={"token": token, "data": {"n": accepted, "pad": chunk}})
+        if r.status_code != 200:
+            break
+        accepted += 1
+        assert accepted <= 4, "more than the 4096-byte burst was admitted at once"
+    assert accepted >= 3, accepted  # the burst admits about four ~1 KB checkpoints
+    assert r.status_code == 429 and r.json()["error"] == "checkpoint_volume", r.text
+    Conformance().check("/v1/checkpoint", "POST", r)  # as docs/sidecar-api.yaml says
+    assert "256 bytes per second" in r.json()["message"]
+    retry = int(r.headers["Retry-After"])
+    assert 1 <= retry <= 5, r.headers
+    # the refused checkpoint wrote nothing: etcd holds the last admitted one
+    state = await client.get(env.job)
+    assert state.checkpoint is not None and state.checkpoint.data["n"] == accepted - 1
+    before = await snapshot(client.store, client.keys.job(env.job).prefix)
+    again = await a.request("POST", "/v1/checkpoint",
+                            json={"token": token, "data": {"n": -1, "pad": chunk}})
+    assert again.status_code == 429
+    assert not writes(before, await snapshot(client.store, client.keys.job(env.job).prefix))
+
+    # the bytes come back at the rate: after Retry-After, the next one is admitted
+    async def admitted() -> bool:
+        r = await a.request("POST", "/v1/checkpoint",
+                            json={"token": token, "data": {"n": accepted, "pad": chunk}})
+        return r.status_code == 200
+    assert await poll(admitted, retry + 10, "a checkpoint admitted once the bytes came back",
+                      interval=0.5)
+    assert (await client.get(env.job)).checkpoint.data["n"] == accepted  # type: ignore[union-attr]

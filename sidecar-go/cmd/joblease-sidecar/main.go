@@ -44,6 +44,10 @@ func run() int {
 		slog.New(logs.New(os.Stderr, cfg.LogLevel, "joblease.sidecar.api")).Error("invalid rate limit; using the default",
 			"variable", "JOBLEASE_SIDECAR_RATE_LIMIT", "value", cfg.RateLimitProblem, "default", config.DefaultRateLimit)
 	}
+	if cfg.CheckpointRateProblem != "" {
+		slog.New(logs.New(os.Stderr, cfg.LogLevel, "joblease.sidecar.api")).Error("invalid checkpoint rate; using the default",
+			"variable", "JOBLEASE_SIDECAR_CHECKPOINT_RATE", "value", cfg.CheckpointRateProblem, "default", config.DefaultCheckpointRate)
+	}
 	cfg.Etcd.RequestTimeout = 5 * time.Second
 	store, err := etcd.New(cfg.Etcd)
 	if err != nil {

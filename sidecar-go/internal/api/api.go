@@ -31,7 +31,8 @@ import (
 // envelopeBytes is the JSON allowance on top of the result limit (the token, the keys).
 const envelopeBytes = 4096
 
-// RateLimiter is a token bucket: rate requests per second, bursts of up to one second's worth.
+// RateLimiter is a token bucket: rate units per second, bursts of up to burst units
+// (requests for the API's rate limit, bytes for the checkpoint volume bound).
 type RateLimiter struct {
 	mu     sync.Mutex
 	rate   float64
@@ -40,29 +41,52 @@ type RateLimiter struct {
 	last   time.Time
 }
 
-// NewRateLimiter for rate requests per second.
+// NewRateLimiter for rate requests per second, bursts of one second's worth.
 func NewRateLimiter(rate float64) *RateLimiter {
-	burst := math.Max(1, rate)
+	return newBucket(rate, math.Max(1, rate))
+}
+
+// checkpointBurstSeconds: the checkpoint volume bound lets this many seconds' worth
+// of bytes through at once (and always one checkpoint of the largest size).
+const checkpointBurstSeconds = 16
+
+// NewVolumeLimiter for rate bytes of checkpoints per second; a burst admits
+// checkpointBurstSeconds of them, and at least one of maxItem bytes.
+func NewVolumeLimiter(rate float64, maxItem int) *RateLimiter {
+	return newBucket(rate, math.Max(float64(maxItem), rate*checkpointBurstSeconds))
+}
+
+func newBucket(rate, burst float64) *RateLimiter {
 	return &RateLimiter{rate: rate, burst: burst, tokens: burst, last: time.Now()}
 }
 
-// Take: 0 if the request may go ahead, else the seconds until it could.
-func (l *RateLimiter) Take() float64 {
+// Take one unit: 0 if the request may go ahead, else the seconds until it could.
+func (l *RateLimiter) Take() float64 { return l.TakeN(1) }
+
+// TakeN units: 0 if they were taken, else the seconds until they could be (a
+// refused take takes nothing).
+func (l *RateLimiter) TakeN(n float64) float64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := time.Now()
 	l.tokens = math.Min(l.burst, l.tokens+now.Sub(l.last).Seconds()*l.rate)
 	l.last = now
-	if l.tokens >= 1 {
-		l.tokens--
+	if l.tokens >= n {
+		l.tokens -= n
 		return 0
 	}
-	return (1 - l.tokens) / l.rate
+	return (n - l.tokens) / l.rate
+}
+
+// retryAfter is a Retry-After header value for a wait of seconds (at least 1).
+func retryAfter(seconds float64) string {
+	return strconv.Itoa(max(1, int(math.Ceil(seconds))))
 }
 
 type badRequest struct {
 	status         int
 	error, message string
+	headers        []string // name, value, ...
 }
 
 func writeJSON(w http.ResponseWriter, status int, body pyjson.Obj, headers ...string) {
@@ -90,7 +114,7 @@ func guard(rn *runner.Runner, methods []string, h handler, auth bool, limiter *R
 		if limiter != nil {
 			if wait := limiter.Take(); wait > 0 {
 				writeJSON(w, 429, errBody("rate_limited", fmt.Sprintf("more than %s requests per second; retry in %.2f s",
-					strconv.FormatFloat(limiter.rate, 'g', -1, 64), wait)), "Retry-After", strconv.Itoa(max(1, int(math.Ceil(wait)))))
+					strconv.FormatFloat(limiter.rate, 'g', -1, 64), wait)), "Retry-After", retryAfter(wait))
 				return
 			}
 		}
@@ -113,7 +137,7 @@ func guard(rn *runner.Runner, methods []string, h handler, auth bool, limiter *R
 		}
 		out, bad := h(req)
 		if bad != nil {
-			writeJSON(w, bad.status, errBody(bad.error, bad.message))
+			writeJSON(w, bad.status, errBody(bad.error, bad.message), bad.headers...)
 			return
 		}
 		status, body := Render(out)
@@ -161,15 +185,15 @@ func Render(o runner.Outcome) (int, pyjson.Obj) {
 func readBody(req *http.Request, limit int) ([]byte, *badRequest) {
 	if declared := req.Header.Get("Content-Length"); declared != "" {
 		if n, err := strconv.ParseInt(declared, 10, 64); err == nil && n > int64(limit) {
-			return nil, &badRequest{413, "too_large", fmt.Sprintf("request body of %s bytes exceeds the limit of %d bytes", declared, limit)}
+			return nil, &badRequest{status: 413, error: "too_large", message: fmt.Sprintf("request body of %s bytes exceeds the limit of %d bytes", declared, limit)}
 		}
 	}
 	data, err := io.ReadAll(io.LimitReader(req.Body, int64(limit)+1))
 	if err != nil {
-		return nil, &badRequest{400, "invalid", "cannot read the request body: " + err.Error()}
+		return nil, &badRequest{status: 400, error: "invalid", message: "cannot read the request body: " + err.Error()}
 	}
 	if len(data) > limit {
-		return nil, &badRequest{413, "too_large", fmt.Sprintf("request body exceeds the limit of %d bytes", limit)}
+		return nil, &badRequest{status: 413, error: "too_large", message: fmt.Sprintf("request body exceeds the limit of %d bytes", limit)}
 	}
 	return data, nil
 }
@@ -177,11 +201,11 @@ func readBody(req *http.Request, limit int) ([]byte, *badRequest) {
 func parse(body []byte) (map[string]any, *badRequest) {
 	v, err := pyjson.Decode(body)
 	if err != nil {
-		return nil, &badRequest{400, "invalid", "request body is not valid JSON: " + err.Error()}
+		return nil, &badRequest{status: 400, error: "invalid", message: "request body is not valid JSON: " + err.Error()}
 	}
 	obj, ok := v.(map[string]any)
 	if !ok {
-		return nil, &badRequest{400, "invalid", "request body must be a JSON object"}
+		return nil, &badRequest{status: 400, error: "invalid", message: "request body must be a JSON object"}
 	}
 	return obj, nil
 }
@@ -191,29 +215,29 @@ var maxToken = new(big.Int).Lsh(big.NewInt(1), 63)
 func token(obj map[string]any) (int64, *badRequest) {
 	v, ok := obj["token"]
 	if !ok {
-		return 0, &badRequest{400, "invalid", `missing "token": send the token from GET /v1/lease`}
+		return 0, &badRequest{status: 400, error: "invalid", message: `missing "token": send the token from GET /v1/lease`}
 	}
 	n, isNum := v.(json.Number)
 	if !isNum || !pyjson.IsInt(n) {
-		return 0, &badRequest{400, "invalid", fmt.Sprintf(`"token" must be an integer, got %s`, pyjson.TypeName(v))}
+		return 0, &badRequest{status: 400, error: "invalid", message: fmt.Sprintf(`"token" must be an integer, got %s`, pyjson.TypeName(v))}
 	}
 	b, ok := new(big.Int).SetString(string(n), 10)
 	if !ok || b.Sign() <= 0 || b.Cmp(maxToken) >= 0 {
-		return 0, &badRequest{400, "invalid", `"token" must be a positive 64-bit integer`}
+		return 0, &badRequest{status: 400, error: "invalid", message: `"token" must be a positive 64-bit integer`}
 	}
 	return b.Int64(), nil
 }
 
-func payload(obj map[string]any, limit int, key, what string) (any, *badRequest) {
+func payload(obj map[string]any, limit int, key, what string) (any, int, *badRequest) {
 	v := obj[key]
 	data, err := pyjson.Sorted(v)
 	if err != nil {
-		return nil, &badRequest{400, "invalid", fmt.Sprintf("invalid %s: not JSON-serializable (%s)", what, err)}
+		return nil, 0, &badRequest{status: 400, error: "invalid", message: fmt.Sprintf("invalid %s: not JSON-serializable (%s)", what, err)}
 	}
 	if len(data) > limit {
-		return nil, &badRequest{413, "too_large", fmt.Sprintf("%s too large: %d bytes of JSON, the limit is %d bytes", what, len(data), limit)}
+		return nil, 0, &badRequest{status: 413, error: "too_large", message: fmt.Sprintf("%s too large: %d bytes of JSON, the limit is %d bytes", what, len(data), limit)}
 	}
-	return v, nil
+	return v, len(data), nil
 }
 
 // leaseWait is GET /v1/lease's optional "wait" query parameter: seconds,
@@ -230,7 +254,7 @@ func leaseWait(req *http.Request) (time.Duration, *badRequest) {
 	}
 	f, err := strconv.ParseFloat(text, 64)
 	if len(values) != 1 || err != nil || math.IsNaN(f) || f < 0 || f > limit {
-		return 0, &badRequest{400, "invalid", fmt.Sprintf(`"wait" must be one number of seconds from 0 to %g, got %q`,
+		return 0, &badRequest{status: 400, error: "invalid", message: fmt.Sprintf(`"wait" must be one number of seconds from 0 to %g, got %q`,
 			limit, strings.Join(values, ","))}
 	}
 	return time.Duration(f * float64(time.Second)), nil
@@ -329,9 +353,12 @@ func quote(s string) string {
 func Handler(rn *runner.Runner) http.Handler {
 	cfg := rn.Config()
 	bodyLimit := cfg.MaxResultBytes + envelopeBytes
-	var limiter *RateLimiter
+	var limiter, volume *RateLimiter
 	if cfg.RateLimit > 0 {
 		limiter = NewRateLimiter(cfg.RateLimit)
+	}
+	if cfg.CheckpointRate > 0 {
+		volume = NewVolumeLimiter(cfg.CheckpointRate, cfg.MaxResultBytes)
 	}
 	mux := routes{}
 	mux["/v1/lease"] = guard(rn, []string{"GET", "HEAD"}, func(req *http.Request) (runner.Outcome, *badRequest) {
@@ -349,7 +376,7 @@ func Handler(rn *runner.Runner) http.Handler {
 		if bad != nil {
 			return runner.Outcome{}, bad
 		}
-		result, bad := payload(obj, cfg.MaxResultBytes, "result", "result")
+		result, _, bad := payload(obj, cfg.MaxResultBytes, "result", "result")
 		if bad != nil {
 			return runner.Outcome{}, bad
 		}
@@ -361,11 +388,22 @@ func Handler(rn *runner.Runner) http.Handler {
 			return runner.Outcome{}, bad
 		}
 		if _, ok := obj["data"]; !ok {
-			return runner.Outcome{}, &badRequest{400, "invalid", `missing "data": the checkpoint as JSON`}
+			return runner.Outcome{}, &badRequest{status: 400, error: "invalid", message: `missing "data": the checkpoint as JSON`}
 		}
-		data, bad := payload(obj, cfg.MaxResultBytes, "data", "checkpoint")
+		data, size, bad := payload(obj, cfg.MaxResultBytes, "data", "checkpoint")
 		if bad != nil {
 			return runner.Outcome{}, bad
+		}
+		// The volume bound (docs/sidecar.md, "Rate limiting"): every checkpoint is a
+		// new etcd revision kept until compaction, so one worker checkpointing at
+		// the request rate could fill etcd's quota for every tenant.
+		if volume != nil {
+			if wait := volume.TakeN(float64(size)); wait > 0 {
+				return runner.Outcome{}, &badRequest{status: 429, error: "checkpoint_volume",
+					message: fmt.Sprintf("checkpoints over %s bytes per second; retry in %.2f s",
+						strconv.FormatFloat(volume.rate, 'g', -1, 64), wait),
+					headers: []string{"Retry-After", retryAfter(wait)}}
+			}
 		}
 		return rn.Checkpoint(tok, data), nil
 	}, true, limiter)

@@ -24,6 +24,11 @@ const (
 	DefaultProbePort = 8471
 	DefaultTokenFile = "/run/joblease/token"
 	DefaultRateLimit = 50.0
+	// DefaultCheckpointRate: bytes of checkpoints per second a sidecar writes at
+	// most (docs/sidecar.md, "Rate limiting"). 16 KiB/s is 56 MiB an hour: what the
+	// bundled etcd keeps of one job's checkpoints until its hourly compaction is
+	// under 3 % of its 2 GiB quota.
+	DefaultCheckpointRate = 16384.0
 )
 
 // Backoff is the claim retry backoff: exponential with equal jitter.
@@ -69,6 +74,9 @@ type Config struct {
 	LogLevel          string
 	RateLimit         float64 // 0: off
 	RateLimitProblem  string  // an unusable JOBLEASE_SIDECAR_RATE_LIMIT (logged; the default is used)
+	// CheckpointRate: bytes of checkpoints per second (0: off); the problem as above
+	CheckpointRate        float64
+	CheckpointRateProblem string
 }
 
 // TokenJSONFile is token.json beside the token file.
@@ -160,19 +168,20 @@ func defaultOwner(env map[string]string) string {
 	return fmt.Sprintf("%s/%d", host, os.Getpid())
 }
 
-// rateLimit is JOBLEASE_SIDECAR_RATE_LIMIT: requests/s, 0 when disabled; an
-// unusable value gives the default and a problem to log.
-func rateLimit(env map[string]string) (float64, string) {
-	raw := strings.ToLower(strings.TrimSpace(env["JOBLEASE_SIDECAR_RATE_LIMIT"]))
+// rateLimit is JOBLEASE_SIDECAR_RATE_LIMIT (requests/s) or
+// JOBLEASE_SIDECAR_CHECKPOINT_RATE (bytes/s): 0 when disabled; an unusable value
+// gives the default and a problem to log.
+func rateLimit(env map[string]string, name string, def float64) (float64, string) {
+	raw := strings.ToLower(strings.TrimSpace(env[name]))
 	switch raw {
 	case "":
-		return DefaultRateLimit, ""
+		return def, ""
 	case "0", "off", "none", "false":
 		return 0, ""
 	}
 	v, err := strconv.ParseFloat(raw, 64)
 	if err != nil || !(v > 0) || math.IsInf(v, 0) {
-		return DefaultRateLimit, raw
+		return def, raw
 	}
 	return v, ""
 }
@@ -368,7 +377,9 @@ func Parse(args []string, env map[string]string) (Config, error) {
 		return c, err
 	}
 	c.LogLevel = strings.ToUpper(getDefault(env, "JOBLEASE_LOG_LEVEL", "INFO"))
-	c.RateLimit, c.RateLimitProblem = rateLimit(env)
+	c.RateLimit, c.RateLimitProblem = rateLimit(env, "JOBLEASE_SIDECAR_RATE_LIMIT", DefaultRateLimit)
+	c.CheckpointRate, c.CheckpointRateProblem = rateLimit(env, "JOBLEASE_SIDECAR_CHECKPOINT_RATE",
+		DefaultCheckpointRate)
 
 	// Flags over the environment.
 	for n, dst := range map[string]*string{"owner": &c.Owner, "host": &c.Host, "port-file": &c.PortFile,

@@ -185,3 +185,23 @@ func TestQueueModeIsReadFromTheEnvironmentAndFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestTheCheckpointRateDefaultsOffAndKeepsTheDefaultWhenUnusable(t *testing.T) {
+	for env, want := range map[string]struct {
+		rate    float64
+		problem string
+	}{"": {DefaultCheckpointRate, ""}, "off": {0, ""}, "0": {0, ""}, "4096": {4096, ""},
+		"-1": {DefaultCheckpointRate, "-1"}, "lots": {DefaultCheckpointRate, "lots"}} {
+		vars := map[string]string{"JOBLEASE_JOB_NAME": "a"}
+		if env != "" {
+			vars["JOBLEASE_SIDECAR_CHECKPOINT_RATE"] = env
+		}
+		c, err := Parse(nil, vars)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.CheckpointRate != want.rate || c.CheckpointRateProblem != want.problem {
+			t.Errorf("%q: rate %v problem %q, want %v %q", env, c.CheckpointRate, c.CheckpointRateProblem, want.rate, want.problem)
+		}
+	}
+}
