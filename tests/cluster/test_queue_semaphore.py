@@ -185,6 +185,10 @@ def test_a_deployment_of_6_on_2_slots_never_has_more_than_2_writers_and_drains(
     queue_ready(cluster, ns, QUEUE)
     since = int(_semaphore(cluster, ns)["revision"])
     began = time.monotonic()
+    phases: dict[str, float] = {}  # seconds since began, printed at the end
+
+    def phase(name: str) -> None:
+        phases[name] = round(time.monotonic() - began, 1)
 
     # A and B hold h1 and h2, so both slots; the other four pods wait for a slot
     _enqueue(cluster, ns, ["h1", "h2"])
@@ -193,6 +197,7 @@ def test_a_deployment_of_6_on_2_slots_never_has_more_than_2_writers_and_drains(
         def holds(item: str = item) -> dict[str, Any] | None:
             return holding(cluster, ns, SELECTOR, item)
         held[item] = wait_until(holds, timeout=300, interval=1, what=f"a pod holding {item}")
+    phase("both slots held")
     a, b = held["h1"], held["h2"]
     a_name, b_name = a["metadata"]["name"], b["metadata"]["name"]
     assert a_name != b_name
@@ -219,12 +224,14 @@ def test_a_deployment_of_6_on_2_slots_never_has_more_than_2_writers_and_drains(
                                                   "(and with it its slot)")
         # expiry, not a release: at least 2/3 TTL after A's last keep-alive (every TTL/3)
         assert time.monotonic() - froze >= TTL / 3
+        phase("frozen pod's slot expired")
         second = [f"c{n:02d}" for n in range(30)]
         _enqueue(cluster, ns, second)
         # another pod has written under A's old slot index: the ledger knows a newer token
         wait_until(lambda: _fence_mark(cluster, ns, _slot_resource(ns, a_slot)) > a_token,
                    timeout=60, interval=0.5,
                    what=f"a write under slot {a_slot} after the frozen pod lost it")
+        phase("its slot written by another pod")
         # A's worker thawed and let go, its sidecar still frozen: its late write
         freezer.thaw(a_worker)
         r = exec_in(cluster, ns, a_name, "worker", "touch", HOLD_FILE)
@@ -233,6 +240,7 @@ def test_a_deployment_of_6_on_2_slots_never_has_more_than_2_writers_and_drains(
             lambda: re.search(r"write h1 -> 409 refused: (\{.*\})",
                               _worker_logs(cluster, ns, a_name)),
             timeout=60, interval=0.5, what="the frozen pod's late write answered")
+    phase("late write refused")
     body = json.loads(refused.group(1))
     # refused by a fence: the slot's (another pod wrote under it: checked above) or, if
     # h1 was redone meanwhile, the item's; never accepted
@@ -243,8 +251,9 @@ def test_a_deployment_of_6_on_2_slots_never_has_more_than_2_writers_and_drains(
     total = 2 + len(first) + len(second)
     wait_until(lambda: queue_cli(cluster, ns, "queue", "get", QUEUE)["completed"] == total,
                timeout=300, interval=1, what=f"all {total} items completed")
-    print(f"\n{total} items drained by 6 pods on {LIMIT} slots in "
-          f"{time.monotonic() - began:.0f}s; the late write: {body['resource']}")
+    phase("drained")
+    print(f"\n{total} items drained by 6 pods on {LIMIT} slots; the late write refused on "
+          f"{body['resource']}; seconds: {phases}")
 
     # the queue drained: every item Completed exactly once in etcd
     counts = queue_cli(cluster, ns, "queue", "get", QUEUE)
