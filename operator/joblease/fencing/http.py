@@ -254,28 +254,28 @@ def parse_slot_fences(values: list[str]) -> tuple[SlotFence, ...]:
     """The ``Joblease-Slot`` header's fences (each value a comma-separated list of
     ``ns/name/index=token``; the header may be repeated), or
     :class:`InvalidInputError` naming the bad entry."""
+    entries = [entry for value in values for entry in value.split(",")]
+    if len(entries) > MAX_SLOT_FENCES:  # before parsing any: bounded work per request
+        raise InvalidInputError(f"{HEADER_SLOT} names {len(entries)} slots: at most "
+                                f"{MAX_SLOT_FENCES} on one request")
     fences: list[SlotFence] = []
     seen: set[str] = set()
-    for value in values:
-        for entry in value.split(","):
-            text = entry.strip()
-            found = _SLOT_FENCE.fullmatch(text)
-            if found is None:
-                raise InvalidInputError(
-                    f"invalid {HEADER_SLOT} entry {_shown(text)}: must be "
-                    "namespace/semaphore/index=token (an index below 10000), entries "
-                    "separated by commas")
-            ns, name, index, token = found.groups()
-            fence = SlotFence(f"{ns}/{name}", int(index),
-                              parse_token(token, f"{HEADER_SLOT} token of {ns}/{name}/{index}"))
-            if fence.resource in seen:
-                raise InvalidInputError(f"{HEADER_SLOT} names slot {ns}/{name}/{index} twice: "
-                                        "name each slot once")
-            seen.add(fence.resource)
-            fences.append(fence)
-    if len(fences) > MAX_SLOT_FENCES:
-        raise InvalidInputError(f"{HEADER_SLOT} names {len(fences)} slots: at most "
-                                f"{MAX_SLOT_FENCES} on one request")
+    for entry in entries:
+        text = entry.strip()
+        found = _SLOT_FENCE.fullmatch(text)
+        if found is None:
+            raise InvalidInputError(
+                f"invalid {HEADER_SLOT} entry {_shown(text)}: must be "
+                "namespace/semaphore/index=token (an index below 10000), entries "
+                "separated by commas")
+        ns, name, index, token = found.groups()
+        fence = SlotFence(f"{ns}/{name}", int(index),
+                          parse_token(token, f"{HEADER_SLOT} token of {ns}/{name}/{index}"))
+        if fence.resource in seen:
+            raise InvalidInputError(f"{HEADER_SLOT} names slot {ns}/{name}/{index} twice: "
+                                    "name each slot once")
+        seen.add(fence.resource)
+        fences.append(fence)
     return tuple(fences)
 
 
