@@ -1,8 +1,10 @@
 """The queue examples (examples/queue-*.yaml) as the webhook sees them, without a
 cluster: each embeds examples/workers/queue-worker.sh verbatim, and each shape's pod
 is injected in the queue mode it is about (an Indexed Job's pod claims its index, a
-CronJob's run its slot, a Deployment's pod drains). tests/cluster/test_queue_shapes.py
-applies the files on the real cluster."""
+CronJob's run its slot, a Deployment's pod drains; the semaphore example's queue
+takes a slot of its JobSemaphore, as docs/semaphores.md shows it).
+tests/cluster/test_queue_shapes.py and test_queue_semaphore.py apply the files on the
+real cluster."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from joblease.operator.injection import COMPLETION_INDEX_ANNOTATION, SidecarSett
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SCRIPT = (EXAMPLES / "workers" / "queue-worker.sh").read_text()
-FILES = ("queue-indexed-job.yaml", "queue-cronjob.yaml", "queue-deployment.yaml")
+FILES = ("queue-indexed-job.yaml", "queue-cronjob.yaml", "queue-deployment.yaml",
+         "queue-semaphore-deployment.yaml")
 
 
 def _docs(name: str) -> dict[str, dict[str, Any]]:
@@ -81,3 +84,25 @@ def test_the_deployment_example_drains() -> None:
     env = _sidecar_env(deployment["spec"]["template"])
     assert env["JOBLEASE_QUEUE"] == "files"
     assert "JOBLEASE_ITEM" not in env and "JOBLEASE_EXIT_WHEN_EMPTY" not in env
+
+
+def test_the_semaphore_example_drains_6_pods_through_2_slots() -> None:
+    docs = _docs("queue-semaphore-deployment.yaml")
+    semaphore, queue, deployment = docs["JobSemaphore"], docs["JobQueue"], docs["Deployment"]
+    assert semaphore["spec"] == {"limit": 2}
+    assert queue["spec"]["semaphores"] == [{"name": semaphore["metadata"]["name"],
+                                            "weight": 1}]
+    assert deployment["spec"]["replicas"] == 6
+    env = _sidecar_env(deployment["spec"]["template"])
+    assert env["JOBLEASE_QUEUE"] == queue["metadata"]["name"]
+    assert "JOBLEASE_ITEM" not in env and "JOBLEASE_EXIT_WHEN_EMPTY" not in env
+
+
+def test_docs_show_the_semaphore_example_as_written() -> None:
+    """docs/semaphores.md's manifest is the example's JobSemaphore and JobQueue."""
+    doc = (EXAMPLES.parent / "docs" / "semaphores.md").read_text()
+    shown = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    example = [d for d in yaml.safe_load_all((EXAMPLES / "queue-semaphore-deployment.yaml"
+                                               ).read_text()) if d]
+    assert list(yaml.safe_load_all(shown)) == example[:2]
+    assert "examples/queue-semaphore-deployment.yaml" in doc

@@ -7,12 +7,15 @@
 #   1. GET /v1/lease until it answers 200 with an item newer than the last one done
 #      (503 "waiting": nothing claimable yet), or its final answer (409);
 #   2. the work: one write to the ledger (examples/ledger.yaml) per item, fenced
-#      by the item's token (resource <queue>-<item>, Joblease-Job ns/queue/item);
+#      by the item's token (resource <queue>-<item>, Joblease-Job ns/queue/item)
+#      and, when the queue's items take semaphore slots, by each slot's token too
+#      (Joblease-Slot ns/name/index=token, from the lease's "semaphores");
 #   3. complete the item with that token, and go back to 1.
 #
 # Exit codes: 0 the sidecar has nothing more (the item was completed, by this pod
 # or before it: a CronJob slot run twice; or a drained queue with
-# JOBLEASE_EXIT_WHEN_EMPTY); 7 stale token (the item went to another pod);
+# JOBLEASE_EXIT_WHEN_EMPTY); 7 stale token (the item, or its slot, went to another
+# pod: the sidecar or the ledger said so);
 # 8 lease lost/released; the sidecar's "exitCode" when a claim was refused for
 # good (6 attempts exhausted, 3 no such queue or item, ...); 1 anything else.
 # SIGTERM (the sidecar's signal on loss) ends the shell at once.
@@ -43,6 +46,16 @@ field() {  # field NAME JSON -> a top-level string or number field's value
   printf '%s\n' "$2" | sed -n "s/.*\"$1\":\"*\([^\",}]*\).*/\1/p" | head -n 1
 }
 
+slot_fences() {  # slot_fences JSON -> "ns/name/index=token,..." of the slots held ("": none)
+  # the lease's "semaphores": [{"semaphore":"ns/name","slots":[0,..],"token":T},..]
+  printf '%s\n' "$1" | sed -n '/"semaphores":\[/{s/.*"semaphores":\[//;s/{"semaphore"/\
+&/g;p;}' |
+    sed -n 's/^{"semaphore":"\([^"]*\)","slots":\[\([0-9,]*\)\],"token":\([0-9]*\)}.*/\1 \2 \3/p' |
+    while read -r sem indexes tok; do
+      for i in $(printf '%s\n' "$indexes" | tr ',' ' '); do printf '%s/%s=%s\n' "$sem" "$i" "$tok"; done
+    done | tr '\n' , | sed 's/,$//'
+}
+
 done_token=0
 waited=0
 while :; do
@@ -65,8 +78,9 @@ while :; do
        sleep 0.1; continue ;;
   esac
   QUEUE="$(field queue "$body")"; ITEM="$(field item "$body")"
-  GEN="$(field generation "$body")"
+  GEN="$(field generation "$body")"; SLOTS="$(slot_fences "$body")"
   echo "item $ITEM generation $GEN token $TOKEN"
+  [ -z "$SLOTS" ] || echo "item $ITEM slots $SLOTS"
 
   # (demos and tests: pretend the first attempt at an item lasts until this file
   # exists; JOBLEASE_EXAMPLE_HOLD_ITEMS limits that to the ids listed)
@@ -77,13 +91,22 @@ while :; do
     esac
   fi
 
-  # 2. the work: its one external effect carries the item's token
+  # 2. the work: its one external effect carries the item's token (and its slots')
   if [ -n "$LEDGER" ]; then
     RESOURCE="$(printf '%s' "${QUEUE#*/}-$ITEM" | tr ':' '.')"
+    set --
+    [ -z "$SLOTS" ] || set -- "Joblease-Slot: $SLOTS"
     out="$(call POST "$LEDGER/resources/$RESOURCE" "{\"item\":\"$ITEM\",\"pod\":\"${HOSTNAME:-}\"}" \
            "Joblease-Job: $QUEUE/$ITEM" "Joblease-Token: $TOKEN" \
-           "Joblease-Idempotency-Key: $QUEUE/$ITEM#g$GEN.t$TOKEN")"
-    echo "write $ITEM -> $(printf '%s\n' "$out" | tail -n 1)"
+           "Joblease-Idempotency-Key: $QUEUE/$ITEM#g$GEN.t$TOKEN" "$@")"
+    status="$(printf '%s\n' "$out" | tail -n 1)"
+    case "$status" in
+      2*) echo "write $ITEM -> $status" ;;
+      409) # the ledger has seen a newer token for the item or its slot: this claim
+           # has ended (another pod holds them now), so nothing is left to complete
+           echo "write $ITEM -> 409 refused: $(printf '%s\n' "$out" | sed '$d')" >&2; exit 7 ;;
+      *) echo "write $ITEM -> $status $(printf '%s\n' "$out" | sed '$d')" ;;
+    esac
   fi
 
   # 3. complete; a 503/429 or no answer means "outcome not known yet": the same

@@ -14,13 +14,15 @@ processes, or start a cluster of their own) are skipped, saying why.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import KUBELET_SYSCTLS, STATE_ROOT, Cluster, read_sysctl
+from tests.support.binaries import REPO_ROOT
+from tests.support.cluster import KUBELET_SYSCTLS, STATE_ROOT, Cluster, image_ref, read_sysctl
 from tests.support.release import Release
 from tests.waiting import wait_until
 
@@ -143,3 +145,31 @@ def worker_namespace(namespace: str, joblease_release: Release) -> str:
     (``joblease-etcd-client``, what examples/worker-pod.yaml mounts)."""
     joblease_release.copy_worker_secret(namespace)
     return namespace
+
+
+@pytest.fixture
+def queue_namespace(cluster: Cluster, worker_namespace: str) -> str:
+    """This test's namespace for queue workers: opted in to injection, given the etcd
+    client Secret, and running the example ledger (examples/ledger.yaml)."""
+    ns = worker_namespace
+    cluster.kubectl("label", "namespace", ns, "joblease.io/inject=enabled", "--overwrite",
+                    check=True)
+    r = cluster.kubectl("apply", "-n", ns, "-f", str(REPO_ROOT / "examples" / "ledger.yaml"))
+    assert r.returncode == 0, r.stderr
+    probe = {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": "probe", "namespace": ns,
+                          "annotations": {"joblease.io/queue": "probe"}},
+             "spec": {"containers": [{"name": "w", "command": ["true"],
+                                      "image": image_ref("docker.io/curlimages/curl")}]}}
+
+    def injecting() -> bool:  # the shared release's webhook may still be starting
+        r = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
+                            input=json.dumps(probe), timeout=60)
+        return r.returncode == 0 and any(
+            c["name"] == "joblease" for c in json.loads(r.stdout)["spec"].get(
+                "initContainers") or [])
+    wait_until(injecting, timeout=180, what="the webhook injecting queue pods", interval=1)
+    rollout = cluster.kubectl("rollout", "status", "deployment/ledger", "-n", ns,
+                              "--timeout=300s", timeout=330)
+    assert rollout.returncode == 0, rollout.stderr
+    return ns

@@ -14,9 +14,11 @@ import pytest
 
 from joblease import JobLeaseClient
 from joblease.fencing.destination import create_app
-from joblease.keys import ItemRef, QueueRef
+from joblease.fencing.http import HEADER_JOB, HEADER_SLOT, HEADER_TOKEN
+from joblease.keys import ItemRef, QueueRef, SemaphoreRef
 from joblease.queue import ItemPhase, Queues
-from joblease.records import QueueSpec
+from joblease.records import QueueSpec, SemaphoreUse
+from joblease.semaphore import Semaphores
 from tests.support.served import Served
 from tests.support.sidecar_process import Env
 
@@ -85,3 +87,61 @@ async def test_the_script_on_a_completed_slot_exits_0_without_working(
     state = await queues.item(ItemRef(q, slot))
     assert state.generation == 1 and state.result is not None
     assert entry["token"] == state.result.token
+
+
+async def _limited_queue(client: JobLeaseClient) -> tuple[Queues, QueueRef, SemaphoreRef]:
+    """A queue whose items each take the one slot of a semaphore of limit 1."""
+    sem = SemaphoreRef("default", "s-" + uuid.uuid4().hex[:8])
+    await Semaphores(client).create(sem, limit=1)
+    queues, q = Queues(client), _queue()
+    await queues.create(q, QueueSpec(lease_duration_seconds=10, max_attempts=3,
+                                     semaphores=(SemaphoreUse(sem.name),)))
+    return queues, q, sem
+
+
+async def test_the_script_gates_each_write_on_its_slot_token_too(
+        env: Env, client: JobLeaseClient, ledger: Served) -> None:
+    """Items taking a semaphore slot: each write carries the slot's token
+    (``Joblease-Slot``, from GET /v1/lease's ``semaphores``) and the ledger records it."""
+    queues, q, sem = await _limited_queue(client)
+    ids = ["a", "b", "c"]
+    await queues.enqueue(q, [(i, {"n": n}) for n, i in enumerate(ids)])
+    s = await env.sidecar("drain", JOBLEASE_JOB_NAME="", JOBLEASE_QUEUE=str(q),
+                          JOBLEASE_EXIT_WHEN_EMPTY="true").started()
+    worker = env.spawn_with("queue-worker", ["sh", str(SCRIPT)], {
+        "JOBLEASE_SIDECAR_URL": s.url, "LEDGER_URL": ledger.url})
+    assert await worker.wait_exit(60) == 0, worker.output()
+    tokens = []
+    for i in ids:
+        state = await queues.item(ItemRef(q, i))
+        assert state.phase is ItemPhase.COMPLETED and state.result is not None, state
+        (entry,) = _entries(ledger, f"{q.name}-{i}")["entries"]
+        assert entry["token"] == state.result.token
+        assert entry["slots"] == [{"resource": f"semaphore/{sem}/slot/0",
+                                   "token": state.result.token}], entry
+        assert f"item {i} slots {sem}/0={state.result.token}" in worker.output()
+        tokens.append(entry["token"])
+    mark = httpx.get(f"{ledger.url}/fences/semaphore/{sem}/slot/0", timeout=10).json()
+    assert mark["highestToken"] == max(tokens)
+
+
+async def test_the_script_stops_when_the_ledger_refuses_its_slot_token(
+        env: Env, client: JobLeaseClient, ledger: Served) -> None:
+    """The ledger has accepted a newer token for the slot than the worker's (a later
+    holder of the slot wrote; here a write made by the test): the worker's write is
+    refused, it says why, exits 7 and does not complete the item."""
+    queues, q, sem = await _limited_queue(client)
+    await queues.enqueue(q, [("a", {})])
+    later = 2**62  # a token newer than any this etcd will give
+    r = httpx.post(f"{ledger.url}/resources/other", json={}, timeout=10, headers={
+        HEADER_JOB: f"{q}/other", HEADER_TOKEN: str(later), HEADER_SLOT: f"{sem}/0={later}"})
+    assert r.status_code == 201, r.text
+    s = await env.sidecar("drain", JOBLEASE_JOB_NAME="", JOBLEASE_QUEUE=str(q)).started()
+    worker = env.spawn_with("queue-worker", ["sh", str(SCRIPT)], {
+        "JOBLEASE_SIDECAR_URL": s.url, "LEDGER_URL": ledger.url})
+    assert await worker.wait_exit(60) == 7, worker.output()
+    assert "write a -> 409 refused: " in worker.output()
+    assert f'"resource":"semaphore/{sem}/slot/0"' in worker.output()
+    assert "complete a" not in worker.output()
+    assert _entries(ledger, f"{q.name}-a")["entries"] == []
+    assert (await queues.item(ItemRef(q, "a"))).phase is not ItemPhase.COMPLETED

@@ -4,18 +4,26 @@ Shipped in the package so that `joblease demo` runs from a plain install;
 ``joblease ledger`` runs it as a service (in a cluster: examples/ledger.yaml).
 
     POST /resources/{name}   JSON body -> appends an entry, 201 {"seq", "token", ...}
-    GET  /resources/{name}   -> {"resource", "highestToken", "entries": [{seq, token, job, data}]}
+    GET  /resources/{name}   -> {"resource", "highestToken",
+                                 "entries": [{seq, token, job, data, slots}]}
+    GET  /fences/{resource}  -> {"resource", "highestToken"}: any fence's mark
+                                (e.g. ``semaphore/ns/db/slot/0``)
     GET  /healthz
 
 Writes must carry the joblease fencing headers (``Joblease-Job``,
 ``Joblease-Token``, optionally ``Joblease-Idempotency-Key``);
 :class:`~joblease.fencing.http.FencingMiddleware` refuses bad headers (400),
 stale tokens (409) and replays duplicates, before this app runs. Each ledger
-name is one fenced resource (``ledger/<name>``).
+name is one fenced resource (``ledger/<name>``). A write that also carries
+``Joblease-Slot`` (a claim holding semaphore slots) is gated on each slot's
+resource too (``semaphore/<ns>/<name>/slot/<index>``, docs/semaphores.md):
+refused if any of its fences is stale, and its entry records the slots it
+was admitted under (``slots``: ``[{"resource", "token"}]``), in seq order, so
+a reader can check that each slot's accepted tokens never go backwards.
 
 With ``--db PATH`` both the ledger and the gate live in that SQLite file, and
-each append is one SQLite transaction: the entry, the resource's new mark and
-the idempotency record commit together or not at all (the app calls
+each append is one SQLite transaction: the entry, the resource's new mark (and
+its slots' marks) and the idempotency record commit together or not at all (the app calls
 :func:`joblease.fencing.sql.admit` in its insert's transaction; the middleware
 only pre-checks). Otherwise both live in memory, in one process, and the
 middleware's per-resource lock makes "check the token, append, record the
@@ -36,7 +44,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from joblease.errors import InvalidInputError
-from joblease.fencing.gate import MemoryGate, StaleFenceError, TokenGate
+from joblease.fencing.gate import MemoryGate, StaleFenceError, TokenGate, check_resource
 from joblease.fencing.http import (
     HEADER_JOB,
     HEADER_TOKEN,
@@ -51,6 +59,8 @@ from joblease.fencing.http import (
 from joblease.fencing.sql import SqliteGate, admit
 
 PREFIX = "/resources/"
+# An entry's slots, as stored and shown: [{"resource": ..., "token": ...}]
+Slots = list[dict[str, Any]]
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +76,22 @@ def resource_for(scope: Scope) -> str | None:
     return None
 
 
+def _slots(fenced: Fenced | None) -> Slots:
+    if fenced is None:
+        return []
+    return [{"resource": s.resource, "token": s.token} for s in fenced.headers.slots]
+
+
 class MemoryLedger:
     def __init__(self) -> None:
         self._entries: dict[str, list[dict[str, Any]]] = {}
         self._seq = 0
 
-    async def append(self, name: str, token: int, job: str, data: Any) -> dict[str, Any]:
+    async def append(self, name: str, token: int, job: str, data: Any,
+                     slots: Slots | None = None) -> dict[str, Any]:
         self._seq += 1
-        entry = {"seq": self._seq, "token": token, "job": job, "data": data}
+        entry = {"seq": self._seq, "token": token, "job": job, "data": data,
+                 "slots": slots or []}
         self._entries.setdefault(name, []).append(entry)
         return entry
 
@@ -88,37 +106,47 @@ class SqliteLedger:
         try:
             conn.execute("CREATE TABLE IF NOT EXISTS ledger_entries ("
                          " seq INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL,"
-                         " token INTEGER NOT NULL, job TEXT NOT NULL, data TEXT NOT NULL)")
+                         " token INTEGER NOT NULL, job TEXT NOT NULL, data TEXT NOT NULL,"
+                         " slots TEXT NOT NULL DEFAULT '[]')")
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(ledger_entries)")}
+            if "slots" not in columns:  # a file written before entries recorded slots
+                conn.execute("ALTER TABLE ledger_entries ADD COLUMN slots TEXT NOT NULL "
+                             "DEFAULT '[]'")
         finally:
             conn.close()
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=30, isolation_level=None)
 
-    def _append(self, name: str, token: int, job: str, data: Any) -> dict[str, Any]:
+    def _append(self, name: str, token: int, job: str, data: Any,
+                slots: Slots) -> dict[str, Any]:
         conn = self._connect()
         try:
             cur = conn.execute(
-                "INSERT INTO ledger_entries (name, token, job, data) VALUES (?, ?, ?, ?)",
-                (name, token, job, json.dumps(data)))
-            return {"seq": cur.lastrowid, "token": token, "job": job, "data": data}
+                "INSERT INTO ledger_entries (name, token, job, data, slots) "
+                "VALUES (?, ?, ?, ?, ?)", (name, token, job, json.dumps(data), json.dumps(slots)))
+            return {"seq": cur.lastrowid, "token": token, "job": job, "data": data,
+                    "slots": slots}
         finally:
             conn.close()
 
     def _append_admitted(self, name: str, fenced: Fenced, data: Any) -> Response:
         """Insert the entry and gate it in one transaction (``BEGIN IMMEDIATE``:
-        writers queue on SQLite's write lock). A stale token, a key conflict or
-        any failure rolls the insert back with the mark and the key."""
-        token, job = fenced.headers.token, fenced.headers.job
+        writers queue on SQLite's write lock): on its resource, then on each of its
+        slots. A stale token (the entry's or a slot's), a key conflict or any
+        failure rolls the insert back with the marks and the key."""
+        token, job, slots = fenced.headers.token, fenced.headers.job, _slots(fenced)
         conn = self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 cur = conn.execute(
-                    "INSERT INTO ledger_entries (name, token, job, data) VALUES (?, ?, ?, ?)",
-                    (name, token, job, json.dumps(data)))
+                    "INSERT INTO ledger_entries (name, token, job, data, slots) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (name, token, job, json.dumps(data), json.dumps(slots)))
                 response = JSONResponse({"resource": name, "seq": cur.lastrowid, "token": token,
-                                         "job": job, "data": data}, status_code=201)
+                                         "job": job, "data": data, "slots": slots},
+                                        status_code=201)
                 decision = admit(conn, fenced.effect(response.status_code, bytes(response.body),
                                                      response.raw_headers))
                 if decision.duplicate:  # applied before (by another process): answer as then
@@ -126,6 +154,8 @@ class SqliteLedger:
                     status, headers, body = replayed(decision.response)
                     return Response(body, status, headers={
                         k.decode("latin-1"): v.decode("latin-1") for k, v in headers})
+                for effect in fenced.slot_effects():  # a stale slot raises: rolled back
+                    admit(conn, effect)
                 conn.execute("COMMIT")
                 return response
             except BaseException:
@@ -141,14 +171,16 @@ class SqliteLedger:
     def _entries(self, name: str) -> list[dict[str, Any]]:
         conn = self._connect()
         try:
-            rows = conn.execute("SELECT seq, token, job, data FROM ledger_entries "
+            rows = conn.execute("SELECT seq, token, job, data, slots FROM ledger_entries "
                                 "WHERE name = ? ORDER BY seq", (name,)).fetchall()
         finally:
             conn.close()
-        return [{"seq": s, "token": t, "job": j, "data": json.loads(d)} for s, t, j, d in rows]
+        return [{"seq": s, "token": t, "job": j, "data": json.loads(d), "slots": json.loads(sl)}
+                for s, t, j, d, sl in rows]
 
-    async def append(self, name: str, token: int, job: str, data: Any) -> dict[str, Any]:
-        return await asyncio.to_thread(self._append, name, token, job, data)
+    async def append(self, name: str, token: int, job: str, data: Any,
+                     slots: Slots | None = None) -> dict[str, Any]:
+        return await asyncio.to_thread(self._append, name, token, job, data, slots or [])
 
     async def entries(self, name: str) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self._entries, name)
@@ -184,9 +216,11 @@ def create_app(db: str | None = None, gate: TokenGate | None = None) -> ASGIApp:
                                      "message": f"the ledger could not apply the entry ({exc}); "
                                                 "nothing was applied; retry the same request"},
                                     503)
-        # The middleware validated these headers before the app ran.
+        # The middleware validated these headers before the app ran, and records the
+        # marks (the entry's and its slots') once this answers 2xx.
         token = int(request.headers[HEADER_TOKEN])
-        entry = await ledger.append(name, token, request.headers[HEADER_JOB], data)
+        slots = _slots(fenced if isinstance(fenced, Fenced) else None)
+        entry = await ledger.append(name, token, request.headers[HEADER_JOB], data, slots)
         return JSONResponse({"resource": name, **entry}, status_code=201)
 
     async def read(request: Request) -> JSONResponse:
@@ -196,12 +230,22 @@ def create_app(db: str | None = None, gate: TokenGate | None = None) -> ASGIApp:
                              "highestToken": await gate.highest("ledger/" + name),
                              "entries": await ledger.entries(name)})
 
+    async def fence_mark(request: Request) -> JSONResponse:
+        resource = request.path_params["resource"]
+        assert gate is not None
+        try:
+            check_resource(resource)
+        except InvalidInputError as exc:
+            return JSONResponse(exc.to_dict(), exc.http_status)
+        return JSONResponse({"resource": resource, "highestToken": await gate.highest(resource)})
+
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"ok": True})
 
     app = Starlette(routes=[
         Route("/resources/{name}", append, methods=["POST"]),
         Route("/resources/{name}", read, methods=["GET"]),
+        Route("/fences/{resource:path}", fence_mark, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
     ])
     return FencingMiddleware(app, gate, resource_for, app_admits=one_transaction)

@@ -141,6 +141,16 @@ def idempotency_key(job: JobRef | ItemRef | str, generation: int, step: str = ""
     return check_key(key)
 
 
+def slot_resource(semaphore: str, index: int) -> str:
+    """The resource a destination gates a semaphore slot's writes on:
+    ``semaphore/<ns>/<name>/slot/<index>`` (docs/semaphores.md, "Fencing on a slot").
+
+    One mark per slot: a destination admitting at most K writers of semaphore
+    ``ns/name`` (limit K) refuses a write under a slot token older than the
+    newest it accepted for that slot, whatever item or job the write is for."""
+    return f"semaphore/{semaphore}/slot/{index}"
+
+
 @dataclass(frozen=True)
 class Effect:
     """One effect a worker asks a destination to apply.

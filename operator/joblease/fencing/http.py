@@ -3,9 +3,10 @@
 Client side: every effect request carries three headers --
 ``Joblease-Job`` (``ns/name``), ``Joblease-Token`` (the claim's fencing
 token) and, to deduplicate retries, ``Joblease-Idempotency-Key`` (see
-:func:`~joblease.fencing.gate.idempotency_key`). :func:`fencing_headers`
-builds them; :class:`FencingAuth` attaches them to every request of an
-``httpx`` client.
+:func:`~joblease.fencing.gate.idempotency_key`) -- and, when the claim holds
+semaphore slots, ``Joblease-Slot`` (``ns/name/index=token``, comma-separated,
+one per slot held). :func:`fencing_headers` builds them; :class:`FencingAuth`
+attaches them to every request of an ``httpx`` client.
 
 Server side: :class:`FencingMiddleware` wraps any ASGI app. For a fenced
 request (``resource_for(scope)`` names a resource) it
@@ -15,14 +16,19 @@ request (``resource_for(scope)`` names a resource) it
    -- the app does not run again;
 3. refuses a token below the resource's mark with 409 ``{"error":"stale",
    "resource", "token", "highestToken", "message"}`` -- the app does not run;
+   the same for each slot named by ``Joblease-Slot``, on its own resource
+   (:func:`~joblease.fencing.gate.slot_resource`): a write is admitted only
+   if the item's (job's) fence and every slot's fence admit it;
 4. runs the app and, if it answered 2xx, records the token as the resource's
-   new mark and the response under the idempotency key.
+   new mark (and each slot token as its slot's) and the response under the
+   idempotency key.
 
-Steps 2-4 run under an ``asyncio.Lock`` per resource, held across the app
-call, so within one process no two requests on one resource interleave
-between check and record: a request that passes step 3 commits before any
-later one is checked. Non-2xx answers are not recorded (nothing was
-applied, the request may be retried with the same key).
+Steps 2-4 run under an ``asyncio.Lock`` per resource (the request's and its
+slots', taken in sorted order), held across the app call, so within one
+process no two requests on one resource interleave between check and
+record: a request that passes step 3 commits before any later one is
+checked. Non-2xx answers are not recorded (nothing was applied, the request
+may be retried with the same key).
 
 What this does *not* make atomic: the app's own storage and the gate are
 separate. With :class:`~joblease.fencing.gate.MemoryGate` in one process the
@@ -40,7 +46,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, MutableMapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +63,7 @@ from joblease.fencing.gate import (
     check_key,
     check_resource,
     idempotency_key,
+    slot_resource,
 )
 from joblease.lease import Lease
 
@@ -65,6 +72,12 @@ log = logging.getLogger(__name__)
 HEADER_JOB = "Joblease-Job"
 HEADER_TOKEN = "Joblease-Token"
 HEADER_IDEMPOTENCY_KEY = "Joblease-Idempotency-Key"
+#: The semaphore slots a claim holds, each with its token: ``ns/name/index=token``,
+#: comma-separated (docs/semaphores.md, "Fencing on a slot").
+HEADER_SLOT = "Joblease-Slot"
+#: Slot fences one request may carry: a claim's weight is at most its semaphore's
+#: limit, but a write gated on more slots than this is a client bug, not a plan.
+MAX_SLOT_FENCES = 64
 #: Set on responses replayed for a duplicate idempotency key.
 HEADER_REPLAYED = "Joblease-Replayed"
 
@@ -77,21 +90,37 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _DIGITS = re.compile(r"[+-]?[0-9]+")  # used with fullmatch
 _MAX_JOB_LENGTH = 63 + 1 + 253
+# ns/name/index=token: Kubernetes names (lowercase, digits, "-" and "."), an index
+# below the largest limit (10000)
+_NAME = r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
+_SLOT_FENCE = re.compile(rf"({_NAME})/({_NAME})/(0|[1-9][0-9]{{0,3}})=(.*)")
 # Response headers worth replaying; the server adds its own framing headers.
 _REPLAYED_HEADERS = frozenset({b"content-type", b"location", b"etag"})
 
 
 # -- client side --------------------------------------------------------------------------------
 
+def slot_header(lease: Lease) -> str | None:
+    """``Joblease-Slot``'s value for the slots ``lease`` holds (``None``: it holds none)."""
+    fences = [f"{grant.semaphore}/{index}={grant.token}" for grant in lease.slots
+              for index in grant.indexes]
+    return ", ".join(fences) if fences else None
+
+
 def fencing_headers(lease: Lease, step: str = "") -> dict[str, str]:
     """The headers that carry ``lease``'s token (and an idempotency key for
-    ``(job, generation, token, step)``) to a fenced destination."""
-    return {
+    ``(job, generation, token, step)``, and its slots' tokens when it holds
+    semaphore slots) to a fenced destination."""
+    headers = {
         HEADER_JOB: str(lease.job),
         HEADER_TOKEN: str(lease.token),
         HEADER_IDEMPOTENCY_KEY: idempotency_key(lease.job, lease.generation, step,
                                                 token=lease.token),
     }
+    slots = slot_header(lease)
+    if slots is not None:
+        headers[HEADER_SLOT] = slots
+    return headers
 
 
 class FencingAuth(httpx.Auth):
@@ -120,6 +149,9 @@ class FencingAuth(httpx.Auth):
             self.lease.ensure_valid()
         request.headers[HEADER_JOB] = str(self.lease.job)
         request.headers[HEADER_TOKEN] = str(self.lease.token)
+        slots = slot_header(self.lease)
+        if slots is not None:
+            request.headers[HEADER_SLOT] = slots
         if self.step is not None and HEADER_IDEMPOTENCY_KEY not in request.headers:
             request.headers[HEADER_IDEMPOTENCY_KEY] = idempotency_key(
                 self.lease.job, self.lease.generation, self.step, token=self.lease.token)
@@ -129,16 +161,36 @@ class FencingAuth(httpx.Auth):
 # -- server side --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class SlotFence:
+    """One semaphore slot a request is gated on (from ``Joblease-Slot``)."""
+
+    semaphore: str  # ns/name
+    index: int
+    token: int
+
+    @property
+    def resource(self) -> str:
+        return slot_resource(self.semaphore, self.index)
+
+
+@dataclass(frozen=True)
 class FenceHeaders:
     """The validated fencing headers of one request."""
 
     job: str
     token: int
     idempotency_key: str | None
+    slots: tuple[SlotFence, ...] = ()
+
+    def fences(self, resource: str) -> list[tuple[str, int]]:
+        """``(resource, token)`` of every fence the request must pass: ``resource``
+        (the request's own) first, then its slots'."""
+        return [(resource, self.token), *((s.resource, s.token) for s in self.slots)]
 
 
 #: ASGI scope key under which the middleware hands a fenced request's
-#: :class:`Fenced` to the app (for apps that admit in their own transaction).
+#: :class:`Fenced` to the app: what it checked (the fences, to record with the
+#: effect), and the handle of apps that admit in their own transaction.
 SCOPE_KEY = "joblease.fence"
 
 
@@ -157,6 +209,12 @@ class Fenced:
         return Effect(self.resource, self.headers.token, self.headers.idempotency_key,
                       _Captured(status, list(headers or []), body).encode())
 
+    def slot_effects(self) -> list[Effect]:
+        """One :class:`~joblease.fencing.gate.Effect` per slot the request is gated on
+        (no idempotency key: the request's own effect carries it). Admit them in the
+        same transaction as :meth:`effect`'s, after it."""
+        return [Effect(s.resource, s.token) for s in self.headers.slots]
+
 
 def replayed(response: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """A recorded response (``Decision.response``) as status, headers (with
@@ -170,38 +228,68 @@ def _shown(value: str) -> str:
     return repr(value if len(value) <= 40 else value[:40] + "...")
 
 
-def parse_token(value: str | None) -> int:
+def parse_token(value: str | None, what: str = HEADER_TOKEN) -> int:
     """A ``Joblease-Token`` value, or :class:`InvalidInputError` saying exactly what is wrong."""
     if value is None:
-        raise InvalidInputError(f"missing {HEADER_TOKEN} header: a fenced request must carry "
+        raise InvalidInputError(f"missing {what} header: a fenced request must carry "
                                 "the fencing token of the worker's lease")
     text = value.strip()
     if not _DIGITS.fullmatch(text):
-        raise InvalidInputError(f"invalid {HEADER_TOKEN} {_shown(value)}: must be a decimal "
+        raise InvalidInputError(f"invalid {what} {_shown(value)}: must be a decimal "
                                 "integer")
     if text.startswith("-"):
-        raise InvalidInputError(f"invalid {HEADER_TOKEN} {_shown(value)}: must not be "
+        raise InvalidInputError(f"invalid {what} {_shown(value)}: must not be "
                                 "negative")
     if len(text.lstrip("+0")) > 19 or int(text) > MAX_TOKEN:
-        raise InvalidInputError(f"invalid {HEADER_TOKEN} {_shown(value)}: exceeds the "
+        raise InvalidInputError(f"invalid {what} {_shown(value)}: exceeds the "
                                 f"largest token {MAX_TOKEN} (2**63-1)")
     token = int(text)
     if token == 0:
-        raise InvalidInputError(f"invalid {HEADER_TOKEN} 0: tokens are etcd revisions and "
+        raise InvalidInputError(f"invalid {what} 0: tokens are etcd revisions and "
                                 "start at 1")
     return token
+
+
+def parse_slot_fences(values: list[str]) -> tuple[SlotFence, ...]:
+    """The ``Joblease-Slot`` header's fences (each value a comma-separated list of
+    ``ns/name/index=token``; the header may be repeated), or
+    :class:`InvalidInputError` naming the bad entry."""
+    entries = [entry for value in values for entry in value.split(",")]
+    if len(entries) > MAX_SLOT_FENCES:  # before parsing any: bounded work per request
+        raise InvalidInputError(f"{HEADER_SLOT} names {len(entries)} slots: at most "
+                                f"{MAX_SLOT_FENCES} on one request")
+    fences: list[SlotFence] = []
+    seen: set[str] = set()
+    for entry in entries:
+        text = entry.strip()
+        found = _SLOT_FENCE.fullmatch(text)
+        if found is None:
+            raise InvalidInputError(
+                f"invalid {HEADER_SLOT} entry {_shown(text)}: must be "
+                "namespace/semaphore/index=token (an index below 10000), entries "
+                "separated by commas")
+        ns, name, index, token = found.groups()
+        fence = SlotFence(f"{ns}/{name}", int(index),
+                          parse_token(token, f"{HEADER_SLOT} token of {ns}/{name}/{index}"))
+        if fence.resource in seen:
+            raise InvalidInputError(f"{HEADER_SLOT} names slot {ns}/{name}/{index} twice: "
+                                    "name each slot once")
+        seen.add(fence.resource)
+        fences.append(fence)
+    return tuple(fences)
 
 
 def parse_fence_headers(headers: list[tuple[bytes, bytes]]) -> FenceHeaders:
     """Validate the three fencing headers of an ASGI request."""
     found: dict[str, list[str]] = {}
-    wanted = {HEADER_JOB.lower(), HEADER_TOKEN.lower(), HEADER_IDEMPOTENCY_KEY.lower()}
+    wanted = {HEADER_JOB.lower(), HEADER_TOKEN.lower(), HEADER_IDEMPOTENCY_KEY.lower(),
+              HEADER_SLOT.lower()}
     for raw_name, raw_value in headers:
         name = raw_name.decode("latin-1").lower()
         if name in wanted:
             found.setdefault(name, []).append(raw_value.decode("latin-1"))
     for name, values in found.items():
-        if len(values) > 1:
+        if len(values) > 1 and name != HEADER_SLOT.lower():  # a list header may repeat
             raise InvalidInputError(f"header {name} given {len(values)} times: give it once")
 
     def one(header: str) -> str | None:
@@ -219,7 +307,7 @@ def parse_fence_headers(headers: list[tuple[bytes, bytes]]) -> FenceHeaders:
     key = one(HEADER_IDEMPOTENCY_KEY)
     if key is not None:
         key = check_key(key.strip())
-    return FenceHeaders(job, token, key)
+    return FenceHeaders(job, token, key, parse_slot_fences(found.get(HEADER_SLOT.lower(), [])))
 
 
 def route_path(scope: Scope) -> str:
@@ -344,7 +432,10 @@ class FencingMiddleware:
             await _send_json(send, 400, exc.to_dict())
             return
         try:
-            async with self._exclusive(resource):
+            async with AsyncExitStack() as stack:
+                # every resource the request is gated on, in one order (no deadlock)
+                for name in sorted({r for r, _ in fence.fences(resource)}):
+                    await stack.enter_async_context(self._exclusive(name))
                 await self._fenced(resource, fence, scope, receive, send)
         except (StaleFenceError, InvalidInputError) as exc:
             await _send_json(send, exc.http_status, exc.to_dict())
@@ -357,11 +448,12 @@ class FencingMiddleware:
             if first is not None:
                 await self._replay(resource, fence, first, send)
                 return
-        highest = await self.gate.highest(resource)
-        if fence.token < highest:
-            raise StaleFenceError(resource, fence.token, highest)
+        for fenced_on, token in fence.fences(resource):
+            highest = await self.gate.highest(fenced_on)
+            if token < highest:
+                raise StaleFenceError(fenced_on, token, highest)
+        scope[SCOPE_KEY] = Fenced(resource, fence)
         if self.app_admits:
-            scope[SCOPE_KEY] = Fenced(resource, fence)
             await self.app(scope, receive, send)
             return
         captured = _Captured()
@@ -378,16 +470,19 @@ class FencingMiddleware:
             try:
                 decision = await self.gate.admit(
                     Effect(resource, fence.token, key, captured.encode()))
+                if not decision.duplicate:
+                    for slot in fence.slots:
+                        await self.gate.admit(Effect(slot.resource, slot.token))
             except StaleFenceError as exc:
                 # Only possible when another process shares the gate: the app has
                 # already applied the effect. Say so, to the log and to the client:
                 # the usual "nothing was applied" of a 409 would be false here.
                 log.error("gate refused token %d on %r after the app applied the effect: "
                           "the gate is shared with another process; make the effect and "
-                          "the gate one transaction", fence.token, resource)
+                          "the gate one transaction", exc.token, exc.resource)
                 await _send_json(send, 409, {
                     **exc.to_dict(), "applied": True,
-                    "message": f"token {fence.token} is stale for resource {resource!r} "
+                    "message": f"token {exc.token} is stale for resource {exc.resource!r} "
                                f"(highest token {exc.highest_token}), but the app had "
                                "already applied the effect when the gate refused it"})
                 return
