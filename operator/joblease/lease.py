@@ -20,6 +20,7 @@ import asyncio
 import enum
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from joblease import validation
@@ -89,6 +90,7 @@ class Lease:
         checkpoint: KeyValue | None = None,
         item: ItemRecord | None = None,
         slots: tuple[SlotGrant, ...] = (),
+        on_slots_freed: Callable[[tuple[SlotGrant, ...], int], None] | None = None,
     ) -> None:
         self.store = store
         self.job = job
@@ -112,6 +114,9 @@ class Lease:
         #: and release delete them in their own transactions
         self.slots = slots
         self._slot_keys = [key for grant in slots for key in grant.keys]
+        #: told the revision at which our completion or release freed the slots
+        #: (the client's semaphore views apply it before their watches bring it)
+        self._on_slots_freed = on_slots_freed
         if session is not None:
             session.on_loss(self._on_session_loss)
             session.attach(self)
@@ -366,6 +371,7 @@ class Lease:
                 self.result = ResultRecord.decode(value, revision=r.revision)
                 self._state = LeaseState.COMPLETED
                 self._finish()
+                self._slots_freed(r.revision)
                 return self.result
             stored = r.kv(1)
             rec = _result_record(stored)[0] if stored is not None else None
@@ -434,6 +440,7 @@ class Lease:
             if not r.succeeded:
                 self._lose(self._describe_change(r))
                 raise self._stale(r)
+            self._slots_freed(r.revision)
             break
         else:
             raise OutcomeUnknownError(
@@ -442,6 +449,10 @@ class Lease:
                 "by this handle (release again, or close the client to revoke its lease)")
         self._state = LeaseState.RELEASED
         self._finish()
+
+    def _slots_freed(self, revision: int) -> None:
+        if self.slots and self._on_slots_freed is not None:
+            self._on_slots_freed(self.slots, revision)
 
     async def __aenter__(self) -> Lease:
         return self

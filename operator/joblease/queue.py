@@ -442,7 +442,7 @@ class Queues:
         return await self.claim(item, owner)
 
     async def _claim(self, item: ItemRef, keys: ItemKeys, owner: str,
-                     pending: KeyValue | None) -> Lease:
+                     pending: KeyValue | None, *, waiting: bool = False) -> Lease:
         client = self.client
         refresh = False
         revoked: list[int] = []
@@ -457,7 +457,8 @@ class Queues:
             if job_spec.max_attempts:
                 job_spec = dataclasses.replace(
                     job_spec, max_attempts=attempts_from + job_spec.max_attempts)
-            slot_plan = await client.plan_slots(str(item), item.namespace, job_spec, None)
+            slot_plan = await client.plan_slots(str(item), item.namespace, job_spec, None,
+                                                waiting=waiting)
             session = await client._session(spec.lease_duration_seconds)
             try:
                 with client._using(session), client._reserving(slot_plan):
@@ -530,7 +531,7 @@ class Queues:
                 item_id = pending.key[len(keys.field_prefix("pending")):].decode()
                 try:
                     return await self._claim(ItemRef(queue, item_id), keys.item(item_id),
-                                             owner, pending)
+                                             owner, pending, waiting=wait > 0)
                 except (HeldError, AttemptsExhaustedError, AlreadyCompletedError,
                         ItemNotFoundError):
                     continue  # taken, exhausted (now marked failed) or completed meanwhile
@@ -542,9 +543,9 @@ class Queues:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise full
-                await self.client.wait_for_slots(
-                    [k for _, k, _ in semaphore_refs(self.client.keys, queue.namespace,
-                                                     spec.semaphores)], full.revision, left)
+                await self.client.wait_for_room(
+                    full, [k for _, k, _ in semaphore_refs(self.client.keys, queue.namespace,
+                                                           spec.semaphores)], left)
                 continue
             revision, found = await pool.refill(
                 lambda: self._candidates(keys, pool.held_hint, pool.pending_hint))
