@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -344,11 +345,12 @@ class Lease:
         """
         if self._state is LeaseState.COMPLETED and self.result is not None:
             return self.result
-        validation.json_payload(result, "result", validation.MAX_RESULT_BYTES,
-                                PayloadTooLargeError)
-        value = ResultRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
-                             generation=self.generation, result=result,
-                             completed_at=time.time()).encode()
+        encoded = validation.json_payload(result, "result", validation.MAX_RESULT_BYTES,
+                                          PayloadTooLargeError)
+        record = ResultRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
+                              generation=self.generation, result=result,
+                              completed_at=time.time())
+        value = record.encode()
         for _ in range(3):
             try:
                 r = await self.store.txn(
@@ -368,7 +370,13 @@ class Lease:
                     continue
                 r = outcome
             if r.succeeded:
-                self.result = ResultRecord.decode(value, revision=r.revision)
+                # What was stored, as a reader decodes it (the result as JSON has
+                # it: lists for tuples, string keys), without decoding the record
+                # this call has just encoded and validated.
+                self.result = ResultRecord(
+                    owner=record.owner, claim_id=record.claim_id, token=record.token,
+                    generation=record.generation, result=json.loads(encoded),
+                    completed_at=record.completed_at, revision=r.revision)
                 self._state = LeaseState.COMPLETED
                 self._finish()
                 self._slots_freed(r.revision)
