@@ -475,6 +475,8 @@ class JobLeaseClient:
         number: retired ones without holders or past their deadline, current
         ones that are dead and idle, and idle ones beyond ``_idle_sessions``
         (least recently used first). Never ``keep`` or one a claim is using."""
+        if not self._retired and len(self._sessions) == 1:
+            return  # only ``keep`` (the common case: one TTL): nothing to close
         def idle(s: Session) -> bool:
             return s.holders == 0 and self._claiming[s] == 0 and s is not keep
 
@@ -524,15 +526,9 @@ class JobLeaseClient:
             return False
         return True
 
-    @contextlib.contextmanager
-    def _using(self, session: Session) -> Iterator[None]:
-        self._claiming[session] += 1
-        try:
-            yield
-        finally:
-            self._claiming[session] -= 1
-            if self._claiming[session] <= 0:
-                del self._claiming[session]
+    def _using(self, session: Session) -> _Using:
+        """While a claim bound to ``session`` is in flight, it is never closed as idle."""
+        return _Using(self._claiming, session)
 
     async def plan_slots(self, what: str, namespace: str, spec: JobSpec,
                          ticket: Ticket | None, *, fresh: bool = False,
@@ -627,13 +623,15 @@ class JobLeaseClient:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    @contextlib.contextmanager
-    def _reserving(self, plan: SlotPlan | None) -> Iterator[None]:
+    def _reserving(self, plan: SlotPlan | None) -> contextlib.AbstractContextManager[None]:
         """While a claim with ``plan`` is in flight, this client's other claims
         pick other slots (they would only collide with it)."""
         if plan is None:
-            yield
-            return
+            return contextlib.nullcontext()
+        return self._reserved(plan)
+
+    @contextlib.contextmanager
+    def _reserved(self, plan: SlotPlan) -> Iterator[None]:
         for state, indexes in plan.picks:
             self._reserved_slots.setdefault(state.keys.prefix, set()).update(indexes)
         try:
@@ -1320,6 +1318,24 @@ class JobLeaseClient:
                 log.warning("watch failed (%s); resyncing from a snapshot in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(5.0, delay * 2)
+
+
+class _Using:
+    """Counts a claim in flight on a session (a plain class: this is on every
+    claim's path, and a generator-based context manager costs several times more)."""
+
+    __slots__ = ("_counts", "_session")
+
+    def __init__(self, counts: Counter[Session], session: Session) -> None:
+        self._counts, self._session = counts, session
+
+    def __enter__(self) -> None:
+        self._counts[self._session] += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._counts[self._session] -= 1
+        if self._counts[self._session] <= 0:
+            del self._counts[self._session]
 
 
 def _by_revision(events: list[WatchEvent]) -> Iterator[tuple[int, list[WatchEvent]]]:

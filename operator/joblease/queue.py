@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import json
 import random
 import time
@@ -158,6 +159,13 @@ class EnqueueResult:
     def to_dict(self) -> dict[str, Any]:
         return {"added": len(self.added), "existing": len(self.existing),
                 "ids": [*self.added, *self.existing]}
+
+
+@functools.lru_cache(maxsize=1024)
+def _attempts_from(pending_value: bytes) -> int:
+    """``attemptsFrom`` of a pending key's value. The items of one enqueue batch
+    share one value (same round, same ``since``), so most claims decode none."""
+    return PendingRecord.decode(pending_value).attempts_from
 
 
 def _canonical(value: Any) -> bytes:
@@ -461,7 +469,7 @@ class Queues:
                 raise QueueSuspendedError(str(item.queue))
             if pending is None or refresh:
                 pending = await self._pending(item, keys)
-            attempts_from = PendingRecord.decode(pending.value).attempts_from
+            attempts_from = _attempts_from(pending.value)
             # the queue's spec as a job's, with this round's attempts counted
             # from attemptsFrom (unlimited stays 0)
             job_spec = JobSpec(spec.lease_duration_seconds,
