@@ -209,6 +209,8 @@ class JobLeaseClient:
         #: watched views of the semaphores its claims use, by prefix (LRU)
         self._views: OrderedDict[bytes, SemaphoreView] = OrderedDict()
         self._max_views = 64
+        self._refs: dict[tuple[str, tuple[SemaphoreUse, ...]],
+                         list[tuple[SemaphoreRef, SemaphoreKeys, int]]] = {}
         #: per TTL, the session new claims are bound to (least recently used first)
         self._sessions: OrderedDict[int, Session] = OrderedDict()
         #: replaced sessions, renewed until their holders finish or their deadline passes
@@ -545,7 +547,7 @@ class JobLeaseClient:
         refused only on a read (the view may be a little behind etcd)."""
         if not spec.semaphores:
             return None
-        refs = slots_plan.semaphore_refs(self.keys, namespace, spec.semaphores)
+        refs = self._semaphore_refs(namespace, spec.semaphores)
         if not fresh:  # the fast path plans from watched views
             views = [self._view(ref, keys) for ref, keys, _ in refs]
             seen = [await view.state() for view in views]
@@ -570,6 +572,18 @@ class JobLeaseClient:
         except SemaphoreFullError as full:
             full.revision = r.revision
             raise
+
+    def _semaphore_refs(self, namespace: str, uses: tuple[SemaphoreUse, ...]
+                        ) -> list[tuple[SemaphoreRef, SemaphoreKeys, int]]:
+        """``slots.semaphore_refs``, kept per (namespace, uses): the same keys on
+        every claim of the same jobs, built once (at most 1024 kept)."""
+        found = self._refs.get((namespace, uses))
+        if found is None:
+            if len(self._refs) >= 1024:
+                self._refs.clear()
+            found = self._refs[(namespace, uses)] = slots_plan.semaphore_refs(
+                self.keys, namespace, uses)
+        return found
 
     def _applied(self, revision: int, puts: Sequence[tuple[bytes, bytes, int]] = (),
                  deletes: Sequence[bytes] = ()) -> None:

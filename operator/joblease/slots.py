@@ -41,7 +41,6 @@ from joblease.store import (
     Put,
     TxnOp,
     TxnResult,
-    prefix_end,
 )
 
 #: The largest limit a semaphore may have (slot keys are per slot).
@@ -119,14 +118,12 @@ class SlotPlan:
             k = state.keys
             out.append(Compare(k.spec, "mod", "==", state.spec_revision))
             out += [Compare(k.slot(i), "create", "==", 0) for i in indexes]
-            out.append(Compare(k.slot(state.limit), "create", "==", 0,
-                               range_end=prefix_end(k.slots)))
+            out.append(Compare(k.slot(state.limit), "create", "==", 0, range_end=k.slots_end))
             if self.ticket is None:
-                out.append(Compare(k.waiters, "create", "==", 0,
-                                   range_end=prefix_end(k.waiters)))
+                out.append(Compare(k.waiters, "create", "==", 0, range_end=k.waiters_end))
             else:
                 out.append(Compare(k.waiters, "create", ">", self.ticket.revision - 1,
-                                   range_end=prefix_end(k.waiters)))
+                                   range_end=k.waiters_end))
         return out
 
     def writes(self, lease_id: int, record: SlotRecord) -> list[TxnOp]:
