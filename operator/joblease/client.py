@@ -78,6 +78,7 @@ from joblease.records import (
 )
 from joblease.session import Session
 from joblease.session_pool import SessionPool
+from joblease.slot_view import SemaphoreView, wait_for_room
 from joblease.slots import SlotGrant, SlotPlan, Ticket
 from joblease.store import (
     Compare,
@@ -203,8 +204,10 @@ class JobLeaseClient:
         #: slot indexes picked by this client's claims in flight, by semaphore prefix
         self._reserved_slots: dict[bytes, set[int]] = {}
         #: watched views of the semaphores its claims use, by prefix (LRU)
-        self._views: OrderedDict[bytes, slots_plan.SemaphoreView] = OrderedDict()
+        self._views: OrderedDict[bytes, SemaphoreView] = OrderedDict()
         self._max_views = 64
+        self._refs: dict[tuple[str, tuple[SemaphoreUse, ...]],
+                         list[tuple[SemaphoreRef, SemaphoreKeys, int]]] = {}
         self._background = BackgroundTasks()
         #: the etcd leases claims are bound to (joblease.session_pool)
         self.sessions = SessionPool(self.store, self._background, margin=margin,
@@ -432,26 +435,36 @@ class JobLeaseClient:
         return entry
 
     async def plan_slots(self, what: str, namespace: str, spec: JobSpec,
-                         ticket: Ticket | None, *, fresh: bool = False) -> SlotPlan | None:
+                         ticket: Ticket | None, *, fresh: bool = False,
+                         waiting: bool = False) -> SlotPlan | None:
         """The semaphore slots a claim of ``spec`` takes (None: it names none):
-        planned from this client's watched views of the semaphores, or (a
-        waiter in line, ``fresh`` after a refused claim, a view not ready) read
-        in one read-only transaction; :class:`SemaphoreFullError` (with the
-        read's revision, to wait from) when one has no room for it."""
+        planned from this client's watched views of the semaphores, or (``fresh``
+        after a refused claim, a view not ready) read in one read-only
+        transaction; :class:`SemaphoreFullError` when one has no room for it,
+        with what to wait from: the read's revision, or the views' change marks.
+
+        A view saying "full" is the answer for a caller that will wait and plan
+        again at the view's next change (``waiting``, or in line with a
+        ``ticket``): such a wake-up costs no round trip. A plain claim is
+        refused only on a read (the view may be a little behind etcd)."""
         if not spec.semaphores:
             return None
-        refs = slots_plan.semaphore_refs(self.keys, namespace, spec.semaphores)
-        if ticket is None and not fresh:  # the fast path plans from watched views
+        refs = self._semaphore_refs(namespace, spec.semaphores)
+        if not fresh:  # the fast path plans from watched views
             views = [self._view(ref, keys) for ref, keys, _ in refs]
             seen = [await view.state() for view in views]
             if all(state is not None for state in seen):
+                marks = tuple((view, view.changes) for view in views)
                 try:
                     return slots_plan.plan(
                         what, [(state, weight) for state, (_, _, weight) in
                                zip(seen, refs, strict=True) if state is not None],
-                        None, self._reserved_slots)
-                except SemaphoreFullError:
-                    pass  # the view may be behind: the read below decides
+                        ticket, self._reserved_slots)
+                except SemaphoreFullError as full:
+                    if ticket is not None or waiting:
+                        full.marks = marks
+                        raise
+                    # the view may be behind: the read below decides
         reads = [op for _, keys, _ in refs for op in slots_plan.reads(keys)]
         r = await self.retry_read(lambda: self.store.txn([], reads))
         states = [(slots_plan.parse(ref, keys, r, 3 * n), weight)
@@ -462,29 +475,73 @@ class JobLeaseClient:
             full.revision = r.revision
             raise
 
-    def _view(self, ref: SemaphoreRef, keys: SemaphoreKeys) -> slots_plan.SemaphoreView:
+    def _semaphore_refs(self, namespace: str, uses: tuple[SemaphoreUse, ...]
+                        ) -> list[tuple[SemaphoreRef, SemaphoreKeys, int]]:
+        """``slots.semaphore_refs``, kept per (namespace, uses): the same keys on
+        every claim of the same jobs, built once (at most 1024 kept)."""
+        found = self._refs.get((namespace, uses))
+        if found is None:
+            if len(self._refs) >= 1024:
+                self._refs.clear()
+            found = self._refs[(namespace, uses)] = slots_plan.semaphore_refs(
+                self.keys, namespace, uses)
+        return found
+
+    def _applied(self, revision: int, puts: Sequence[tuple[bytes, bytes, int]] = (),
+                 deletes: Sequence[bytes] = ()) -> None:
+        """Our transaction committed at ``revision``: the semaphore views it
+        touched apply its slot and waiter writes now, not when their watches
+        deliver them (joblease.slot_view)."""
+        for view in self._views.values():
+            prefix = view.keys.prefix
+            if any(k.startswith(prefix) for k, _, _ in puts) or any(
+                    k.startswith(prefix) for k in deletes):
+                view.applied(revision, puts, deletes)
+
+    def _slots_freed(self, grants: Sequence[SlotGrant], revision: int) -> None:
+        """A completion or release of ours deleted ``grants``' slots at ``revision``."""
+        self._applied(revision, (), [key for grant in grants for key in grant.keys])
+
+    async def wait_for_room(self, full: SemaphoreFullError,
+                            semaphores: Sequence[SemaphoreKeys], timeout: float) -> None:
+        """After ``full``, until room may have been made in one of ``semaphores``
+        (a slot or a waiter deleted, a limit changed), at most ``timeout``
+        seconds: on the watched views when they are there (from their change
+        marks, or from the refusal's read revision), else on a watch of each."""
+        views = dict(full.marks)
+        if not views:
+            views = {v: None for k in semaphores
+                     if (v := self._views.get(k.prefix)) is not None and not v.broken}
+            if len(views) < len(semaphores):
+                await self.wait_for_slots(semaphores, full.revision, timeout)
+                return
+        await wait_for_room(list(views.items()), full.revision, timeout)
+
+    def _view(self, ref: SemaphoreRef, keys: SemaphoreKeys) -> SemaphoreView:
         """The watched view of a semaphore (at most ``_max_views``, least recently
         used closed first; a broken one is replaced)."""
         view = self._views.get(keys.prefix)
         if view is None or view.broken:
             if view is not None:
                 self._close_view(self._views.pop(keys.prefix))
-            view = self._views[keys.prefix] = slots_plan.SemaphoreView(self.store, ref, keys)
+            view = self._views[keys.prefix] = SemaphoreView(self.store, ref, keys)
             while len(self._views) > self._max_views:
                 self._close_view(self._views.popitem(last=False)[1])
         self._views.move_to_end(keys.prefix)
         return view
 
-    def _close_view(self, view: slots_plan.SemaphoreView) -> None:
+    def _close_view(self, view: SemaphoreView) -> None:
         self._background.spawn(view.close())
 
-    @contextlib.contextmanager
-    def _reserving(self, plan: SlotPlan | None) -> Iterator[None]:
+    def _reserving(self, plan: SlotPlan | None) -> contextlib.AbstractContextManager[None]:
         """While a claim with ``plan`` is in flight, this client's other claims
         pick other slots (they would only collide with it)."""
         if plan is None:
-            yield
-            return
+            return contextlib.nullcontext()
+        return self._reserved(plan)
+
+    @contextlib.contextmanager
+    def _reserved(self, plan: SlotPlan) -> Iterator[None]:
         for state, indexes in plan.picks:
             self._reserved_slots.setdefault(state.keys.prefix, set()).update(indexes)
         try:
@@ -524,7 +581,14 @@ class JobLeaseClient:
             try:
                 slot_plan = await self.plan_slots(str(job), job.namespace, spec, ticket,
                                                   fresh=fresh_slots)
-            except (SemaphoreFullError, InvalidInputError, NotRegisteredError):
+            except SemaphoreFullError:
+                if refresh or ticket is not None:
+                    # In line: the spec is re-read by claim_waiting at most once
+                    # per guard TTL, not at every wake-up of every waiter.
+                    raise
+                refresh = True  # planned from a cached spec: make sure it is current
+                continue
+            except (InvalidInputError, NotRegisteredError):
                 if refresh:
                     raise
                 refresh = True  # planned from a cached spec: make sure it is current
@@ -581,10 +645,12 @@ class JobLeaseClient:
             compares.append(Compare(keys.pending, "mod", "==", item.pending_revision))
             success.append(Get(keys.item))
             failure.append(Get(keys.pending))
+        slot_writes: list[TxnOp] = []
         if slots is not None:
             compares += slots.compares()
             # after every Get the success branch is read by index; writes go last
-            success += slots.writes(session.lease_id, SlotRecord(str(job), owner, claim_id))
+            slot_writes = slots.writes(session.lease_id, SlotRecord(str(job), owner, claim_id))
+            success += slot_writes
         try:
             r = await self.store.txn(compares, success, failure)
         except LeaseNotFoundError:
@@ -610,11 +676,17 @@ class JobLeaseClient:
                 item_kv = r.kv(4)
                 assert item_kv is not None  # a pending key is only ever written with its item
                 record = ItemRecord.decode(item_kv.value, item_kv.create_revision)
+            if slot_writes:
+                self._applied(r.revision,
+                              [(op.key, op.value, op.lease) for op in slot_writes
+                               if isinstance(op, Put)],
+                              [op.key for op in slot_writes if isinstance(op, Delete)])
             return Lease(store=self.store, session=session, job=job, keys=keys,
                          owner=owner, claim_id=claim_id, token=r.revision,
                          generation=claims.version, ttl=spec.lease_duration_seconds,
                          holder_value=holder_value, checkpoint=r.kv(3), item=record,
-                         slots=slots.grants(r.revision) if slots else ())
+                         slots=slots.grants(r.revision) if slots else (),
+                         on_slots_freed=self._slots_freed)
         if item is not None:
             return self._item_refused(job, r, spec_revision, spec, item)
         return self._refused(job, r, spec_revision)
@@ -708,7 +780,8 @@ class JobLeaseClient:
                          checkpoint=fields.get("checkpoint"),
                          item=_item_of(fields.get("item")),
                          # the holder committed, so did its slots (one transaction)
-                         slots=slots.grants(holder.create_revision) if slots else ())
+                         slots=slots.grants(holder.create_revision) if slots else (),
+                         on_slots_freed=self._slots_freed)
         log.info("ambiguous claim of %s not visible; revoking lease %x so it cannot commit late",
                  job, session.lease_id)
         if not await self.sessions.end(session, "revoked to settle an ambiguous claim"):
@@ -798,7 +871,8 @@ class JobLeaseClient:
                      ttl=int(holder.get("ttl", 0)), holder_value=holder_kv.value,
                      checkpoint=fields.get("checkpoint"),
                      slots=await self.held_slots(job.namespace, state.spec.semaphores,
-                                                 h.claim_id))
+                                                 h.claim_id),
+                     on_slots_freed=self._slots_freed)
 
     async def held_slots(self, namespace: str, uses: Sequence[SemaphoreUse], claim_id: str
                          ) -> tuple[SlotGrant, ...]:
@@ -876,7 +950,9 @@ class JobLeaseClient:
           ``wait`` has passed the last :class:`HeldError` is raised.
 
         ``on_held`` is called once per holder seen (owner and token), for
-        progress messages. The waiting session is revoked before returning.
+        progress messages. The waiting session is revoked before an error is
+        raised (a claim that gives up leaves no waiter key behind), and in the
+        background once the claim succeeded (its transaction deleted them).
         """
         if not wait >= 0:  # also refuses NaN
             raise InvalidInputError("the wait must be a number of seconds >= 0")
@@ -892,11 +968,12 @@ class JobLeaseClient:
                     raise WaitSessionLostError(
                         str(job), guard.lost_reason or "no keep-alive succeeded in time")
                 try:
-                    return await self.claim(job, owner, ticket=ticket)
+                    lease = await self.claim(job, owner, ticket=ticket)
                 except SemaphoreFullError as full:
                     # In line for slots: a ticket (waiter keys bound to the guard
                     # session, so giving up or dying leaves nothing behind), then
-                    # a watch of the semaphores until a slot or a place frees.
+                    # the semaphores' watched views until a slot or a place frees
+                    # (a wake-up is local: only the claim first in line sends).
                     left = deadline - loop.time()
                     if left <= 0:
                         raise
@@ -906,8 +983,13 @@ class JobLeaseClient:
                     if ticket is None:
                         ticket = await self._take_ticket(job, owner, guard)
                     limit = min(left, float(guard.ttl))
-                    await self._wait_unless_lost(
-                        self._wait_for_semaphores(job, full.revision, limit), guard)
+                    began = loop.time()
+                    await self._wait_unless_lost(self._wait_for_semaphores(job, full, limit),
+                                                 guard)
+                    if loop.time() - began >= limit * 0.9:
+                        # Nothing changed for a while: read the job's spec again at
+                        # the next claim (a waiter in line does not at each wake-up).
+                        self._specs.pop(job, None)
                 except HeldError as held:
                     left = deadline - loop.time()
                     if left <= 0:
@@ -927,8 +1009,16 @@ class JobLeaseClient:
                         backoff = min(2.0, backoff * 2)
                     elif changed:
                         backoff = 0.2
+                else:
+                    if guard is not None:
+                        # Claimed: the claim's transaction deleted our waiter keys,
+                        # so the guard's etcd lease holds nothing; revoke it without
+                        # keeping the new holder waiting for that round trip.
+                        self._background.spawn(guard.close(revoke=True))
+                        guard = None
+                    return lease
         finally:
-            if guard is not None:
+            if guard is not None:  # gave up, lost or failed: nothing left in line
                 await guard.close(revoke=True)
 
     async def _semaphore_keys(self, job: JobRef) -> list[tuple[SemaphoreRef, SemaphoreKeys,
@@ -949,16 +1039,18 @@ class JobLeaseClient:
         r = await self._write_idempotent([Compare(k, "create", "==", 0) for k in keys], puts,
                                          [Get(k) for k in keys])
         if r.succeeded:
+            self._applied(r.revision, [(p.key, p.value, p.lease) for p in puts])
             return Ticket(r.revision, keys)
         mine = r.kv(0)
         assert mine is not None, "waiter keys bound to a live session vanished"
         return Ticket(mine.create_revision, keys)
 
-    async def _wait_for_semaphores(self, job: JobRef, revision: int, timeout: float) -> None:
-        """Until a slot or a waiter of one of the job's semaphores is deleted (or a
-        limit changes) after ``revision``, at most ``timeout`` seconds."""
-        await self.wait_for_slots([k for _, k, _ in await self._semaphore_keys(job)],
-                                  revision, timeout)
+    async def _wait_for_semaphores(self, job: JobRef, full: SemaphoreFullError,
+                                   timeout: float) -> None:
+        """After ``full``, until a slot or a waiter of one of the job's semaphores
+        is deleted (or a limit changes), at most ``timeout`` seconds."""
+        await self.wait_for_room(full, [k for _, k, _ in await self._semaphore_keys(job)],
+                                 timeout)
 
     async def wait_for_slots(self, semaphores: Sequence[SemaphoreKeys], revision: int,
                              timeout: float) -> None:

@@ -413,6 +413,9 @@ class SemaphoreFullError(JobLeaseError):
         self.semaphore, self.job, self.limit = semaphore, job, limit
         self.live, self.waiters, self.weight = live, waiters, weight
         self.revision = 0  # the read's revision, to wait from
+        #: planned from the client's watched views instead: each view and its
+        #: change count then, to wait for the next change from (joblease.slot_view)
+        self.marks: tuple[tuple[Any, int], ...] = ()
 
     def details(self) -> dict[str, Any]:
         return {"semaphore": self.semaphore, "job": self.job, "limit": self.limit,

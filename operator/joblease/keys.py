@@ -23,7 +23,10 @@ is a job of its queue: :class:`ItemKeys` has the fields of :class:`JobKeys`
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+from joblease.store import prefix_end
 
 DEFAULT_ROOT = "/joblease/v1"
 #: The namespace of a job named without one (``name`` rather than ``ns/name``).
@@ -107,13 +110,19 @@ class SemaphoreKeys:
 
     prefix: bytes
 
-    @property
+    # cached: a claim taking slots builds its compares from these every time
+    @functools.cached_property
     def spec(self) -> bytes:
         return self.prefix + b"spec"
 
-    @property
+    @functools.cached_property
     def slots(self) -> bytes:
         return self.prefix + b"slots/"
+
+    @functools.cached_property
+    def slots_end(self) -> bytes:
+        """The end of the ``slots/`` range (for "no key at or above the limit")."""
+        return prefix_end(self.slots)
 
     def slot(self, index: int) -> bytes:
         return self.slots + str(index).zfill(SLOT_DIGITS).encode()
@@ -121,9 +130,13 @@ class SemaphoreKeys:
     def slot_index(self, key: bytes) -> int:
         return int(key[len(self.slots):])
 
-    @property
+    @functools.cached_property
     def waiters(self) -> bytes:
         return self.prefix + b"waiters/"
+
+    @functools.cached_property
+    def waiters_end(self) -> bytes:
+        return prefix_end(self.waiters)
 
     def waiter(self, ticket: str) -> bytes:
         return self.waiters + ticket.encode()

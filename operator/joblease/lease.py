@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from joblease import validation
@@ -89,6 +91,7 @@ class Lease:
         checkpoint: KeyValue | None = None,
         item: ItemRecord | None = None,
         slots: tuple[SlotGrant, ...] = (),
+        on_slots_freed: Callable[[tuple[SlotGrant, ...], int], None] | None = None,
     ) -> None:
         self.store = store
         self.job = job
@@ -112,6 +115,9 @@ class Lease:
         #: and release delete them in their own transactions
         self.slots = slots
         self._slot_keys = [key for grant in slots for key in grant.keys]
+        #: told the revision at which our completion or release freed the slots
+        #: (the client's semaphore views apply it before their watches bring it)
+        self._on_slots_freed = on_slots_freed
         if session is not None:
             session.on_loss(self._on_session_loss)
             session.attach(self)
@@ -339,11 +345,12 @@ class Lease:
         """
         if self._state is LeaseState.COMPLETED and self.result is not None:
             return self.result
-        validation.json_payload(result, "result", validation.MAX_RESULT_BYTES,
-                                PayloadTooLargeError)
-        value = ResultRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
-                             generation=self.generation, result=result,
-                             completed_at=time.time()).encode()
+        encoded = validation.json_payload(result, "result", validation.MAX_RESULT_BYTES,
+                                          PayloadTooLargeError)
+        record = ResultRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
+                              generation=self.generation, result=result,
+                              completed_at=time.time())
+        value = record.encode()
         for _ in range(3):
             try:
                 r = await self.store.txn(
@@ -363,9 +370,16 @@ class Lease:
                     continue
                 r = outcome
             if r.succeeded:
-                self.result = ResultRecord.decode(value, revision=r.revision)
+                # What was stored, as a reader decodes it (the result as JSON has
+                # it: lists for tuples, string keys), without decoding the record
+                # this call has just encoded and validated.
+                self.result = ResultRecord(
+                    owner=record.owner, claim_id=record.claim_id, token=record.token,
+                    generation=record.generation, result=json.loads(encoded),
+                    completed_at=record.completed_at, revision=r.revision)
                 self._state = LeaseState.COMPLETED
                 self._finish()
+                self._slots_freed(r.revision)
                 return self.result
             stored = r.kv(1)
             rec = _result_record(stored)[0] if stored is not None else None
@@ -434,6 +448,7 @@ class Lease:
             if not r.succeeded:
                 self._lose(self._describe_change(r))
                 raise self._stale(r)
+            self._slots_freed(r.revision)
             break
         else:
             raise OutcomeUnknownError(
@@ -442,6 +457,10 @@ class Lease:
                 "by this handle (release again, or close the client to revoke its lease)")
         self._state = LeaseState.RELEASED
         self._finish()
+
+    def _slots_freed(self, revision: int) -> None:
+        if self.slots and self._on_slots_freed is not None:
+            self._on_slots_freed(self.slots, revision)
 
     async def __aenter__(self) -> Lease:
         return self

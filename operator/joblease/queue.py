@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import enum
+import functools
 import json
 import random
 import time
@@ -48,6 +48,7 @@ from joblease.records import (
     FailedRecord,
     Holder,
     ItemRecord,
+    JobSpec,
     PendingRecord,
     QueueSpec,
     ResultRecord,
@@ -67,15 +68,24 @@ from joblease.store import (
 
 #: Candidates a claimer picks from at random, among the oldest claimable items.
 PICK_FROM = 16
-#: Pending keys read beyond the held ones when looking for the next item (at least).
+#: Free candidates a read must find, at least, before it stops reading past the
+#: held keys (and the window the oldest pending age is looked for in).
 READ_AHEAD = 32
 #: etcd reads the whole pending range to sort it by create revision (a sorted
 #: range ignores its limit until after the sort), so one candidate read costs
-#: as much as the queue is long. Reading ahead one key in READ_AHEAD_SHARE of
-#: the pending set (up to READ_AHEAD_MAX) keeps that cost per claim constant
-#: (about READ_AHEAD_SHARE keys scanned per claim) instead of growing with the backlog.
-READ_AHEAD_SHARE = 64
-READ_AHEAD_MAX = 2048
+#: as much as the queue is long, and while a client's pool is empty its
+#: claimers wait for that read. Reading ahead one key in READ_AHEAD_SHARE of
+#: the pending keys the last read counted (at least READ_AHEAD_MIN, at most
+#: READ_AHEAD_MAX) keeps the cost per claim at about READ_AHEAD_SHARE keys
+#: scanned whatever the backlog, and makes those waits rare: with one in 64
+#: and at least 32, 64 claimers found the pool empty every ~23 claims and the
+#: queue ran at half the rate of its bare transactions (docs/benchmarks.md).
+#: The price is memory (the pool: at most READ_AHEAD_MAX keys per queue) and
+#: a pool that ages while it drains (a candidate taken by another process
+#: since costs one refused transaction, as it did with a small pool).
+READ_AHEAD_MIN = 256
+READ_AHEAD_SHARE = 4
+READ_AHEAD_MAX = 8192
 
 
 class ItemPhase(enum.StrEnum):
@@ -149,6 +159,13 @@ class EnqueueResult:
     def to_dict(self) -> dict[str, Any]:
         return {"added": len(self.added), "existing": len(self.existing),
                 "ids": [*self.added, *self.existing]}
+
+
+@functools.lru_cache(maxsize=1024)
+def _attempts_from(pending_value: bytes) -> int:
+    """``attemptsFrom`` of a pending key's value. The items of one enqueue batch
+    share one value (same round, same ``since``), so most claims decode none."""
+    return PendingRecord.decode(pending_value).attempts_from
 
 
 def _canonical(value: Any) -> bytes:
@@ -446,7 +463,7 @@ class Queues:
         return await self.claim(item, owner)
 
     async def _claim(self, item: ItemRef, keys: ItemKeys, owner: str,
-                     pending: KeyValue | None) -> Lease:
+                     pending: KeyValue | None, *, waiting: bool = False) -> Lease:
         client = self.client
         refresh = False
         revoked: list[int] = []
@@ -456,12 +473,14 @@ class Queues:
                 raise QueueSuspendedError(str(item.queue))
             if pending is None or refresh:
                 pending = await self._pending(item, keys)
-            attempts_from = PendingRecord.decode(pending.value).attempts_from
-            job_spec = spec.job_spec()
-            if job_spec.max_attempts:
-                job_spec = dataclasses.replace(
-                    job_spec, max_attempts=attempts_from + job_spec.max_attempts)
-            slot_plan = await client.plan_slots(str(item), item.namespace, job_spec, None)
+            attempts_from = _attempts_from(pending.value)
+            # the queue's spec as a job's, with this round's attempts counted
+            # from attemptsFrom (unlimited stays 0)
+            job_spec = JobSpec(spec.lease_duration_seconds,
+                               attempts_from + spec.max_attempts if spec.max_attempts else 0,
+                               semaphores=spec.semaphores)
+            slot_plan = await client.plan_slots(str(item), item.namespace, job_spec, None,
+                                                waiting=waiting)
             session = await client.sessions.for_claim(spec.lease_duration_seconds)
             try:
                 with client.sessions.using(session), client._reserving(slot_plan):
@@ -534,7 +553,7 @@ class Queues:
                 item_id = pending.key[len(keys.field_prefix("pending")):].decode()
                 try:
                     return await self._claim(ItemRef(queue, item_id), keys.item(item_id),
-                                             owner, pending)
+                                             owner, pending, waiting=wait > 0)
                 except (HeldError, AttemptsExhaustedError, AlreadyCompletedError,
                         ItemNotFoundError):
                     continue  # taken, exhausted (now marked failed) or completed meanwhile
@@ -546,9 +565,9 @@ class Queues:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise full
-                await self.client.wait_for_slots(
-                    [k for _, k, _ in semaphore_refs(self.client.keys, queue.namespace,
-                                                     spec.semaphores)], full.revision, left)
+                await self.client.wait_for_room(
+                    full, [k for _, k, _ in semaphore_refs(self.client.keys, queue.namespace,
+                                                           spec.semaphores)], left)
                 continue
             revision, found = await pool.refill(
                 lambda: self._candidates(keys, pool.held_hint, pool.pending_hint))
@@ -565,12 +584,12 @@ class Queues:
     async def _candidates(self, keys: QueueKeys, held_hint: int, pending_hint: int
                           ) -> tuple[int, list[KeyValue], int, int]:
         """The revision read at, the oldest pending keys that have no holder
-        (at most the read-ahead of them when there are that many: ``READ_AHEAD``,
-        or one in ``READ_AHEAD_SHARE`` of the ``pending_hint`` pending keys the
-        last read counted, at most ``READ_AHEAD_MAX``), the number of holders
-        and the number of pending keys, in one read-only transaction."""
+        (at most the read-ahead of them when there are that many: one in
+        ``READ_AHEAD_SHARE`` of the ``pending_hint`` pending keys the last read
+        counted, between ``READ_AHEAD_MIN`` and ``READ_AHEAD_MAX``), the number
+        of holders and the number of pending keys, in one read-only transaction."""
         held_prefix, pending_prefix = keys.field_prefix("held"), keys.field_prefix("pending")
-        ahead = min(max(READ_AHEAD, pending_hint // READ_AHEAD_SHARE), READ_AHEAD_MAX)
+        ahead = min(max(READ_AHEAD_MIN, pending_hint // READ_AHEAD_SHARE), READ_AHEAD_MAX)
         limit = held_hint + ahead
         while True:
             r = await self._read([

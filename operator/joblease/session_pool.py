@@ -15,10 +15,8 @@ keeps a bounded number.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter, OrderedDict, defaultdict
-from collections.abc import Iterator
 
 from joblease.background import BackgroundTasks
 from joblease.errors import JobLeaseError, LeaseNotFoundError
@@ -81,22 +79,18 @@ class SessionPool:
         the caller closes it."""
         return await Session[Lease](self.store, ttl, margin=self._margin).start()
 
-    @contextlib.contextmanager
-    def using(self, session: Session[Lease]) -> Iterator[None]:
+    def using(self, session: Session[Lease]) -> _Using:
         """While a claim is in flight on ``session``, it is never closed as idle."""
-        self._claiming[session] += 1
-        try:
-            yield
-        finally:
-            self._claiming[session] -= 1
-            if self._claiming[session] <= 0:
-                del self._claiming[session]
+        return _Using(self._claiming, session)
 
     def _sweep(self, keep: Session[Lease]) -> None:
         """Close sessions nobody needs: retired ones without holders or past their
         deadline, current ones that are dead and idle, and idle ones beyond
         ``idle_sessions`` (least recently used first). Never ``keep`` or one a claim
         is using."""
+        if not self._retired and len(self._current) == 1:
+            return  # only ``keep`` (the common case: one TTL): nothing to close
+
         def idle(s: Session[Lease]) -> bool:
             return s.holders == 0 and self._claiming[s] == 0 and s is not keep
 
@@ -150,3 +144,21 @@ class SessionPool:
         self._current, self._retired = OrderedDict(), set()
         for s in sessions:
             await s.close(revoke=revoke)
+
+
+class _Using:
+    """Counts a claim in flight on a session (a plain class: this is on every
+    claim's path, and a generator-based context manager costs several times more)."""
+
+    __slots__ = ("_counts", "_session")
+
+    def __init__(self, counts: Counter[Session[Lease]], session: Session[Lease]) -> None:
+        self._counts, self._session = counts, session
+
+    def __enter__(self) -> None:
+        self._counts[self._session] += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._counts[self._session] -= 1
+        if self._counts[self._session] <= 0:
+            del self._counts[self._session]

@@ -21,8 +21,6 @@ explains; the client sends the transaction.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -30,7 +28,6 @@ from dataclasses import dataclass
 
 from joblease.errors import (
     InvalidInputError,
-    JobLeaseError,
     SemaphoreFullError,
     SemaphoreNotFoundError,
 )
@@ -42,10 +39,8 @@ from joblease.store import (
     Get,
     KeyValue,
     Put,
-    Store,
     TxnOp,
     TxnResult,
-    prefix_end,
 )
 
 #: The largest limit a semaphore may have (slot keys are per slot).
@@ -61,7 +56,7 @@ class SemaphoreState:
     keys: SemaphoreKeys
     spec_revision: int
     limit: int
-    slots: dict[int, KeyValue]  # live slots by index
+    slots: Mapping[int, KeyValue]  # live slots by index
     waiters: list[KeyValue]  # oldest first
 
     @property
@@ -123,14 +118,12 @@ class SlotPlan:
             k = state.keys
             out.append(Compare(k.spec, "mod", "==", state.spec_revision))
             out += [Compare(k.slot(i), "create", "==", 0) for i in indexes]
-            out.append(Compare(k.slot(state.limit), "create", "==", 0,
-                               range_end=prefix_end(k.slots)))
+            out.append(Compare(k.slot(state.limit), "create", "==", 0, range_end=k.slots_end))
             if self.ticket is None:
-                out.append(Compare(k.waiters, "create", "==", 0,
-                                   range_end=prefix_end(k.waiters)))
+                out.append(Compare(k.waiters, "create", "==", 0, range_end=k.waiters_end))
             else:
                 out.append(Compare(k.waiters, "create", ">", self.ticket.revision - 1,
-                                   range_end=prefix_end(k.waiters)))
+                                   range_end=k.waiters_end))
         return out
 
     def writes(self, lease_id: int, record: SlotRecord) -> list[TxnOp]:
@@ -201,58 +194,3 @@ def semaphore_refs(keys: KeySpace, namespace: str, uses: Sequence[SemaphoreUse]
         ref = SemaphoreRef(namespace, u.name)
         out.append((ref, keys.semaphore(ref), u.weight))
     return out
-
-
-class SemaphoreView:
-    """One semaphore's keys kept current by a watch (like an informer), so a
-    claim plans its slots without a read: the claim's compares are what make
-    it safe, and a plan from a view a little behind etcd is only refused and
-    planned again from a fresh read."""
-
-    def __init__(self, store: Store, ref: SemaphoreRef, keys: SemaphoreKeys) -> None:
-        self.ref, self.keys = ref, keys
-        self._store = store
-        self._kvs: dict[bytes, KeyValue] = {}
-        self.revision = 0
-        self.broken = False
-        self._ready = asyncio.Event()
-        self._task = asyncio.ensure_future(self._follow())
-
-    async def _follow(self) -> None:
-        try:
-            r = await self._store.txn([], [Get(self.keys.prefix, prefix=True)])
-            self._kvs = {kv.key: kv for kv in r.kvs(0)}
-            self.revision = r.revision
-            self._ready.set()
-            async for batch in self._store.watch(self.keys.prefix, prefix=True,
-                                                 start_revision=r.revision + 1):
-                for e in batch.events:
-                    if e.kind == "put":
-                        self._kvs[e.kv.key] = e.kv
-                    else:
-                        self._kvs.pop(e.kv.key, None)
-                self.revision = max(self.revision, batch.revision)
-        except JobLeaseError:
-            pass  # the watch ended (compacted, etcd away): claims fall back to reads
-        finally:
-            self.broken = True
-            self._ready.set()
-
-    async def state(self, timeout: float = 2.0) -> SemaphoreState | None:
-        """The semaphore as the view has it, or None (not ready in time, broken,
-        or no spec: the caller reads etcd, which says exactly what is wrong)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._ready.wait(), timeout)
-        spec = self._kvs.get(self.keys.spec)
-        if self.broken or spec is None:
-            return None
-        slots = {self.keys.slot_index(k): kv for k, kv in self._kvs.items()
-                 if k.startswith(self.keys.slots)}
-        waiters = sorted((kv for k, kv in self._kvs.items() if k.startswith(self.keys.waiters)),
-                         key=lambda kv: kv.create_revision)
-        return SemaphoreState(self.ref, self.keys, spec.mod_revision,
-                              SemaphoreSpec.decode(spec.value).limit, slots, waiters)
-
-    async def close(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)

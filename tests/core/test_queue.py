@@ -364,10 +364,12 @@ async def test_prune_forgets_finished_items_past_their_retention(queues: Queues)
 
 
 async def test_a_window_of_exhausted_items_does_not_hide_a_claimable_one(
-        client: JobLeaseClient) -> None:
+        client: JobLeaseClient, monkeypatch: pytest.MonkeyPatch) -> None:
     """The oldest pending keys a claimer reads are all exhausted: it marks each failed
     and must read again (a pending delete wakes no waiter), not wait or answer None
     while an item beyond them is claimable."""
+    # A window of READ_AHEAD keys, so that READ_AHEAD + 4 exhausted items fill it.
+    monkeypatch.setattr(queue_module, "READ_AHEAD_MIN", READ_AHEAD)
     q = QueueRef("default", "window")
     queues = Queues(client)
     await queues.create(q, QueueSpec(lease_duration_seconds=5, max_attempts=1))
@@ -383,10 +385,12 @@ async def test_a_window_of_exhausted_items_does_not_hide_a_claimable_one(
 
 
 async def test_concurrent_claimers_without_wait_answer_none_only_when_nothing_is_claimable(
-        queues: Queues) -> None:
-    # 64 claimers share one candidate pool; one read fills it with 32. The ones
-    # that waited for that read must not answer "nothing claimable" because the
-    # others emptied the pool meanwhile: 8 items are still free then.
+        queues: Queues, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 64 claimers share one candidate pool; one read fills it with 32 (the
+    # read-ahead lowered to that). The ones that waited for that read must not
+    # answer "nothing claimable" because the others emptied the pool meanwhile:
+    # 8 items are still free then.
+    monkeypatch.setattr(queue_module, "READ_AHEAD_MIN", 32)
     await queues.enqueue(Q, [(f"i{n}", n) for n in range(40)])
     await queues.spec(Q)  # cached, as a running worker has it: all 64 meet at the first read
     got = await asyncio.wait_for(
@@ -399,11 +403,12 @@ async def test_concurrent_claimers_without_wait_answer_none_only_when_nothing_is
 
 async def test_two_clients_drain_a_deep_queue_each_item_once(
         queues: Queues, etcd_config: EtcdConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A deep queue makes each candidate read take more than READ_AHEAD (one in
-    # READ_AHEAD_SHARE of the pending keys; lowered so 400 items are "deep"):
+    # A deep queue makes each candidate read take more than READ_AHEAD_MIN (one
+    # in READ_AHEAD_SHARE of the pending keys; lowered so 400 items are "deep"):
     # two clients then work through the same large head and refuse each
     # other's items, and still complete every item once.
     monkeypatch.setattr(queue_module, "READ_AHEAD_SHARE", 4)
+    monkeypatch.setattr(queue_module, "READ_AHEAD_MIN", 32)
     await queues.enqueue(Q, [(f"i{n:03d}", n) for n in range(400)])
     done: list[str] = []
 

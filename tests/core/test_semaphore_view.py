@@ -1,0 +1,89 @@
+"""The client's watched semaphore views (joblease.slot_view) on a real etcd:
+our own writes are applied at once and never undone by the watch that
+brings them later, and a waiter in line is woken by the view, hand-over
+after hand-over, without missing one."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from joblease import JobLeaseClient, JobRef, JobSpec
+from joblease.keys import SemaphoreRef
+from joblease.records import SemaphoreUse
+from joblease.semaphore import Semaphores
+
+DB = SemaphoreRef("default", "billing-db")
+
+
+async def _jobs(client: JobLeaseClient, n: int, ttl: int) -> list[JobRef]:
+    jobs = [JobRef("default", f"job-{i}") for i in range(n)]
+    for job in jobs:
+        await client.register(job, JobSpec(lease_duration_seconds=ttl, max_attempts=0,
+                                           semaphores=(SemaphoreUse("billing-db"),)))
+    return jobs
+
+
+async def _live_in_etcd(client: JobLeaseClient) -> set[int]:
+    return {h.index for h in (await Semaphores(client).status(DB)).holders}
+
+
+async def test_a_view_shows_our_writes_at_once_and_the_watch_never_undoes_them(
+        client: JobLeaseClient) -> None:
+    await Semaphores(client).create(DB, 3)
+    jobs = await _jobs(client, 10, ttl=30)
+    # A second client claims too: its slots reach our view only through the watch.
+    async with JobLeaseClient(client.config) as other:
+        for round_ in range(5):
+            mine = await client.claim(jobs[2 * round_], "me")
+            view = client._views[client.keys.semaphore(DB).prefix]
+            state = await view.state()
+            assert state is not None and mine.slots[0].indexes[0] in state.slots
+            theirs = await other.claim(jobs[2 * round_ + 1], "them")
+            await mine.complete()
+            state = await view.state()
+            assert state is not None
+            assert mine.slots[0].indexes[0] not in state.slots, "our completion freed it"
+            await theirs.release()
+            # Once the watch has delivered everything up to now, the view is
+            # etcd's state: no put it brought late brought a freed slot back.
+            now = (await client.store.get(client.keys.semaphore(DB).spec))[0]
+            deadline = time.monotonic() + 10
+            while view.revision < now:
+                assert time.monotonic() < deadline, "the view's watch fell behind"
+                await asyncio.sleep(0.01)
+            state = await view.state()
+            assert state is not None
+            assert set(state.slots) == await _live_in_etcd(client) == set()
+
+
+async def test_a_release_wakes_the_next_waiter_in_line_hand_over_after_hand_over(
+        client: JobLeaseClient) -> None:
+    # TTL 30 s: a waiter whose wake-up was missed would sleep until its wait is
+    # capped at the TTL, far beyond this test's deadline.
+    sems = Semaphores(client)
+    await sems.create(DB, 1)
+    jobs = await _jobs(client, 25, ttl=30)
+    first = await client.claim(jobs[0], "first")
+    served: list[str] = []
+
+    async def wait(job: JobRef) -> None:
+        lease = await client.claim_waiting(job, job.name, wait=60)
+        served.append(job.name)
+        await lease.release()  # at once: the next one in line is woken by this
+
+    waiters = []
+    for n, job in enumerate(jobs[1:], start=1):
+        waiters.append(asyncio.create_task(wait(job)))
+        deadline = time.monotonic() + 10
+        while (await sems.status(DB)).waiters < n:
+            assert time.monotonic() < deadline, "waiter did not get in line"
+            await asyncio.sleep(0.01)
+    await first.release()
+    done, _ = await asyncio.wait(waiters, timeout=15)
+    assert len(done) == len(waiters), f"served only {served} within 15 s"
+    for task in done:
+        task.result()
+    assert served == [job.name for job in jobs[1:]]
+    status = await sems.status(DB)
+    assert (status.live, status.waiters) == (0, 0)
