@@ -110,6 +110,8 @@ SERVICE_CIDR = "10.0.0.0/24"
 KUBERNETES_SERVICE_IP = "10.0.0.1"
 DNS_SERVICE_IP = "10.0.0.10"
 POD_CIDR = "10.244.0.0/24"
+#: The kubelet's pod capacity (see _start_kubelet): below the /24's 253 addresses.
+MAX_PODS = 200
 NODE_NAME = "localhost"
 APISERVER_PORT = 6443
 # The host sysctls the kubelet rewrites (kubelet/cm setupKernelTunables).
@@ -853,6 +855,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
             "nodeStatusUpdateFrequency": "2s",
             "serializeImagePulls": False,
             "rotateCertificates": False,
+            # The default (110) leaves little room beside bench/e2e.py's burst of 100
+            # worker pods: CoreDNS, etcd and the operator run too, and pods of a
+            # previous step may still be terminating. The ceiling is the pod CIDR:
+            # host-local IPAM has 253 addresses in the /24, so stay well below it.
+            "maxPods": MAX_PODS,
         }, indent=2))
         self._spawn("kubelet", [
             binary, "--config", str(config),
@@ -1164,6 +1171,17 @@ def container_cgroup(cluster: Cluster, container_id: str, hierarchy: str = "memo
             if found:
                 return found[0]
     raise ClusterError(f"no {hierarchy} cgroup for container {container_id[:12]}")
+
+
+def pod_cgroups(cluster: Cluster, pod_uid: str) -> list[Path]:
+    """The pod's cgroup directories left on the node, in every hierarchy
+    (``kubepods[/<qos>]/pod<uid>``, cgroupfs driver): none once the kubelet has
+    cleaned up after it."""
+    if cluster.external:
+        raise ClusterError("node access (cgroups) needs the test's own cluster, "
+                           "not JOBLEASE_TEST_KUBECONFIG's")
+    return [p for top in _cgroup_dirs(cluster.cgroup) for p in top.rglob(f"pod{pod_uid}")
+            if p.is_dir()]
 
 
 def container_pids(cluster: Cluster, container_id: str) -> list[int]:
