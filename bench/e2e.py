@@ -51,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -340,10 +341,23 @@ def measure_burst(cluster: Cluster, release: Release, n: int, ttl: int,
             raise RuntimeError(f"kubectl apply reported {len(created)} of {n} pods created")
         print(f"  {n} pods created in {out['apply_s']:.1f}s", file=sys.stderr)
         held, completed, phases = wait_burst(cluster, ns, watch, pods, applied + deadline_s)
-        out["load_at_end"] = loadavg()
+        out["load_at_last_completion"] = loadavg()
+        all_ended, final = wait_pods_ended(cluster, ns, n, applied + deadline_s)
+        phases.update({p["metadata"]["name"]: p["status"].get("phase", "?") for p in final})
+        # the node's part and the sidecar's: creation -> the sidecar container's start
+        # (the kubelet's startedAt, whole seconds) and that start -> the claim
+        started = {p["metadata"]["name"]: sidecar_started(p) for p in final}
+        start_of = {p: t for p, (t, _) in started.items() if t is not None}
+        node_part = [start_of[p] - created[p] for p in held if p in start_of]
+        sidecar_part = [held[p] - start_of[p] for p in held if p in start_of]
         out.update({
             "held": len(held), "completed": len(completed),
             "pods_succeeded": sum(1 for p in phases.values() if p == "Succeeded"),
+            "apply_to_all_pods_ended_s": (round(all_ended - applied, 1)
+                                          if all_ended is not None else None),
+            "sidecar_restarts": sum(r for _, r in started.values()),
+            "creation_to_sidecar_started_s": summary(node_part) if node_part else None,
+            "sidecar_started_to_held_s": summary(sidecar_part) if sidecar_part else None,
             # never held within the deadline, whether the pod finished or not
             "never_held": {p: phases.get(p, "?") for p in pods if p not in held},
             "finished_without_completing": {p: phases[p] for p in pods if p not in completed
@@ -357,9 +371,10 @@ def measure_burst(cluster: Cluster, release: Release, n: int, ttl: int,
             "creation_to_completed_s": (summary([completed[p] - created[p]
                                                  for p in completed])
                                         if completed else None)})
-        print(f"  held {len(held)}/{n}, completed {len(completed)}/{n}; all held "
-              f"{out['apply_to_all_held_s']}s, all completed "
-              f"{out['apply_to_all_completed_s']}s after the apply", file=sys.stderr)
+        print(f"  held {len(held)}/{n}, completed {len(completed)}/{n}, pods Succeeded "
+              f"{out['pods_succeeded']}/{n}; all held {out['apply_to_all_held_s']}s, all "
+              f"completed {out['apply_to_all_completed_s']}s, all pods ended "
+              f"{out['apply_to_all_pods_ended_s']}s after the apply", file=sys.stderr)
     finally:
         if watch is not None:
             if not watch.alive():
@@ -367,6 +382,38 @@ def measure_burst(cluster: Cluster, release: Release, n: int, ttl: int,
             watch.close()
         out["cleanup"] = clean_burst(cluster, ns)
     return out
+
+
+def wait_pods_ended(cluster: Cluster, ns: str, n: int, deadline: float
+                    ) -> tuple[float | None, list[dict[str, Any]]]:
+    """Until all ``n`` pods of ``ns`` are Succeeded or Failed (the kubelet reports a
+    pod's end after its worker exited and it stopped the sidecar: later than the
+    completion in etcd), or ``deadline`` (wall clock). Returns the moment the last
+    one was seen ended (None if not all did; polled every 2 s) and the pods."""
+    items: list[dict[str, Any]] = []
+    while True:
+        r = cluster.kubectl("get", "pods", "-n", ns, "-o", "json", timeout=60)
+        if r.returncode == 0:
+            items = json.loads(r.stdout)["items"]
+            ended = [p for p in items if p["status"].get("phase") in ("Succeeded", "Failed")]
+            if len(ended) == n:
+                return time.time(), items
+        if time.time() > deadline:
+            return None, items
+        time.sleep(2)  # poll interval; the deadline bounds the wait
+
+
+def sidecar_started(pod: dict[str, Any]) -> tuple[float | None, int]:
+    """The sidecar container's ``startedAt`` (the kubelet's record: whole seconds) and
+    its restart count, from the pod's status, running or terminated."""
+    for status in pod["status"].get("initContainerStatuses", []):
+        if status["name"] == SIDECAR:
+            state = status.get("state") or {}
+            started = (state.get("running") or state.get("terminated") or {}).get("startedAt")
+            when = (datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp()
+                    if started else None)
+            return when, int(status.get("restartCount") or 0)
+    return None, 0
 
 
 def wait_registered(cluster: Cluster, ns: str, names: set[str], timeout: float = 600) -> None:
