@@ -350,6 +350,19 @@ def measure_burst(cluster: Cluster, release: Release, n: int, ttl: int,
         start_of = {p: t for p, (t, _) in started.items() if t is not None}
         node_part = [start_of[p] - created[p] for p in held if p in start_of]
         sidecar_part = [held[p] - start_of[p] for p in held if p in start_of]
+        # the slowest sidecars' own account of their start (kept until the cleanup)
+        slowest = sorted((p for p in held if p in start_of),
+                         key=lambda p: held[p] - start_of[p], reverse=True)[:3]
+        out["slowest_sidecars"] = [{
+            "pod": p, "started_to_held_s": round(held[p] - start_of[p], 1),
+            "creation_to_started_s": round(start_of[p] - created[p], 1),
+            "log": cluster.kubectl("logs", p, "-n", ns, "-c", SIDECAR, "--tail=30",
+                                   timeout=60).stdout.splitlines()} for p in slowest]
+        # every pod's figures, for a distribution beyond the summaries
+        out["per_pod_s"] = {p: {"held": round(held[p] - created[p], 2),
+                                "sidecar_started": (round(start_of[p] - created[p], 2)
+                                                    if p in start_of else None)}
+                            for p in sorted(held)}
         out.update({
             "held": len(held), "completed": len(completed),
             "pods_succeeded": sum(1 for p in phases.values() if p == "Succeeded"),
