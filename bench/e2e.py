@@ -1,7 +1,7 @@
 """End to end on the test cluster: worker pods of examples/worker-pod.yaml, the chart's
 operator and bundled etcd, real kubelet and containerd (tests/support/cluster/).
 
-Measures (issue 18, "Measure"):
+Measures (issues 18 and 25, "Measure"):
 
 - **apply -> Completed**: ``kubectl apply`` of the example's worker Job (its JobLease
   already registered) until ``kubectl get jl`` shows ``Completed`` (polled every
@@ -18,6 +18,13 @@ Measures (issue 18, "Measure"):
 - the sidecar container's **memory** while it holds the lease: cgroup v1
   ``memory.usage_in_bytes`` and the working set (usage - ``total_inactive_file``,
   what the kubelet reports as the container's memory);
+- **burst**: ``--burst-pods`` (100) worker pods created by one ``kubectl apply`` of a
+  List, each claiming a JobLease of its own, until every one has held and finished
+  (or ended otherwise, or the deadline passes): creation (kubectl's per-object
+  ``created`` line) -> ``claimedAt`` and -> ``completedAt`` per pod (read from
+  ``joblease watch``), the apply to the last claim and to the last completion,
+  then the namespace's deletion until the node is back as before (no pod cgroup
+  and no etcd job of the burst left; see :func:`measure_burst`);
 - **image sizes**: the image archives in the cache and ``ctr images ls``.
 
 The cluster: by default one of its own (``Cluster("bench")``, as ``hack/cluster up
@@ -27,7 +34,8 @@ installed as release ``joblease`` in ``joblease-system`` unless it is there alre
 
     python bench/e2e.py [--name NAME] [--keep] [--trials 10] [--completions 3]
                         [--starts 5] [--kill-ttl 3] [--kill-backoff-max 0.5|default]
-                        [--only completions,starts,delete,kill,images]
+                        [--burst-pods 100] [--burst-ttl 30] [--burst-deadline 600]
+                        [--only completions,starts,delete,kill,burst,images]
                         [--json bench/results/e2e.json]
 """
 
@@ -36,9 +44,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,22 +59,27 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.claims import pct  # noqa: E402
-from tests.support.binaries import cache_dir  # noqa: E402
+from tests.support.binaries import cache_dir, kubectl_binary  # noqa: E402
 from tests.support.cluster import (  # noqa: E402
     Cluster,
     container_cgroup,
     container_pids,
+    pod_cgroups,
     process_start_wall_time,
 )
+from tests.support.cluster.settings import NODE_NAME  # noqa: E402
 from tests.support.release import Release  # noqa: E402
 from tests.support.worker_pods import (  # noqa: E402
     SIDECAR,
+    config_map,
     container_id,
     get_pod,
     joblease,
     joblease_cli,
     lose,
+    operator_pod,
     owner_of,
+    pod_doc,
     start_holder,
     wait_claimed,
     wait_log,
@@ -71,6 +89,7 @@ from tests.support.worker_pods import (  # noqa: E402
 )
 
 MIB = 1024 * 1024
+PARTS = ("completions", "starts", "delete", "kill", "burst", "images")
 
 
 def loadavg() -> list[float]:
@@ -133,8 +152,11 @@ def measure_starts(cluster: Cluster, ns: str, n: int) -> dict[str, list[float]]:
         pod = start_holder(cluster, ns, name, name)
         state = joblease_cli(cluster, ns, name, "get", name)
         claimed = float(state["holder"]["claimedAt"])
-        first_pid = container_pids(cluster, container_id(pod, SIDECAR))[0]
-        out["process_start_to_held"].append(claimed - process_start_wall_time(first_pid))
+        # the container's first process is the sidecar binary itself (the Go
+        # sidecar's image is that binary alone): its start is the earliest one
+        started = min(process_start_wall_time(pid)
+                      for pid in container_pids(cluster, container_id(pod, SIDECAR)))
+        out["process_start_to_held"].append(claimed - started)
         out["apply_to_held"].append(claimed - applied)
         time.sleep(5)  # let the held sidecar settle before sampling its memory
         for key, value in sidecar_memory(cluster, pod).items():
@@ -176,6 +198,326 @@ def measure_chain(cluster: Cluster, ns: str, how: str, trials: int, ttl: int,
             **summary(seconds)}
 
 
+class BurstError(RuntimeError):
+    """The burst cannot start as asked (nothing was created): the message says why."""
+
+
+def node_pod_room(cluster: Cluster) -> tuple[int, int]:
+    """``(capacity, active)``: the node's allocatable pods and its pods that still
+    count against it (not Succeeded or Failed, any namespace)."""
+    node = json.loads(cluster.kubectl("get", "node", NODE_NAME, "-o", "json",
+                                      check=True).stdout)
+    pods = json.loads(cluster.kubectl(
+        "get", "pods", "-A", "-o", "json", "--field-selector",
+        f"spec.nodeName={NODE_NAME},status.phase!=Succeeded,status.phase!=Failed",
+        check=True, timeout=60).stdout)["items"]
+    return int(node["status"]["allocatable"]["pods"]), len(pods)
+
+
+def wait_no_active_pods(cluster: Cluster, ns: str, timeout: float = 300) -> None:
+    """Until the earlier parts' pods in ``ns`` are gone or terminal (they were deleted
+    with --wait=false), so they do not take the burst's room on the node."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = cluster.kubectl("get", "pods", "-n", ns, "-o", "name", "--field-selector",
+                            "status.phase!=Succeeded,status.phase!=Failed", timeout=60)
+        if r.returncode == 0 and not r.stdout.strip():
+            return
+        if time.monotonic() > deadline:
+            raise BurstError(f"pods of the earlier parts still active after {timeout} s: "
+                             f"{r.stdout.split()}")
+        time.sleep(1)  # poll interval; the deadline bounds the wait
+
+
+def apply_timed(cluster: Cluster, manifest: str, timeout: float) -> dict[str, float]:
+    """``kubectl apply`` of a List, with the moment each object's creation returned:
+    kubectl prints ``<kind>/<name> created`` per object as it goes (its stdout is
+    unbuffered), so each line's arrival time is that pod's creation, to the ms."""
+    created: dict[str, float] = {}
+    # stderr to a file: warnings while stdout is read line by line cannot fill a pipe
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([kubectl_binary(), "--kubeconfig", str(cluster.kubeconfig),
+                                 "apply", "--request-timeout=120s", "-f", "-"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                text=True)
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(manifest)
+        proc.stdin.close()
+        for line in proc.stdout:  # e.g. "pod/burst-007 created"
+            fields = line.split()
+            if len(fields) >= 2 and fields[0].startswith("pod/"):
+                created[fields[0].removeprefix("pod/")] = time.time()
+        if proc.wait(timeout=timeout) != 0:
+            err.seek(0)
+            raise RuntimeError(f"kubectl apply of the burst failed: {err.read()[-3000:]}")
+    return created
+
+
+class JobWatch:
+    """``joblease watch -n NS`` in the operator pod (whose image has the CLI and whose
+    environment has etcd's endpoint and TLS files), read on a thread: every job's
+    state at every revision, so a claim that a completion follows within
+    milliseconds (which deletes the holder record) is still seen."""
+
+    def __init__(self, cluster: Cluster, ns: str) -> None:
+        op_ns, op_pod = operator_pod(cluster)
+        self.states: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._err = tempfile.TemporaryFile("w+")
+        self._proc = subprocess.Popen(
+            [kubectl_binary(), "--kubeconfig", str(cluster.kubeconfig), "exec", op_pod,
+             "-n", op_ns, "-c", "operator", "--", "joblease", "watch", "-n", ns],
+            stdout=subprocess.PIPE, stderr=self._err, text=True)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            if line.startswith("{"):
+                self.states.put(json.loads(line))
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def errors(self) -> str:
+        self._err.seek(0)
+        return self._err.read()[-3000:]
+
+    def close(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._err.close()
+
+
+def measure_burst(cluster: Cluster, release: Release, n: int, ttl: int,
+                  deadline_s: float) -> dict[str, Any]:
+    """``n`` worker pods of the example created at once (one ``kubectl apply`` of a
+    List), each claiming a JobLease of its own, in a namespace of their own, until
+    every one has held its job and finished (or the deadline passes).
+
+    Each its own job: issue 25 asks for the time "until all hold or finish", i.e.
+    ``n`` claims that all succeed; pods of one Job competing for one JobLease would
+    measure one claim and ``n - 1`` refusals (the chain parts cover handing one job
+    on). The pods are the example's as they are: the worker completes right after
+    its claim (no demo hold file: ``n`` idle shells polling it with ``sleep 0.1``
+    would load the node with forks that no real worker makes). A completion
+    deletes the holder record, so the claims are read from ``joblease watch``
+    (every revision), not from polls of the current state.
+    """
+    ns = f"bench-burst-{os.getpid()}"
+    pods = [f"burst-{i:03d}" for i in range(n)]
+    capacity, active = node_pod_room(cluster)
+    if active + n > capacity:
+        raise BurstError(f"--burst-pods {n}: the node allows {capacity} pods and "
+                         f"{active} are active; at most {capacity - active} fit "
+                         "(tests/support/cluster/settings.py MAX_PODS)")
+    out: dict[str, Any] = {"pods": n, "ttl": ttl, "node_capacity": capacity,
+                           "node_active_before": active}
+    cluster.kubectl("create", "namespace", ns, check=True)
+    watch: JobWatch | None = None
+    try:
+        deadline = time.monotonic() + 120
+        while cluster.kubectl("get", "serviceaccount", "default", "-n", ns).returncode != 0:
+            assert time.monotonic() < deadline, "no default ServiceAccount"
+            time.sleep(0.5)  # the controller creates it; the deadline bounds the wait
+        release.copy_worker_secret(ns)
+        jobleases = [json.loads(joblease(ns, name, ttl=ttl, max_attempts=0)) for name in pods]
+        began = time.monotonic()
+        cluster.kubectl("apply", "-f", "-", check=True, timeout=300, input=json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": jobleases}))
+        wait_registered(cluster, ns, set(pods))
+        out["register_all_s"] = round(time.monotonic() - began, 1)
+        watch = JobWatch(cluster, ns)
+        manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+            config_map(ns), *(pod_doc(ns, name, name, hold=False) for name in pods)]})
+        applied = time.time()
+        created = apply_timed(cluster, manifest, timeout=600)
+        out["apply_s"] = round(time.time() - applied, 3)
+        if set(created) != set(pods):
+            raise RuntimeError(f"kubectl apply reported {len(created)} of {n} pods created")
+        print(f"  {n} pods created in {out['apply_s']:.1f}s", file=sys.stderr)
+        held, completed, phases = wait_burst(cluster, ns, watch, pods, applied + deadline_s)
+        out["load_at_last_completion"] = loadavg()
+        all_ended, final = wait_pods_ended(cluster, ns, n, applied + deadline_s)
+        phases.update({p["metadata"]["name"]: p["status"].get("phase", "?") for p in final})
+        # the node's part and the sidecar's: creation -> the sidecar container's start
+        # (the kubelet's startedAt, whole seconds) and that start -> the claim
+        started = {p["metadata"]["name"]: sidecar_started(p) for p in final}
+        start_of = {p: t for p, (t, _) in started.items() if t is not None}
+        node_part = [start_of[p] - created[p] for p in held if p in start_of]
+        sidecar_part = [held[p] - start_of[p] for p in held if p in start_of]
+        # the slowest sidecars' own account of their start (kept until the cleanup)
+        slowest = sorted((p for p in held if p in start_of),
+                         key=lambda p: held[p] - start_of[p], reverse=True)[:3]
+        out["slowest_sidecars"] = [{
+            "pod": p, "started_to_held_s": round(held[p] - start_of[p], 1),
+            "creation_to_started_s": round(start_of[p] - created[p], 1),
+            "log": cluster.kubectl("logs", p, "-n", ns, "-c", SIDECAR, "--tail=30",
+                                   timeout=60).stdout.splitlines()} for p in slowest]
+        # every pod's figures, for a distribution beyond the summaries
+        out["per_pod_s"] = {p: {"held": round(held[p] - created[p], 2),
+                                "sidecar_started": (round(start_of[p] - created[p], 2)
+                                                    if p in start_of else None)}
+                            for p in sorted(held)}
+        out.update({
+            "held": len(held), "completed": len(completed),
+            "pods_succeeded": sum(1 for p in phases.values() if p == "Succeeded"),
+            "apply_to_all_pods_ended_s": (round(all_ended - applied, 1)
+                                          if all_ended is not None else None),
+            "sidecar_restarts": sum(r for _, r in started.values()),
+            "creation_to_sidecar_started_s": summary(node_part) if node_part else None,
+            "sidecar_started_to_held_s": summary(sidecar_part) if sidecar_part else None,
+            # never held within the deadline, whether the pod finished or not
+            "never_held": {p: phases.get(p, "?") for p in pods if p not in held},
+            "finished_without_completing": {p: phases[p] for p in pods if p not in completed
+                                            and phases.get(p) in ("Succeeded", "Failed")},
+            "apply_to_all_held_s": (round(max(held.values()) - applied, 3)
+                                    if len(held) == n else None),
+            "apply_to_all_completed_s": (round(max(completed.values()) - applied, 3)
+                                         if len(completed) == n else None),
+            "creation_to_held_s": (summary([held[p] - created[p] for p in held])
+                                   if held else None),
+            "creation_to_completed_s": (summary([completed[p] - created[p]
+                                                 for p in completed])
+                                        if completed else None)})
+        print(f"  held {len(held)}/{n}, completed {len(completed)}/{n}, pods Succeeded "
+              f"{out['pods_succeeded']}/{n}; all held {out['apply_to_all_held_s']}s, all "
+              f"completed {out['apply_to_all_completed_s']}s, all pods ended "
+              f"{out['apply_to_all_pods_ended_s']}s after the apply", file=sys.stderr)
+    finally:
+        if watch is not None:
+            if not watch.alive():
+                out["watch_errors"] = watch.errors()
+            watch.close()
+        out["cleanup"] = clean_burst(cluster, ns)
+    return out
+
+
+def wait_pods_ended(cluster: Cluster, ns: str, n: int, deadline: float
+                    ) -> tuple[float | None, list[dict[str, Any]]]:
+    """Until all ``n`` pods of ``ns`` are Succeeded or Failed (the kubelet reports a
+    pod's end after its worker exited and it stopped the sidecar: later than the
+    completion in etcd), or ``deadline`` (wall clock). Returns the moment the last
+    one was seen ended (None if not all did; polled every 2 s) and the pods."""
+    items: list[dict[str, Any]] = []
+    while True:
+        r = cluster.kubectl("get", "pods", "-n", ns, "-o", "json", timeout=60)
+        if r.returncode == 0:
+            items = json.loads(r.stdout)["items"]
+            ended = [p for p in items if p["status"].get("phase") in ("Succeeded", "Failed")]
+            if len(ended) == n:
+                return time.time(), items
+        if time.time() > deadline:
+            return None, items
+        time.sleep(2)  # poll interval; the deadline bounds the wait
+
+
+def sidecar_started(pod: dict[str, Any]) -> tuple[float | None, int]:
+    """The sidecar container's ``startedAt`` (the kubelet's record: whole seconds) and
+    its restart count, from the pod's status, running or terminated."""
+    for status in pod["status"].get("initContainerStatuses", []):
+        if status["name"] == SIDECAR:
+            state = status.get("state") or {}
+            started = (state.get("running") or state.get("terminated") or {}).get("startedAt")
+            when = (datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp()
+                    if started else None)
+            return when, int(status.get("restartCount") or 0)
+    return None, 0
+
+
+def wait_registered(cluster: Cluster, ns: str, names: set[str], timeout: float = 600) -> None:
+    """Until the operator registered every JobLease of ``names`` in etcd."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = cluster.kubectl("get", "jobleases", "-n", ns, "-o", "json", timeout=60)
+        items = json.loads(r.stdout)["items"] if r.returncode == 0 else []
+        done = {i["metadata"]["name"] for i in items
+                if (i.get("status") or {}).get("phase") == "Pending"
+                and int((i.get("status") or {}).get("etcdRevision") or 0) > 0}
+        if names <= done:
+            return
+        assert time.monotonic() < deadline, f"not registered: {sorted(names - done)[:10]}"
+        time.sleep(1)  # poll interval; the deadline bounds the wait
+
+
+def wait_burst(cluster: Cluster, ns: str, watch: JobWatch, pods: list[str],
+               deadline: float) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
+    """Follow the watch until every pod's job has been held by it and completed, or
+    its pod ended otherwise (Failed, or Succeeded without a completion), or until
+    ``deadline`` (wall clock). Returns, by pod, the holder record's ``claimedAt``
+    (its own claim), the result record's ``completedAt``, and the pods' last phases."""
+    held: dict[str, float] = {}
+    completed: dict[str, float] = {}
+    phases: dict[str, str] = {}
+    wanted = set(pods)
+    next_pods = 0.0
+    while True:
+        try:
+            state = watch.states.get(timeout=1)
+        except queue.Empty:
+            state = None
+        if state is not None and state.get("name") in wanted:
+            name = state["name"]
+            holder = state.get("holder") or {}
+            if name not in held and str(holder.get("owner", "")).startswith(f"{name}/"):
+                held[name] = float(holder["claimedAt"])
+            result = state.get("result") or {}
+            if name not in completed and result.get("completedAt") is not None:
+                completed[name] = float(result["completedAt"])
+        if time.monotonic() >= next_pods:  # the pods' phases, every 5 s
+            next_pods = time.monotonic() + 5
+            r = cluster.kubectl("get", "pods", "-n", ns, "-o", "json", timeout=60)
+            if r.returncode == 0:
+                phases = {p["metadata"]["name"]: p["status"].get("phase", "?")
+                          for p in json.loads(r.stdout)["items"]}
+        # a pod that ended counts once the watch has caught up (its claim may be queued)
+        settled = [p for p in pods if p in completed
+                   or (phases.get(p) in ("Succeeded", "Failed") and watch.states.empty())]
+        if len(settled) == len(pods) or time.time() > deadline:
+            return held, completed, phases
+        if not watch.alive() and watch.states.empty():
+            raise RuntimeError(f"joblease watch ended: {watch.errors()}")
+
+
+def clean_burst(cluster: Cluster, ns: str, timeout: float = 600) -> dict[str, Any]:
+    """Delete the burst's namespace and check the node is as before: the namespace
+    gone (its pods with it: the sidecars release on SIGTERM; the JobLeases'
+    finalizers wait for their etcd keys to go), no pod cgroup of it left, no job of
+    it left in etcd, and the node's active pods (back to the count before)."""
+    began = time.monotonic()
+    uids = set()
+    r = cluster.kubectl("get", "pods", "-n", ns, "-o", "json", timeout=60)
+    if r.returncode == 0:
+        uids = {p["metadata"]["uid"] for p in json.loads(r.stdout)["items"]}
+    cluster.kubectl("delete", "namespace", ns, "--wait=false", timeout=60)
+    gone = None
+    while time.monotonic() - began < timeout:
+        if cluster.kubectl("get", "namespace", ns, timeout=30).returncode != 0:
+            gone = round(time.monotonic() - began, 1)
+            break
+        time.sleep(1)  # poll interval; the deadline bounds the wait
+    # the kubelet removes a pod's cgroups in its housekeeping, after the API object
+    cgroups_left = [d for uid in uids for d in pod_cgroups(cluster, uid)]
+    settle = time.monotonic() + 60
+    while cgroups_left and time.monotonic() < settle:
+        time.sleep(1)  # poll interval; the deadline bounds the wait
+        cgroups_left = [d for uid in uids for d in pod_cgroups(cluster, uid)]
+    # the JobLeases' finalizers waited for their keys; none may be left in etcd
+    any_pod = operator_pod(cluster)[1]
+    jobs_left = joblease_cli(cluster, ns, any_pod, "list")
+    out = {"namespace_gone_s": gone, "pod_cgroups_left": len(cgroups_left),
+           "jobs_left_in_etcd": len(jobs_left),
+           "node_active_after": node_pod_room(cluster)[1]}
+    print(f"  cleanup: namespace gone after {gone}s, pod cgroups left "
+          f"{len(cgroups_left)}, jobs left in etcd {len(jobs_left)}, active pods on "
+          f"the node {out['node_active_after']}", file=sys.stderr)
+    return out
+
+
 def image_sizes(cluster: Cluster) -> dict[str, Any]:
     index = json.loads((cache_dir() / "images" / "index.json").read_text())
     archives = {e["ref"]: round(Path(e["archive"]).stat().st_size / MIB, 1) for e in index}
@@ -201,10 +543,23 @@ def main() -> int:
     parser.add_argument("--kill-backoff-max", default="default",
                         help="JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX of the kill chain's pods "
                              "('default': the sidecar's own, 5 s)")
+    parser.add_argument("--burst-pods", type=int, default=100,
+                        help="worker pods created at once, each on a JobLease of its own")
+    parser.add_argument("--burst-ttl", type=int, default=30)
+    parser.add_argument("--burst-deadline", type=float, default=600,
+                        help="seconds after the apply by which every burst pod must hold")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "e2e.json")
-    parser.add_argument("--only", default="completions,starts,delete,kill,images",
+    parser.add_argument("--only", default=",".join(PARTS),
                         help="comma-separated parts to run")
     args = parser.parse_args()
+    parts = set(args.only.split(","))
+    if parts - set(PARTS):
+        parser.error(f"--only: unknown parts {sorted(parts - set(PARTS))}; "
+                     f"choose from {','.join(PARTS)}")
+    if not 1 <= args.burst_pods <= 999:  # pod names burst-000..burst-998
+        parser.error(f"--burst-pods {args.burst_pods}: 1 to 999")
+    if args.burst_deadline <= 0 or args.burst_ttl <= 0:
+        parser.error("--burst-deadline and --burst-ttl must be positive")
     if os.environ.get("JOBLEASE_TEST_KUBECONFIG"):
         print("bench/e2e.py needs node access (cgroups): unset JOBLEASE_TEST_KUBECONFIG "
               "and use --name", file=sys.stderr)
@@ -218,7 +573,6 @@ def main() -> int:
         print(f"no running cluster {args.name}: hack/cluster up --name {args.name}",
               file=sys.stderr)
         return 2
-    parts = set(args.only.split(","))
     results: dict[str, Any] = {"load_before": loadavg()}
     try:
         helm_home = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-e2e-helm-{os.getpid()}"
@@ -254,6 +608,11 @@ def main() -> int:
                    else {"JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX": args.kill_backoff_max})
             results["kill"] = measure_chain(cluster, ns, "kill", args.trials, args.kill_ttl,
                                             env)
+        if "burst" in parts:
+            print(f"{args.burst_pods} pods at once -> all held", file=sys.stderr)
+            wait_no_active_pods(cluster, ns)
+            results["burst"] = measure_burst(cluster, release, args.burst_pods,
+                                             args.burst_ttl, args.burst_deadline)
         if "images" in parts:
             results["images"] = image_sizes(cluster)
         results["load_after"] = loadavg()

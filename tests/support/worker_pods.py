@@ -76,14 +76,21 @@ def worker_job(namespace: str, name: str, job_name: str, *, hold: bool = False,
                        "items": [config_map(namespace), job]})
 
 
+def pod_doc(namespace: str, name: str, job_name: str, *, hold: bool = True,
+            sidecar_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One pod of the example Job's pod template, claiming ``job_name`` (its
+    ConfigMap not included: see :func:`worker_pod`)."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {"app.kubernetes.io/name": job_name}},
+            "spec": _pod_spec(job_name, hold=hold, sidecar_env=sidecar_env)}
+
+
 def worker_pod(namespace: str, name: str, job_name: str, *, hold: bool = True,
                sidecar_env: dict[str, str] | None = None) -> str:
     """One pod of the example Job's pod template (plus its ConfigMap), without the
     Job: fault tests start pods one at a time, so they know which one holds."""
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": name, "namespace": namespace,
-                        "labels": {"app.kubernetes.io/name": job_name}},
-           "spec": _pod_spec(job_name, hold=hold, sidecar_env=sidecar_env)}
+    pod = pod_doc(namespace, name, job_name, hold=hold, sidecar_env=sidecar_env)
     return json.dumps({"apiVersion": "v1", "kind": "List",
                        "items": [config_map(namespace), pod]})
 

@@ -74,15 +74,23 @@ from tests.support.cluster.access import (
     container_cgroup,
     container_pids,
     kill_containers,
+    pod_cgroups,
     process_start_wall_time,
 )
 from tests.support.cluster.host import read_sysctl
 from tests.support.cluster.images import image_ref
 from tests.support.cluster.node import Cluster
-from tests.support.cluster.settings import KUBELET_SYSCTLS, STATE_ROOT, STORAGE_CLASS, ClusterError
+from tests.support.cluster.settings import (
+    KUBELET_SYSCTLS,
+    MAX_PODS,
+    STATE_ROOT,
+    STORAGE_CLASS,
+    ClusterError,
+)
 
 __all__ = [
     "KUBELET_SYSCTLS",
+    "MAX_PODS",
     "STATE_ROOT",
     "STORAGE_CLASS",
     "Cluster",
@@ -91,6 +99,7 @@ __all__ = [
     "container_pids",
     "image_ref",
     "kill_containers",
+    "pod_cgroups",
     "process_start_wall_time",
     "read_sysctl",
 ]

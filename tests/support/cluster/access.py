@@ -33,6 +33,17 @@ def container_cgroup(cluster: Cluster, container_id: str, hierarchy: str = "memo
     raise ClusterError(f"no {hierarchy} cgroup for container {container_id[:12]}")
 
 
+def pod_cgroups(cluster: Cluster, pod_uid: str) -> list[Path]:
+    """The pod's cgroup directories left on the node, in every hierarchy
+    (``kubepods[/<qos>]/pod<uid>``, cgroupfs driver): none once the kubelet has
+    cleaned up after it."""
+    if cluster.external:
+        raise ClusterError("node access (cgroups) needs the test's own cluster, "
+                           "not JOBLEASE_TEST_KUBECONFIG's")
+    return [p for top in host.cgroup_dirs(cluster.cgroup) for p in top.rglob(f"pod{pod_uid}")
+            if p.is_dir()]
+
+
 def container_pids(cluster: Cluster, container_id: str) -> list[int]:
     """Every process of the container (from its ``pids`` cgroup)."""
     procs = container_cgroup(cluster, container_id, "pids") / "cgroup.procs"

@@ -13,6 +13,7 @@ from tests.support.cluster.settings import (
     ADVERTISE_ADDRESS,
     APISERVER_PORT,
     DNS_SERVICE_IP,
+    MAX_PODS,
     NODE_NAME,
     POD_CIDR,
     SERVICE_CIDR,
@@ -214,5 +215,10 @@ def kubelet_config(*, cgroup: str, containerd_socket: Path, ca: Path,
         "nodeStatusUpdateFrequency": "2s",
         "serializeImagePulls": False,
         "rotateCertificates": False,
+        # The default (110) leaves little room beside bench/e2e.py's burst of 100
+        # worker pods: CoreDNS, etcd and the operator run too, and pods of a
+        # previous step may still be terminating. The ceiling is the pod CIDR:
+        # host-local IPAM has 253 addresses in the /24, so stay well below it.
+        "maxPods": MAX_PODS,
     }
     return json.dumps(config, indent=2)

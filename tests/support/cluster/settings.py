@@ -13,6 +13,8 @@ SERVICE_CIDR = "10.0.0.0/24"
 KUBERNETES_SERVICE_IP = "10.0.0.1"
 DNS_SERVICE_IP = "10.0.0.10"
 POD_CIDR = "10.244.0.0/24"
+#: The kubelet's pod capacity (components.kubelet_config): below the /24's 253 addresses.
+MAX_PODS = 200
 NODE_NAME = "localhost"
 APISERVER_PORT = 6443
 # The host sysctls the kubelet rewrites (kubelet/cm setupKernelTunables).
