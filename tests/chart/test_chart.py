@@ -20,7 +20,7 @@ import yaml
 
 from tests.support.chart import CHART, helm_ok, release_name, set_args
 from tests.support.controlplane import ControlPlane
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kube
 

@@ -41,7 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from tests.support.binaries import REPO_ROOT, BinaryNotFound, helm_binary, versions
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 CHART = REPO_ROOT / "charts" / "joblease-operator"
 UNIT_TESTS = REPO_ROOT / "tests" / "chart" / "joblease-alerts.test.yaml"

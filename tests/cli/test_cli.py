@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from joblease import EtcdConfig
 from joblease.cli import main
 from tests.support.cli import LONG_TTL, as_json, jl
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 def test_register_claim_complete_get_list_cycle(etcd_config: EtcdConfig) -> None:

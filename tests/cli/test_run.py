@@ -26,7 +26,7 @@ from joblease import EtcdConfig
 from joblease.errors import HeldError, InvalidInputError, LeaseLostError
 from joblease.etcd_store import EtcdStore
 from joblease.run import WaitSessionLostError, _read_result_file
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 # A CLI process can take several seconds to start on a loaded machine.
 START = 60.0

@@ -29,7 +29,7 @@ from joblease.run import RunOptions, default_grace, run_job
 from joblease.session import default_margin
 from joblease.store import KeepAlive
 from tests.support.faulty_store import FaultyStore
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 STUBBORN = r"""
 import os, pathlib, signal, sys, time

@@ -24,7 +24,7 @@ import pytest
 from tests.support.binaries import REPO_ROOT
 from tests.support.cluster import KUBELET_SYSCTLS, STATE_ROOT, Cluster, image_ref, read_sysctl
 from tests.support.release import Release
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 @pytest.hookimpl(trylast=True)

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.cluster import Cluster, image_ref
 from tests.support.release import CHART, TEST_CLUSTER_VALUES, Release
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
 

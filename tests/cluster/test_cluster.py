@@ -273,7 +273,7 @@ def test_down_leaves_nothing_even_after_a_crashed_run() -> None:
         other.up()
         assert other.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok"
         other.kubectl("create", "namespace", "td", check=False)
-        from tests.waiting import wait_until
+        from tests.support.waiting import wait_until
 
         wait_until(lambda: other.kubectl("get", "serviceaccount", "default", "-n",
                                          "td").returncode == 0,

@@ -26,7 +26,7 @@ from tests.support.pods import (
     wait_phase,
 )
 from tests.support.release import Release
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 

@@ -36,7 +36,7 @@ from tests.support.load import (
     wait_registered,
 )
 from tests.support.release import PERSISTENT_VALUES, Release
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]
 

@@ -35,7 +35,7 @@ from tests.support.load import (
     wait_registered,
 )
 from tests.support.release import CHART, TEST_CLUSTER_VALUES, Release
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1500)]
 

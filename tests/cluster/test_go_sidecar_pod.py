@@ -27,6 +27,7 @@ import pytest
 from tests.support.cluster import Cluster, container_cgroup
 from tests.support.pods import etcd_state, job_condition, pod_logs
 from tests.support.release import Release
+from tests.support.waiting import wait_until
 from tests.support.worker_pods import (
     SIDECAR,
     WORKER,
@@ -39,7 +40,6 @@ from tests.support.worker_pods import (
     wait_status,
     worker_job,
 )
-from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 

@@ -27,7 +27,7 @@ import pytest
 from tests.support.cluster import Cluster
 from tests.support.load import ClaimLoad, apply_jobleases, start_tools_pod, wait_registered
 from tests.support.release import CHART, PERSISTENT_VALUES, TEST_CLUSTER_VALUES, Release
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
 

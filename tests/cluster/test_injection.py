@@ -31,7 +31,7 @@ from tests.support.binaries import REPO_ROOT, helm_binary
 from tests.support.cluster import Cluster, image_ref
 from tests.support.pods import job_condition
 from tests.support.release import CHART
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 

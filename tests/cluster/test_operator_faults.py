@@ -33,7 +33,7 @@ from tests.support.load import (
 )
 from tests.support.release import Release
 from tests.support.status_history import StatusWatch, regressions
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
 

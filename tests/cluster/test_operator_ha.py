@@ -31,7 +31,7 @@ import pytest
 from tests.support.cluster import Cluster, image_ref
 from tests.support.release import Release
 from tests.support.status_history import StatusWatch, regressions
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 

@@ -53,8 +53,8 @@ from tests.support.queue_pods import (
     queue_items,
     queue_ready,
 )
+from tests.support.waiting import wait_until
 from tests.support.worker_pods import operator_pod
-from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.timeout(900)]
 

@@ -53,7 +53,7 @@ from tests.support.queue_pods import (
     queue_items,
     queue_ready,
 )
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
 

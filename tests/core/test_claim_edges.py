@@ -31,7 +31,7 @@ from joblease.errors import ClaimOutcomeUnknownError, ClaimRevokedError
 from joblease.etcd_store import EtcdStore
 from joblease.store import Compare, TxnOp, TxnResult
 from tests.support.faulty_store import FaultyStore, is_claim, is_unregister
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from joblease.errors import (
 from joblease.etcd_store import EtcdStore
 from joblease.store import KeepAlive
 from tests.support.faulty_store import FaultyStore
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from joblease.errors import OutcomeUnknownError, StaleTokenError
 from joblease.etcd_store import EtcdStore
 from joblease.store import Compare, TxnOp, TxnResult
 from tests.support.faulty_store import FaultyStore, is_completion
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from joblease.session import Session, default_margin
 from joblease.store import Compare, Delete, Get, KeepAlive, Put, TxnOp
 from tests.support.faulty_store import FaultyStore
 from tests.support.proxy import DelayingProxy
-from tests.waiting import claim_when_free
+from tests.support.waiting import claim_when_free
 
 
 @pytest.fixture

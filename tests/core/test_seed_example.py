@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 
 from joblease import JobLeaseClient, JobRef, JobSpec, Phase
+from tests.support.waiting import claim_when_free, wait_until
 from tests.support.worker_proc import WorkerProc
-from tests.waiting import claim_when_free, wait_until
 
 TTL = 2
 

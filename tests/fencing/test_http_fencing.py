@@ -27,7 +27,7 @@ from joblease.fencing.http import (
 from tests.support.fenced_history import check_fenced_history
 from tests.support.proxy import HoldingProxy
 from tests.support.served import Served
-from tests.waiting import claim_when_free
+from tests.support.waiting import claim_when_free
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

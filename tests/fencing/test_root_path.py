@@ -20,7 +20,7 @@ import pytest
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from joblease.embedded import free_port
 from joblease.fencing.http import HEADER_JOB, HEADER_TOKEN, route_path
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -30,7 +30,7 @@ from tests.support.operator import (
     wait_for,
 )
 from tests.support.status_history import StatusWatch, regressions
-from tests.waiting import claim_when_free
+from tests.support.waiting import claim_when_free
 
 pytestmark = pytest.mark.kube
 T = TypeVar("T")

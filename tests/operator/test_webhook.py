@@ -35,9 +35,9 @@ from joblease.operator.webhook import (
     kube_lookup,
     kube_secret_lookup,
 )
+from tests.support.waiting import wait_until
 from tests.support.webhook_tls import post_review
 from tests.support.webhook_tls import write_cert as _write_cert
-from tests.waiting import wait_until
 
 
 def _review(annotations: dict[str, str]) -> dict[str, Any]:

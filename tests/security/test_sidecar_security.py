@@ -19,7 +19,7 @@ from tests.support.etcd_keys import snapshot, writes
 from tests.support.failure_logs import attach_on_failure
 from tests.support.secure_etcd import Tenants
 from tests.support.sidecar_process import Sidecar
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 
 class Sidecars:

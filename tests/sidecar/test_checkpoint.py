@@ -11,7 +11,7 @@ from joblease.store import Put
 from tests.support.etcd_keys import snapshot, writes
 from tests.support.openapi_conformance import Conformance
 from tests.support.sidecar_process import Env
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 LIMIT = 1024
 

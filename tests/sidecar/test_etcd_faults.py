@@ -26,7 +26,7 @@ import pytest
 from joblease import JobLeaseClient
 from tests.support.sidecar_process import WORKER_PY, Env, Proc
 from tests.support.sidecar_proxy import SeverableProxy
-from tests.waiting import claim_when_free, poll
+from tests.support.waiting import claim_when_free, poll
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from joblease import HeldError, JobLeaseClient
 from joblease.records import JobSpec
 from tests.support.sidecar_process import Env, Sidecar
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 
 @pytest.mark.parametrize("how", ["pid-file", "process-name"])

@@ -27,7 +27,7 @@ from joblease.records import ItemRecord, PendingRecord, QueueSpec
 from tests.support.etcd_keys import snapshot, writes
 from tests.support.openapi_conformance import Conformance
 from tests.support.sidecar_process import Env, Sidecar
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 VECTORS = json.loads((Path(__file__).resolve().parents[1] / "vectors" / "queue_records.json")
                      .read_text())

@@ -7,7 +7,7 @@ import signal
 from joblease import HeldError, JobLeaseClient
 from joblease.lease import Lease
 from tests.support.sidecar_process import Env, Sidecar
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 
 async def test_a_restarted_sidecar_removes_the_dead_incarnations_token_before_serving(

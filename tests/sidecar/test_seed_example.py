@@ -15,7 +15,7 @@ import time
 from joblease import JobLeaseClient
 from tests.support.etcd_keys import snapshot, writes
 from tests.support.sidecar_process import Env
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 
 async def test_paused_sidecar_loses_and_refuses_stale_completion(

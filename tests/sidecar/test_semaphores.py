@@ -29,7 +29,7 @@ from joblease.semaphore import Semaphores
 from tests.support.openapi_conformance import Conformance
 from tests.support.sidecar_process import Env, Sidecar
 from tests.support.slot_history import max_live
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from joblease import JobLeaseClient
 from joblease.records import JobSpec
 from joblease.store import Put
 from tests.support.sidecar_process import WORKER_SH, Env, Proc, Sidecar
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 
 def _with_probe(env: Env, name: str, **extra: str) -> Sidecar:

@@ -34,7 +34,7 @@ import httpx
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 3

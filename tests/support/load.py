@@ -21,7 +21,7 @@ from typing import Any
 from tests.support.binaries import kubectl_binary
 from tests.support.cluster import image_ref
 from tests.support.release import Release
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 DRIVER = Path(__file__).with_name("claim_driver.py")
 TLS_DIR = "/etc/joblease/etcd-tls"

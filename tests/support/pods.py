@@ -19,7 +19,7 @@ import yaml
 from tests.support.binaries import REPO_ROOT
 from tests.support.cluster import Cluster
 from tests.support.release import Release
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 def exec_in(cluster: Cluster, namespace: str, pod: str, container: str, *argv: str,

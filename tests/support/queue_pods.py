@@ -13,8 +13,8 @@ from typing import Any
 
 from tests.support.cluster import Cluster
 from tests.support.pods import pod_logs
+from tests.support.waiting import wait_until
 from tests.support.worker_pods import operator_pod
-from tests.waiting import wait_until
 
 
 def queue_cli(cluster: Cluster, namespace: str, *args: str, stdin: str | None = None,

@@ -14,7 +14,7 @@ from typing import Any
 
 from tests.support.binaries import REPO_ROOT, helm_binary
 from tests.support.cluster import Cluster
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 CHART = REPO_ROOT / "charts" / "joblease-operator"
 # The members' data in an emptyDir: the test cluster has a default StorageClass,

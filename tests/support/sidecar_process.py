@@ -26,7 +26,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
-from tests.waiting import poll
+from tests.support.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_PY = ROOT / "examples" / "workers" / "worker.py"
