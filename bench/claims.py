@@ -29,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.report import save
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from joblease.embedded import EtcdCluster
 from joblease.store import Compare, Delete, Get, Put
@@ -199,9 +200,7 @@ def main() -> None:
             report = asyncio.run(main_async(args, cluster.endpoints))
             report["etcd_binary"] = cluster.binary
     print_table(report)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    save(report, args.json)
 
 
 if __name__ == "__main__":

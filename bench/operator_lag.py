@@ -50,6 +50,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.claims import pct  # noqa: E402
+from bench.report import save  # noqa: E402
 from joblease import EtcdConfig, JobLeaseClient, JobRef  # noqa: E402
 from joblease.embedded import EtcdCluster  # noqa: E402
 
@@ -411,9 +412,7 @@ def main() -> None:
     report = asyncio.run(run(args))
     report["args"] = {k: v for k, v in vars(args).items() if k != "json"}
     print_table(report)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2))
-    print(f"\nJSON: {args.json}")
+    save(report, args.json)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import signal
 import sys
 import tempfile
@@ -38,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.claims import pct  # noqa: E402
+from bench.report import save  # noqa: E402
 from joblease import EtcdConfig, JobLeaseClient, JobRef  # noqa: E402
 from joblease.embedded import EtcdCluster  # noqa: E402
 from joblease.operator.election import Election  # noqa: E402
@@ -146,9 +146,7 @@ def main() -> None:
     for sig, measures in report["results"].items():
         for measure, s in measures.items():
             print(f"{sig:<6} {measure:<11} {s['p50']:>6.2f}s {s['p99']:>6.2f}s {s['max']:>6.2f}s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+    save(report, args.json)
 
 
 if __name__ == "__main__":

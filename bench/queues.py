@@ -51,6 +51,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.claims import bench_joblease, pct  # noqa: E402
+from bench.report import save  # noqa: E402
 from joblease import EtcdConfig, JobLeaseClient  # noqa: E402
 from joblease.embedded import EtcdCluster  # noqa: E402
 from joblease.keys import QueueKeys, QueueRef  # noqa: E402
@@ -676,9 +677,7 @@ def main() -> None:
     print_report(report)
     print(f"\nload average before {report['machine']['loadavg_before']}, "
           f"after {report['machine']['loadavg_after']}; {report['machine']['wall_s']} s")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2))
-    print(f"JSON: {args.json}")
+    save(report, args.json)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import sys
@@ -38,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.claims import pct, register_jobs  # noqa: E402
+from bench.report import save  # noqa: E402
 from joblease import EtcdConfig, JobLeaseClient, JobRef  # noqa: E402
 from joblease.embedded import EtcdCluster  # noqa: E402
 
@@ -205,9 +205,7 @@ def main() -> None:
     report["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                          "uname": " ".join(os.uname())}
     print_table(report)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2))
-    print(f"\nJSON: {args.json}")
+    save(report, args.json)
 
 
 if __name__ == "__main__":

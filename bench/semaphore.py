@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import statistics
 import sys
 import time
@@ -34,6 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.claims import pct, run_pool
+from bench.report import save
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from joblease.embedded import EtcdCluster
 from joblease.keys import SemaphoreRef
@@ -191,8 +191,7 @@ def main() -> None:
     with EtcdCluster(1, binary=etcd_binary()) as cluster:
         report = asyncio.run(main_async(args, cluster.endpoints))
     print_report(report)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    save(report, args.json)
 
 
 if __name__ == "__main__":
