@@ -32,7 +32,7 @@ from joblease.fencing import (
     ensure_schema,
     idempotency_key,
 )
-from joblease.fencing.sql import ensure_schema_async
+from joblease.fencing.sql import ensure_schema_async, immediate_transaction
 from joblease.store import Put
 from tests.support.fenced_history import Outcome, check_fenced_history
 
@@ -116,16 +116,11 @@ def sqlite_write(path: Path, writer: int, effect: Effect) -> Decision:
     """One destination transaction: the gate and the effect commit together."""
     conn = sqlite_connect(path)
     try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate_transaction(conn):
             decision = admit(conn, effect)
             if not decision.duplicate:
                 conn.execute("INSERT INTO ledger (writer, token) VALUES (?, ?)",
                              (writer, effect.token))
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
         return decision
     finally:
         conn.close()

@@ -56,7 +56,7 @@ from joblease.fencing.http import (
     replayed,
     route_path,
 )
-from joblease.fencing.sql import SqliteGate, admit
+from joblease.fencing.sql import SqliteGate, admit, immediate_transaction
 
 PREFIX = "/resources/"
 # An entry's slots, as stored and shown: [{"resource": ..., "token": ...}]
@@ -138,8 +138,7 @@ class SqliteLedger:
         token, job, slots = fenced.headers.token, fenced.headers.job, _slots(fenced)
         conn = self._connect()
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with immediate_transaction(conn):
                 cur = conn.execute(
                     "INSERT INTO ledger_entries (name, token, job, data, slots) "
                     "VALUES (?, ?, ?, ?, ?)",
@@ -156,12 +155,7 @@ class SqliteLedger:
                         k.decode("latin-1"): v.decode("latin-1") for k, v in headers})
                 for effect in fenced.slot_effects():  # a stale slot raises: rolled back
                     admit(conn, effect)
-                conn.execute("COMMIT")
-                return response
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+            return response
         finally:
             conn.close()
 

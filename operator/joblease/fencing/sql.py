@@ -44,7 +44,9 @@ and set a busy timeout, so writers queue instead of failing with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from joblease.fencing.gate import (
@@ -179,6 +181,23 @@ def _highest(conn: SyncConnection, resource: str) -> int:
     return int(row[0]) if row else 0
 
 
+@contextlib.contextmanager
+def immediate_transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """One SQLite write transaction (``BEGIN IMMEDIATE``: writers queue on the
+    database's write lock before reading the mark, as the module docstring
+    requires): committed if the block returns, rolled back if it raises. The
+    connection must be in autocommit mode (``isolation_level=None``)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    if conn.in_transaction:
+        conn.execute("COMMIT")
+
+
 class SqliteGate:
     """A :class:`~joblease.fencing.gate.TokenGate` on a SQLite file, one
     transaction per :meth:`admit` (``BEGIN IMMEDIATE``), run in a thread.
@@ -203,14 +222,8 @@ class SqliteGate:
     def admit_sync(self, effect: Effect) -> Decision:
         conn = self._connect()
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                decision = admit(conn, effect)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return decision
+            with immediate_transaction(conn):
+                return admit(conn, effect)
         finally:
             conn.close()
 
