@@ -6,7 +6,7 @@ for, or cancel, when it closes."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator
 
 
 class BackgroundTasks:
@@ -37,6 +37,18 @@ class BackgroundTasks:
     async def cancel(self) -> None:
         """Cancel every task and wait until they have ended."""
         tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def until_first(works: Iterable[Awaitable[object]], timeout: float | None) -> None:
+    """Until the first of ``works`` ends (or ``timeout`` seconds pass); the others
+    are then cancelled and waited for, so none outlives the call."""
+    tasks = [asyncio.ensure_future(w) for w in works]
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

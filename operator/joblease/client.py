@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from joblease import slots as slots_plan
 from joblease import validation
-from joblease.background import BackgroundTasks
+from joblease.background import BackgroundTasks, until_first
 from joblease.errors import (
     AlreadyCompletedError,
     AttemptsExhaustedError,
@@ -1069,13 +1069,7 @@ class JobLeaseClient:
                 if aclose is not None:
                     await aclose()
 
-        tasks = [asyncio.ensure_future(watch(k)) for k in semaphores]
-        try:
-            await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await until_first([watch(k) for k in semaphores], timeout)
 
     @staticmethod
     async def _wait_unless_lost(waiting: Awaitable[T], session: Session[Lease]) -> T | None:

@@ -34,6 +34,7 @@ import contextlib
 from collections.abc import Sequence
 from types import MappingProxyType
 
+from joblease.background import until_first
 from joblease.errors import CorruptRecordError, JobLeaseError
 from joblease.keys import SemaphoreKeys, SemaphoreRef
 from joblease.records import SemaphoreSpec
@@ -224,10 +225,4 @@ async def wait_for_room(views: Sequence[tuple[SemaphoreView, int | None]], revis
         left = deadline - loop.time()
         if left <= 0:
             return
-        waits = [asyncio.ensure_future(view.next_change().wait()) for view, _ in views]
-        try:
-            await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+        await until_first([view.next_change().wait() for view, _ in views], left)
