@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -151,14 +150,7 @@ class QueueWorker(Worker):
         followed by the next claim, and nothing signals this process."""
         port_file = self.run / f"{self.args.id}.sidecar-{n}.port"
         port_file.unlink(missing_ok=True)
-        env = {**os.environ, "JOBLEASE_ETCD_ENDPOINTS": self.args.endpoints,
-               "JOBLEASE_ROOT": self.args.root, "JOBLEASE_LOG_LEVEL": "WARNING",
-               "JOBLEASE_SIDECAR_PROBE_PORT": "off"}
-        if self.args.etcd_user:
-            env["JOBLEASE_ETCD_USERNAME"] = self.args.etcd_user
-            env["JOBLEASE_ETCD_PASSWORD"] = self.args.etcd_password
-        env.pop("LD_PRELOAD", None)
-        env.update(json.loads(self.args.sidecar_env or "{}"))
+        env = self.sidecar_env()
         with open(self.run / f"{self.args.id}.sidecar.log", "ab") as log:
             proc = subprocess.Popen(
                 [*json.loads(self.args.sidecar_cmd), "--queue", str(queue),

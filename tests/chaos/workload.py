@@ -468,9 +468,10 @@ class Worker:
                 n += 1
                 await self.one_sidecar_job(api, job, n)
 
-    def start_sidecar(self, job: str, n: int) -> tuple[subprocess.Popen[bytes], Path]:
-        port_file = self.run / f"{self.args.id}.sidecar-{n}.port"
-        port_file.unlink(missing_ok=True)
+    def sidecar_env(self) -> dict[str, str]:
+        """The environment a sidecar of this pair runs with: its etcd (through this
+        worker's proxies), no probe listener, the runner's extra variables; never the
+        worker's fault-injection preload."""
         env = {**os.environ, "JOBLEASE_ETCD_ENDPOINTS": self.args.endpoints,
                "JOBLEASE_ROOT": self.args.root, "JOBLEASE_LOG_LEVEL": "WARNING",
                "JOBLEASE_SIDECAR_PROBE_PORT": "off"}
@@ -479,6 +480,12 @@ class Worker:
             env["JOBLEASE_ETCD_PASSWORD"] = self.args.etcd_password
         env.pop("LD_PRELOAD", None)
         env.update(json.loads(self.args.sidecar_env or "{}"))
+        return env
+
+    def start_sidecar(self, job: str, n: int) -> tuple[subprocess.Popen[bytes], Path]:
+        port_file = self.run / f"{self.args.id}.sidecar-{n}.port"
+        port_file.unlink(missing_ok=True)
+        env = self.sidecar_env()
         log = open(self.run / f"{self.args.id}.sidecar.log", "ab")
         # the sidecar under test (--sidecar-cmd: the Go binary, passed by the runner)
         sidecar = json.loads(self.args.sidecar_cmd)
