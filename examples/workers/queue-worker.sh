@@ -4,7 +4,7 @@
 # which items this pod gets (its Indexed Job index, its CronJob slot, or one item
 # after another while draining); the worker loops until the sidecar's final answer.
 #
-#   1. GET /v1/lease until it answers 200 with an item newer than the last one done
+#   1. GET /v1/lease?wait=20 until it answers 200 with an item newer than the last one done
 #      (503 "waiting": nothing claimable yet), or its final answer (409);
 #   2. the work: one write to the ledger (examples/ledger.yaml) per item, fenced
 #      by the item's token (resource <queue>-<item>, Joblease-Job ns/queue/item)
@@ -60,7 +60,9 @@ done_token=0
 waited=0
 while :; do
   # 1. the next item, or the sidecar's final answer
-  out="$(call GET "$URL/v1/lease" "")"
+  # ?wait=20: the sidecar holds the request until its answer changes (the next
+  # item held, or a final answer), so waiting for an item is no poll
+  out="$(call GET "$URL/v1/lease?wait=20" "")"
   status="$(printf '%s\n' "$out" | tail -n 1)"
   body="$(printf '%s\n' "$out" | sed '$d')"
   case "$status" in
@@ -72,9 +74,11 @@ while :; do
                    exit "$(field exitCode "$body" | grep . || echo 1)" ;;
            *) echo "no lease: $body" >&2; exit 8 ;;
          esac ;;
-    *) # 503 waiting/claiming, 429, or no answer yet: ask again
+    503) # still waiting after 20 s in the sidecar (claiming, no item or slot yet)
        waited=$((waited + 1))
-       [ $((waited % 200)) -eq 0 ] && echo "still waiting: $status $body"
+       [ $((waited % 3)) -eq 0 ] && echo "still waiting: $status $body"
+       continue ;;
+    *) # 429, or no answer yet (the sidecar is starting): ask again shortly
        sleep 0.1; continue ;;
   esac
   QUEUE="$(field queue "$body")"; ITEM="$(field item "$body")"

@@ -39,10 +39,11 @@ field() {  # field NAME JSON -> a top-level string or number field's value (the
   printf '%s\n' "$2" | sed -n "s/.*\"$1\":\"*\([^\",}]*\).*/\1/p" | head -n 1
 }
 
-# 1. wait for the lease, or for the sidecar's final answer
-i=0
+# 1. wait for the lease, or for the sidecar's final answer: ?wait=5 holds each
+#    request in the sidecar until its answer changes (at most 5 s), so this is no poll
+i=0  # tenths of a second waited (roughly)
 while :; do
-  out="$(api GET /v1/lease || printf '\n000')"
+  out="$(api GET '/v1/lease?wait=5' || printf '\n000')"
   status="$(printf '%s\n' "$out" | tail -n 1)"
   body="$(printf '%s\n' "$out" | sed '$d')"
   case "$status" in
@@ -58,9 +59,11 @@ while :; do
            *) echo "no lease: $body" >&2; exit 8 ;;
          esac ;;
   esac
-  i=$((i + 1))
+  # a 503 has waited in the sidecar; anything else (no answer yet while the sidecar
+  # starts, or held before the token file matches) is asked again after 0.1 s
+  if [ "$status" = 503 ]; then i=$((i + 50)); else i=$((i + 1)); fi
   [ "$i" -gt $((WAIT * 10)) ] && { echo "timed out waiting for the lease: $out" >&2; exit 1; }
-  sleep 0.1
+  [ "$status" = 503 ] || sleep 0.1
 done
 echo "holding the lease with token $TOKEN"
 
