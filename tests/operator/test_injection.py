@@ -251,6 +251,10 @@ def test_missing_joblease_is_admitted_with_a_warning() -> None:
     ({"joblease.io/api-token-secret": "No/Such"}, "joblease.io/api-token-secret: 'No/Such'"),
     ({"joblease.io/worker-process-name": "a b"}, "joblease.io/worker-process-name: 'a b'"),
     ({"joblease.io/onloss": "none"}, "unknown annotation joblease.io/onloss"),
+    ({"joblease.io/startup-wait-seconds": "0"}, "joblease.io/startup-wait-seconds: '0'"),
+    ({"joblease.io/startup-wait-seconds": "1h"}, "joblease.io/startup-wait-seconds: '1h'"),
+    ({"joblease.io/startup-wait-seconds": "2147483648"},
+     "joblease.io/startup-wait-seconds: '2147483648' is not a number of seconds"),
 ])
 def test_invalid_annotations_are_refused_naming_the_annotation(notes: dict[str, str],
                                                                says: str) -> None:
@@ -416,3 +420,28 @@ def test_the_docs_injection_job_as_written_runs_the_examples_worker_script() -> 
     assert example_map["metadata"]["name"] == config_map and "worker.sh" in example_map["data"]
     (joblease,) = [d for d in docs if d["kind"] == "JobLease"]
     assert template["metadata"]["annotations"][JOB_ANNOTATION] == joblease["metadata"]["name"]
+
+
+def _startup_threshold(notes: dict[str, str]) -> int:
+    pod = _bare_pod()
+    pod["metadata"]["annotations"] = notes
+    injected = jsonpatch.apply_patch(pod, plan(pod, SETTINGS, namespace=NS).patch)
+    (sidecar,) = injected["spec"]["initContainers"]
+    assert sidecar["startupProbe"]["periodSeconds"] == 1
+    threshold: int = sidecar["startupProbe"]["failureThreshold"]
+    return threshold
+
+
+def test_the_startup_wait_is_ten_minutes_but_a_draining_pod_waits_for_its_first_item() -> None:
+    """The sidecar's startup probe (period 1 s) gates the worker on the first lease; its
+    failureThreshold is how long the kubelet lets the sidecar wait before restarting it.
+    A JobLease's pod or one item's pod: 10 minutes; a queue pod that drains waits as
+    long as the queue is empty (a restart would only lose its place in a semaphore's
+    line); the annotation sets either."""
+    assert _startup_threshold({JOB_ANNOTATION: "nightly-report"}) == 600
+    assert _startup_threshold({"joblease.io/queue": "q", "joblease.io/item": "a"}) == 600
+    assert _startup_threshold({"joblease.io/queue": "q"}) == 2**31 - 1
+    assert _startup_threshold({JOB_ANNOTATION: "nightly-report",
+                               "joblease.io/startup-wait-seconds": "7200"}) == 7200
+    assert _startup_threshold({"joblease.io/queue": "q",
+                               "joblease.io/startup-wait-seconds": "60"}) == 60

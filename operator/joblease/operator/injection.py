@@ -62,6 +62,8 @@ API_PORT_ANNOTATION = PREFIX + "api-port"
 PROBE_PORT_ANNOTATION = PREFIX + "probe-port"
 API_TOKEN_SECRET_ANNOTATION = PREFIX + "api-token-secret"
 WORKER_PROCESS_ANNOTATION = PREFIX + "worker-process-name"
+#: Seconds the sidecar may wait for its first lease before the kubelet restarts it.
+STARTUP_WAIT_ANNOTATION = PREFIX + "startup-wait-seconds"
 #: Written by the webhook on every pod it injected.
 INJECTED_ANNOTATION = PREFIX + "injected"
 #: The annotations a pod may carry in our domain; any other is refused (a typo
@@ -69,7 +71,8 @@ INJECTED_ANNOTATION = PREFIX + "injected"
 KNOWN_ANNOTATIONS = (JOB_ANNOTATION, QUEUE_ANNOTATION, ITEM_ANNOTATION,
                      ITEM_CREATE_ANNOTATION, EXIT_WHEN_EMPTY_ANNOTATION, ON_LOSS_ANNOTATION,
                      API_PORT_ANNOTATION, PROBE_PORT_ANNOTATION, API_TOKEN_SECRET_ANNOTATION,
-                     WORKER_PROCESS_ANNOTATION, INJECTED_ANNOTATION)
+                     WORKER_PROCESS_ANNOTATION, STARTUP_WAIT_ANNOTATION,
+                     INJECTED_ANNOTATION)
 #: The annotations that only mean something in queue mode.
 QUEUE_ONLY_ANNOTATIONS = (ITEM_ANNOTATION, ITEM_CREATE_ANNOTATION, EXIT_WHEN_EMPTY_ANNOTATION)
 
@@ -91,6 +94,13 @@ ON_LOSS_ACTIONS = ("signal", "exit", "none")
 SIGNALLING_ACTIONS = ("signal", "exit")
 DEFAULT_API_PORT = 8470
 DEFAULT_PROBE_PORT = 8471
+#: The startup probe's bound on the wait for the first lease (period 1 s): a JobLease's
+#: pod waiting on another holder or an unreachable etcd is restarted after 10 min.
+DEFAULT_STARTUP_WAIT_SECONDS = 600
+#: A draining queue pod waits for its first item as long as the queue stays empty:
+#: waiting is its normal state, and a restart would only drop its place in line (a
+#: semaphore's waiters are served in arrival order). The probe's largest threshold.
+UNBOUNDED_STARTUP_WAIT_SECONDS = 2**31 - 1
 
 # RFC 1123: Secret and JobLease names are DNS subdomains; process names are
 # checked only for being printable (the kernel's comm is 15 bytes, argv longer).
@@ -175,6 +185,9 @@ class PodOptions:
     probe_port: int = DEFAULT_PROBE_PORT
     api_token_secret: str = ""
     worker_process_name: str = ""
+    #: The startup probe's ``failureThreshold`` (period 1 s): how long the sidecar may
+    #: wait for its first lease (or final answer) before the kubelet restarts it.
+    startup_wait_seconds: int = DEFAULT_STARTUP_WAIT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -248,10 +261,26 @@ def parse_options(notes: Mapping[str, str]) -> PodOptions:
         raise InjectionRefused(
             f"invalid annotation {WORKER_PROCESS_ANNOTATION}: {process!r} is not a process "
             "name (printable characters without spaces, at most 255)")
+    draining = queue_mode and not item and not indexed
+    startup_wait = _startup_wait(notes, UNBOUNDED_STARTUP_WAIT_SECONDS if draining
+                                 else DEFAULT_STARTUP_WAIT_SECONDS)
     return PodOptions(job=job, queue=queue, item=item, item_create=item_create,
                       exit_when_empty=exit_when_empty, indexed=indexed, on_loss=on_loss,
                       api_port=api_port, probe_port=probe_port, api_token_secret=secret,
-                      worker_process_name=process)
+                      worker_process_name=process, startup_wait_seconds=startup_wait)
+
+
+def _startup_wait(notes: Mapping[str, str], default: int) -> int:
+    text = notes.get(STARTUP_WAIT_ANNOTATION)
+    if text is None:
+        return default
+    if not re.fullmatch(r"[0-9]{1,10}", text) or not (
+            1 <= int(text) <= UNBOUNDED_STARTUP_WAIT_SECONDS):
+        raise InjectionRefused(
+            f"invalid annotation {STARTUP_WAIT_ANNOTATION}: {text!r} is not a number of "
+            f"seconds from 1 to {UNBOUNDED_STARTUP_WAIT_SECONDS} (how long the sidecar may "
+            "wait for its first lease before the kubelet restarts it)")
+    return int(text)
 
 
 def _queue_options(notes: Mapping[str, str]) -> tuple[str, bool, bool, bool]:
@@ -577,7 +606,8 @@ def _sidecar(settings: SidecarSettings, options: PodOptions, namespace: str, *,
         "env": env,
         "ports": [{"name": "joblease-probe", "containerPort": options.probe_port}],
         # the lease is held (or the final answer is ready) before the worker starts
-        "startupProbe": {**probe, "periodSeconds": 1, "failureThreshold": 600},
+        "startupProbe": {**probe, "periodSeconds": 1,
+                         "failureThreshold": options.startup_wait_seconds},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": options.probe_port},
                           "periodSeconds": 10},
         "securityContext": security,
