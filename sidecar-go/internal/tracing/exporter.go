@@ -1,13 +1,10 @@
 package tracing
 
 import (
-	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -27,7 +24,6 @@ type ExporterOptions struct {
 type Exporter struct {
 	endpoint, service string
 	opts              ExporterOptions
-	client            *http.Client
 	queue             chan ended
 	flushReq          chan chan struct{}
 	stop              chan struct{}
@@ -52,7 +48,7 @@ func NewExporter(endpoint, service string, opts ExporterOptions) *Exporter {
 		opts.Timeout = 5 * time.Second
 	}
 	e := &Exporter{endpoint: endpoint, service: service, opts: opts,
-		client: &http.Client{Timeout: opts.Timeout}, queue: make(chan ended, opts.QueueSize),
+		queue:    make(chan ended, opts.QueueSize),
 		flushReq: make(chan chan struct{}), stop: make(chan struct{}), stopped: make(chan struct{})}
 	go e.loop()
 	return e
@@ -152,22 +148,7 @@ func (e *Exporter) loop() {
 func (e *Exporter) send(batch []ended) {
 	body, err := json.Marshal(e.request(batch))
 	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), e.opts.Timeout)
-		defer cancel()
-		var req *http.Request
-		req, err = http.NewRequestWithContext(ctx, http.MethodPost, e.endpoint, bytes.NewReader(body))
-		if err == nil {
-			req.Header.Set("Content-Type", "application/json")
-			var resp *http.Response
-			resp, err = e.client.Do(req)
-			if err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				_ = resp.Body.Close()
-				if resp.StatusCode/100 != 2 {
-					err = fmt.Errorf("HTTP %d", resp.StatusCode)
-				}
-			}
-		}
+		err = post(context.Background(), e.endpoint, body, e.opts.Timeout)
 	}
 	if err != nil {
 		e.failures.Add(1)
