@@ -68,8 +68,8 @@ def end_cause(state: str, reason: str | None) -> str:
     why = reason or ""
     if "session closed" in why:
         return "revoked"  # the owner closed its client, which revokes its etcd lease
-    if "deadline" in why or "expired" in why:
-        return "expired"
+    if "deadline" in why or "lease expired" in why:
+        return "expired"  # the lease ran out (not "holder key deleted (expired, ...)")
     return "lost"
 
 

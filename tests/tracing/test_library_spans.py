@@ -4,13 +4,15 @@ completions and checkpoints as children of it."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
 import pytest
 
-from joblease import JobLeaseClient, JobRef, JobSpec, tracing
+from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec, tracing
 from joblease.errors import StaleTokenError
+from joblease.lease import LeaseState
 from joblease.store import Delete
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
 
@@ -87,6 +89,64 @@ async def test_a_stale_completion_is_an_error_span_under_a_lost_tenure(
                if s.parent_span_id == tenures["worker-a"].span_id]
     assert [s.attributes["joblease.outcome"] for s in refused] == ["stale"]
     assert refused[0].status_code == 2  # STATUS_CODE_ERROR
+
+
+async def test_closing_the_client_ends_its_tenures_as_revoked(
+    etcd_config: EtcdConfig, traced: OtlpReceiver, service: str,
+) -> None:
+    job = JobRef("team-a", "closed")
+    async with JobLeaseClient(etcd_config) as owner:
+        await owner.register(job, JobSpec(lease_duration_seconds=10, max_attempts=0))
+        await owner.claim(job, "pod-c")
+    assert tracing.flush()
+    (tenure,) = traced.wait_for("the closed client's tenure", bool, service)
+    assert tenure.attributes["joblease.end_cause"] == "revoked"
+
+
+async def test_a_lease_etcd_ended_ends_its_tenure_as_expired(
+    client: JobLeaseClient, traced: OtlpReceiver, service: str,
+) -> None:
+    """The etcd lease ends under the holder (revoked here, where a real expiry
+    would take the TTL and a paused worker): its next keep-alive hears the
+    lease is gone, and the tenure ends ``expired``."""
+    job = JobRef("team-a", "expiring")
+    await client.register(job, JobSpec(lease_duration_seconds=3, max_attempts=0))
+    lease = await client.claim(job, "pod-e")
+    await client.store.revoke(lease.lease_id)
+    assert await asyncio.wait_for(lease.wait_done(), timeout=15) is LeaseState.LOST
+    assert tracing.flush()
+    (tenure,) = traced.wait_for("the expired tenure", bool, service)
+    assert tenure.attributes["joblease.end_cause"] == "expired"
+    assert "expired" in tenure.attributes["joblease.end_reason"]
+
+
+@pytest.mark.parametrize(("state", "reason", "cause"), [
+    ("completed", None, "completed"),
+    ("released", None, "released"),
+    ("lost", "etcd lease lost: no keep-alive succeeded before the safety deadline", "expired"),
+    ("lost", "etcd lease lost: etcd reports the lease expired (or it was revoked)", "expired"),
+    ("lost", "safety deadline passed", "expired"),
+    ("lost", "etcd lease lost: session closed", "revoked"),
+    ("lost", "job now held by 'b' with token 19", "lost"),
+    ("lost", "holder key deleted (expired, released or job unregistered)", "lost"),
+])
+def test_end_cause_names_how_the_handle_ended(state: str, reason: str | None,
+                                              cause: str) -> None:
+    assert tracing.end_cause(state, reason) == cause
+    assert cause in tracing.END_CAUSES
+
+
+@pytest.mark.parametrize(("env", "on"), [
+    ({}, False),
+    ({"OTEL_SERVICE_NAME": "x"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, True),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, True),
+    ({"OTEL_TRACES_EXPORTER": "otlp"}, True),
+    ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, False),
+    ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, False),
+])
+def test_the_standard_variables_turn_tracing_on_and_off(env: dict[str, str], on: bool) -> None:
+    assert tracing.enabled_by(env) is on
 
 
 async def test_nothing_is_exported_when_the_environment_turns_tracing_off(

@@ -53,6 +53,7 @@ async def test_sidecar_tenure_and_operation_spans_and_the_workers_child_span(
     token_json = json.loads(sidecar.workdir.joinpath("token.json").read_text())
     assert token_json["traceparent"] == traceparent
 
+    assert (await sidecar.metrics())["joblease_sidecar_spans_dropped_total"] == 0
     worker_span(otlp_receiver, service, traceparent)
     r = await sidecar.request("POST", "/v1/checkpoint", json={"token": token, "data": {"i": 1}})
     assert r.status_code == 200, r.text
@@ -91,4 +92,5 @@ async def test_untraced_sidecar_serves_no_trace_context(
                                 OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9").started()
     lease = await sidecar.held()
     assert "traceparent" not in lease
+    assert "joblease_sidecar_spans_dropped_total" not in await sidecar.metrics()
     assert "traceparent" not in json.loads(sidecar.workdir.joinpath("token.json").read_text())

@@ -30,6 +30,11 @@ func (r *Runner) SetTracer(t *tracing.Tracer) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.trace.tracer = t
+	if t != nil {
+		dropped := r.Metrics.Counter("joblease_sidecar_spans_dropped",
+			"Trace spans dropped: the export queue was full or an export failed.")
+		t.Exporter().OnDrop(func(n int64) { r.Metrics.Add(dropped, float64(n)) })
+	}
 }
 
 // tracePhaseLocked follows a change of phase (setPhase calls it).
@@ -77,7 +82,8 @@ func (r *Runner) tracePhaseLocked(p Phase) {
 // is "expired"; one whose holder key changed (another claim, an unregister)
 // is "lost": a sidecar cannot tell an unregister from another loss.
 func lossCause(reason string) string {
-	if strings.Contains(reason, "deadline") || strings.Contains(reason, "expired") {
+	// "lease expired", not the "(expired, released or job unregistered)" of a deleted holder key
+	if strings.Contains(reason, "deadline") || strings.Contains(reason, "lease expired") {
 		return "expired"
 	}
 	return "lost"

@@ -31,6 +31,18 @@ type Exporter struct {
 	stopOnce          sync.Once
 	dropped, exported atomic.Int64
 	failures          atomic.Int64
+	onDrop            atomic.Pointer[func(int64)]
+}
+
+// OnDrop calls f with the number of spans each time some are dropped (the
+// sidecar counts them in /metrics); f must not block.
+func (e *Exporter) OnDrop(f func(n int64)) { e.onDrop.Store(&f) }
+
+func (e *Exporter) drop(n int64) {
+	e.dropped.Add(n)
+	if f := e.onDrop.Load(); f != nil {
+		(*f)(n)
+	}
 }
 
 // NewExporter starts an exporter to endpoint (a full URL, ".../v1/traces").
@@ -66,14 +78,14 @@ func (e *Exporter) Failures() int64 { return e.failures.Load() }
 func (e *Exporter) enqueue(s ended) {
 	select {
 	case <-e.stopped:
-		e.dropped.Add(1)
+		e.drop(1)
 		return
 	default:
 	}
 	select {
 	case e.queue <- s:
 	default: // full: never wait, whoever ended the span has real work to do
-		e.dropped.Add(1)
+		e.drop(1)
 	}
 }
 
@@ -152,7 +164,7 @@ func (e *Exporter) send(batch []ended) {
 	}
 	if err != nil {
 		e.failures.Add(1)
-		e.dropped.Add(int64(len(batch)))
+		e.drop(int64(len(batch)))
 		return
 	}
 	e.exported.Add(int64(len(batch)))

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -82,6 +83,8 @@ func TestAFullQueueDropsAndCountsWithoutBlocking(t *testing.T) {
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
 	exp := NewExporter(srv.URL+"/v1/traces", "svc", ExporterOptions{QueueSize: 4, BatchSize: 1, Interval: time.Hour})
+	var counted atomic.Int64
+	exp.OnDrop(func(n int64) { counted.Add(n) })
 	tr := &Tracer{exp: exp}
 	start := time.Now()
 	for range 100 {
@@ -96,6 +99,9 @@ func TestAFullQueueDropsAndCountsWithoutBlocking(t *testing.T) {
 	}
 	close(rc.release)
 	tr.Shutdown(5 * time.Second)
+	if counted.Load() != exp.Dropped() {
+		t.Fatalf("OnDrop counted %d, Dropped says %d", counted.Load(), exp.Dropped())
+	}
 	if got := exp.Exported() + exp.Dropped(); got != 100 {
 		t.Fatalf("exported %d + dropped %d != 100", exp.Exported(), exp.Dropped())
 	}
