@@ -109,35 +109,50 @@ class _RecordedTenure(Tenure):
         from opentelemetry import trace
         from opentelemetry.trace import Status, StatusCode
 
-        span = self._tracer.start_span(name, context=trace.set_span_in_context(self._span),
-                                       attributes=self._attributes)
+        span = _quietly(lambda: self._tracer.start_span(
+            name, context=trace.set_span_in_context(self._span), attributes=self._attributes))
+        if span is None:
+            yield None
+            return
         self._open_children += 1
         try:
             yield span
         except BaseException as exc:
-            outcome = getattr(exc, "reason", None) or type(exc).__name__
-            span.set_attribute("joblease.outcome", str(outcome))
-            span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
+            outcome = str(getattr(exc, "reason", None) or type(exc).__name__)
+            message = str(exc)[:200]
+            _quietly(lambda: (span.set_attribute("joblease.outcome", outcome),
+                              span.set_status(Status(StatusCode.ERROR, message))))
             raise
         else:
-            span.set_attribute("joblease.outcome", "ok")
+            _quietly(lambda: span.set_attribute("joblease.outcome", "ok"))
         finally:
-            span.end()
+            _quietly(span.end)
             self._open_children -= 1
             if self._end_pending and self._open_children == 0:
-                self._span.end()  # the tenure ended inside this child: end it after it
+                _quietly(self._span.end)  # the tenure ended inside this child: after it
 
     def end(self, cause: str, reason: str | None = None) -> None:
         if self._ended:
             return
         self._ended = True
-        self._span.set_attribute("joblease.end_cause", cause)
+        _quietly(lambda: self._span.set_attribute("joblease.end_cause", cause))
         if reason:
-            self._span.set_attribute("joblease.end_reason", reason)
+            _quietly(lambda: self._span.set_attribute("joblease.end_reason", reason))
         if self._open_children:
             self._end_pending = True  # e.g. the completion that ended it is still open
         else:
-            self._span.end()
+            _quietly(self._span.end)
+
+
+def _quietly(call: Callable[[], T]) -> T | None:
+    """``call()``, or None if the OpenTelemetry SDK raised: a span must never
+    turn a committed claim or completion into an exception (the claim's
+    holder would then be left without a handle)."""
+    try:
+        return call()
+    except Exception:
+        log.debug("tracing call failed; the span is incomplete", exc_info=True)
+        return None
 
 
 class _Tracing:
@@ -239,8 +254,10 @@ def start_tenure(job: object, namespace: str, owner: str, claim_id: str, token: 
         "joblease.holder": owner, "joblease.claim_id": claim_id,
         "joblease.token": token, "joblease.generation": generation,
     }
-    span = current.tracer.start_span(SPAN_TENURE, attributes=attributes)
-    return _RecordedTenure(current.tracer, span, attributes)
+    tenure = _quietly(lambda: _RecordedTenure(
+        current.tracer, current.tracer.start_span(SPAN_TENURE, attributes=attributes),
+        attributes))
+    return NO_TENURE if tenure is None else tenure
 
 
 class Traced(Protocol):
@@ -251,6 +268,7 @@ class Traced(Protocol):
 
 
 S = TypeVar("S", bound=Traced)
+T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
 

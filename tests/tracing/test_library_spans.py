@@ -120,6 +120,32 @@ async def test_a_lease_etcd_ended_ends_its_tenure_as_expired(
     assert "expired" in tenure.attributes["joblease.end_reason"]
 
 
+async def test_a_failing_tracer_never_fails_a_claim_or_completion(
+    client: JobLeaseClient, traced: OtlpReceiver, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SDK raising (faked: a real one does not fail on demand) costs the
+    spans, never the claim: the claim has committed by then, and an exception
+    would leave its holder without a handle."""
+    current = tracing._tracing()
+    assert current is not None
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("tracer broken")
+
+    first, second = JobRef("team-a", "broken-1"), JobRef("team-a", "broken-2")
+    for job in (first, second):
+        await client.register(job, JobSpec(lease_duration_seconds=10, max_attempts=0))
+    traced_lease = await client.claim(first, "pod-x")  # its tenure span is recorded
+    assert traced_lease.trace is not tracing.NO_TENURE
+    monkeypatch.setattr(current.tracer, "start_span", broken)
+    await traced_lease.checkpoint({"step": 1})  # its child spans cannot start
+    assert (await traced_lease.complete({"ok": 1})).result == {"ok": 1}
+    lease = await client.claim(second, "pod-x")  # nor can a tenure span
+    assert lease.trace is tracing.NO_TENURE
+    await lease.checkpoint({"step": 1})
+    assert (await lease.complete({"ok": 2})).result == {"ok": 2}
+
+
 @pytest.mark.parametrize(("state", "reason", "cause"), [
     ("completed", None, "completed"),
     ("released", None, "released"),
