@@ -226,9 +226,17 @@ def _otlp_exporter(env: Mapping[str, str]) -> Any:
     return OTLPSpanExporter(endpoint=endpoint or None)
 
 
-def _tracing() -> _Tracing | None:
+def prepare() -> None:
+    """Read the environment now if it has not been read yet (``JobLeaseClient()``
+    calls it): with tracing on, importing the SDK takes a few hundred ms,
+    better paid at start-up than inside the first claim, whose lease is
+    already counting down."""
     if not _configured:
         configure()
+
+
+def _tracing() -> _Tracing | None:
+    prepare()
     return _current
 
 
