@@ -103,13 +103,15 @@ func (e *Exporter) Flush(timeout time.Duration) {
 	}
 }
 
-// Shutdown flushes (at most timeout) and stops the exporter.
+// Shutdown flushes and stops the exporter, waiting at most timeout in all
+// (a request still in flight then is abandoned with its spans).
 func (e *Exporter) Shutdown(timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
 	e.Flush(timeout)
 	e.stopOnce.Do(func() { close(e.stop) })
 	select {
 	case <-e.stopped:
-	case <-time.After(timeout):
+	case <-time.After(time.Until(deadline)):
 	}
 }
 
