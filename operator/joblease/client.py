@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from joblease import slots as slots_plan
-from joblease import validation
+from joblease import tracing, validation
 from joblease.background import BackgroundTasks, until_first
 from joblease.errors import (
     AlreadyCompletedError,
@@ -199,6 +199,7 @@ class JobLeaseClient:
         self.config = config or EtcdConfig.from_env()
         self.store: Store = store if store is not None else EtcdStore(self.config)
         self.keys = KeySpace(self.config.root)
+        tracing.prepare()  # the SDK's import, if traced, now rather than inside the first claim
         self._read_back_timeout = read_back_timeout
         self._specs: OrderedDict[JobRef, tuple[int, JobSpec]] = OrderedDict()
         #: slot indexes picked by this client's claims in flight, by semaphore prefix

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from joblease import validation
+from joblease import tracing, validation
 from joblease.errors import (
     CorruptRecordError,
     JobLeaseError,
@@ -118,6 +118,9 @@ class Lease:
         #: told the revision at which our completion or release freed the slots
         #: (the client's semaphore views apply it before their watches bring it)
         self._on_slots_freed = on_slots_freed
+        #: this tenure's trace (docs/tracing.md); a handle that does not renew has none
+        self.trace = (tracing.start_tenure(job, job.namespace, owner, claim_id, token, generation)
+                      if session is not None else tracing.NO_TENURE)
         if session is not None:
             session.on_loss(self._on_session_loss)
             session.attach(self)
@@ -200,6 +203,7 @@ class Lease:
         """Detach from the session: a long-lived session must not keep every
         finished handle alive."""
         self._done.set()
+        self.trace.end(tracing.end_cause(self._state.value, self._reason), self._reason)
         if self._session is not None:
             self._session.detach(self)
             self._session.remove_on_loss(self._on_session_loss)
@@ -279,6 +283,7 @@ class Lease:
         kv = self._checkpoint_kv
         return None if kv is None else CheckpointRecord.decode(kv.value, kv.mod_revision)
 
+    @tracing.child_span(tracing.SPAN_CHECKPOINT)
     async def checkpoint(self, data: Any) -> CheckpointRecord:
         """Store ``data`` (JSON, at most ``MAX_CHECKPOINT_BYTES``) as the job's
         checkpoint if, and only if, this claim still holds the job.
@@ -338,6 +343,7 @@ class Lease:
 
     # -- complete / release ------------------------------------------------------------------
 
+    @tracing.child_span(tracing.SPAN_COMPLETE)
     async def complete(self, result: Any = None) -> ResultRecord:
         """Record ``result`` if, and only if, this claim still holds the job.
 

@@ -7,7 +7,9 @@ and completion semantics:
    :meth:`JobLeaseClient.claim_waiting`);
 2. start the command with ``JOBLEASE_JOB``, ``JOBLEASE_TOKEN``,
    ``JOBLEASE_GENERATION`` and ``JOBLEASE_OWNER`` (and ``JOBLEASE_CHECKPOINT``, the
-   last checkpoint as JSON, when there is one) in its environment, in its
+   last checkpoint as JSON, when there is one; ``TRACEPARENT``, the tenure
+   span's W3C trace context, when tracing is on: docs/tracing.md) in its
+   environment, in its
    own process group (signals go to the whole group, so ``sh -c`` pipelines
    are reached too);
 3. keep the lease alive (the client session's keep-alive) while it runs;
@@ -64,7 +66,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from joblease import validation
+from joblease import tracing, validation
 from joblease.client import JobLeaseClient
 from joblease.errors import (
     HeldError,
@@ -413,7 +415,8 @@ class Runner:
                      "another worker holds the job")
         env = {**os.environ, **opts.extra_env,
                "JOBLEASE_JOB": str(lease.job), "JOBLEASE_TOKEN": str(lease.token),
-               "JOBLEASE_GENERATION": str(lease.generation), "JOBLEASE_OWNER": opts.owner}
+               "JOBLEASE_GENERATION": str(lease.generation), "JOBLEASE_OWNER": opts.owner,
+               **tracing.worker_env(lease.trace)}
         if lease.slots:  # the semaphore slots the claim took, with their tokens
             env["JOBLEASE_SEMAPHORES"] = json.dumps([g.to_dict() for g in lease.slots],
                                                     separators=(",", ":"), sort_keys=True)

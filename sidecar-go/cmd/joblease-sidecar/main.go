@@ -23,6 +23,7 @@ import (
 	"github.com/joblease/joblease/sidecar-go/internal/logs"
 	"github.com/joblease/joblease/sidecar-go/internal/protocol"
 	"github.com/joblease/joblease/sidecar-go/internal/runner"
+	"github.com/joblease/joblease/sidecar-go/internal/tracing"
 )
 
 func main() { os.Exit(run()) }
@@ -55,6 +56,9 @@ func run() int {
 		return 2
 	}
 	rn := runner.New(cfg, protocol.NewClient(store, cfg.Etcd.Root), log)
+	tracer := tracing.New(tracing.FromEnv(os.Getenv)) // nil without the OTEL_* variables: no spans
+	defer tracer.Shutdown(2 * time.Second)
+	rn.SetTracer(tracer)
 	// A restarted container finds the pod's volumes as the dead incarnation
 	// left them: its token is nobody's now, so it goes before anything is served.
 	if err := rn.RemoveStaleFiles(); err != nil {

@@ -63,6 +63,17 @@ func New() *Metrics {
 	return m
 }
 
+// Counter adds a counter after New, for one that exists only in some
+// configurations (joblease_sidecar_spans_dropped, with tracing on), so the
+// default exposition stays as it is.
+func (m *Metrics) Counter(name, help string) *counter {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := &counter{name: name, help: help, created: nowSeconds()}
+	m.counters = append(m.counters, c)
+	return c
+}
+
 // Inc adds one to c.
 func (m *Metrics) Inc(c *counter) {
 	m.mu.Lock()

@@ -25,6 +25,7 @@ import (
 	"github.com/joblease/joblease/sidecar-go/internal/metrics"
 	"github.com/joblease/joblease/sidecar-go/internal/protocol"
 	"github.com/joblease/joblease/sidecar-go/internal/pyjson"
+	"github.com/joblease/joblease/sidecar-go/internal/tracing"
 )
 
 // Phase of the sidecar.
@@ -110,6 +111,7 @@ type Runner struct {
 	// changed is closed (and replaced) at every change of phase: what a
 	// GET /v1/lease?wait=... waits on (leasewait.go).
 	changed chan struct{}
+	trace   tenureTrace // opt-in spans of the tenure held (tracing.go)
 
 	opMu     sync.Mutex // one API operation at a time (the Python _op_lock)
 	stop     chan struct{}
@@ -136,6 +138,7 @@ func (r *Runner) Config() config.Config { return r.cfg }
 func (r *Runner) setPhase(p Phase) {
 	r.phase = p
 	r.Metrics.SetState(string(p))
+	r.tracePhaseLocked(p)
 	close(r.changed)
 	r.changed = make(chan struct{})
 }
@@ -215,7 +218,7 @@ func (r *Runner) held(lease *protocol.Lease) {
 		return
 	}
 	if r.cfg.TokenFile != "" {
-		info, _ := pyjson.Spaced(tokenInfo(lease))
+		info, _ := pyjson.Spaced(r.withTraceparentLocked(tokenInfo(lease), lease.Token))
 		stillHeld := func() bool { return r.currentLocked() == HeldPhase }
 		// token.json first: whoever sees the token file finds its companion.
 		ok, err := WriteAtomic(r.cfg.TokenJSONFile(), append(info, '\n'), stillHeld)
@@ -547,7 +550,8 @@ func (r *Runner) whyNotHeld(phase Phase) string {
 }
 
 // Complete under token if and only if it is this sidecar's live token.
-func (r *Runner) Complete(token int64, result any) Outcome {
+func (r *Runner) Complete(token int64, result any) (o Outcome) {
+	defer r.traceOp(tracing.SpanComplete)(&o)
 	r.opMu.Lock()
 	defer r.opMu.Unlock()
 	r.mu.Lock()
@@ -623,7 +627,8 @@ func (r *Runner) Complete(token int64, result any) Outcome {
 }
 
 // Checkpoint stores data under token if and only if it is this sidecar's live token.
-func (r *Runner) Checkpoint(token int64, data any) Outcome {
+func (r *Runner) Checkpoint(token int64, data any) (o Outcome) {
+	defer r.traceOp(tracing.SpanCheckpoint)(&o)
 	r.opMu.Lock()
 	defer r.opMu.Unlock()
 	r.mu.Lock()
@@ -742,7 +747,7 @@ func (r *Runner) leaseViewLocked() Outcome {
 		if len(lease.Slots) > 0 {
 			held = append(held, pyjson.KV{Key: "semaphores", Value: slotsJSON(lease)})
 		}
-		return answer(Done, held)
+		return answer(Done, r.withTraceparentLocked(held, lease.Token))
 	case phase == Claiming:
 		return answer(NotYet, base)
 	case phase == Waiting && r.full != nil:
