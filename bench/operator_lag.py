@@ -27,8 +27,23 @@ completion's status is (the status then already reflects a newer state).
 Memory: VmRSS (and VmHWM, the peak) of the operator process from /proc/<pid>/status
 once settled at each N in ``--sizes`` (default 1000,10000).
 
+API writes: the kube-apiserver's own ``apiserver_request_total`` counter (its
+``/metrics``, read with the admin certificate) for every write verb, by resource,
+before and after the load, divided by the cycles run: every write of the operator
+(status PUTs, Event POSTs and PATCHes, kopf's patches) and nothing of the load
+generator, which talks to etcd only.
+
+``--tracemalloc``: the operator runs under tracemalloc (``bench/traced_operator.py``);
+once settled at each size the bench asks it (SIGUSR2) for the live allocations,
+grouped by the innermost non-stdlib frame. Tracing costs memory of its own (reported
+as ``tracemalloc_overhead_mib``), so RSS of a traced run is not comparable with an
+untraced one; run once with and once without.
+
+``--baseline old.json``: print this run's figures beside a previous run's, with ratios.
+
     python bench/operator_lag.py [--sizes 1000,10000] [--rate 30] [--duration 30]
-                                 [--lag-at-each-size] [--json bench/results/operator_lag.json]
+                                 [--lag-at-each-size] [--tracemalloc] [--baseline old.json]
+                                 [--json bench/results/operator_lag.json]
 """
 
 from __future__ import annotations
@@ -38,6 +53,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import signal
 import ssl
 import sys
 import tempfile
@@ -135,6 +151,11 @@ class Bench:
         self.ssl = ssl_context(self.pki)
         self.base = f"{self.cp.server}{GROUP_PATH}/namespaces/{self.ns}/jobleases"
         self.op = OperatorProcess(self.cp, self.config, self.ns, self.tmp / "operator.log")
+        self.traced = args.tracemalloc
+        if self.traced:
+            self.op.module = "bench.traced_operator"
+            self.trace_out = self.tmp / "tracemalloc.json"
+            os.environ["JOBLEASE_TRACEMALLOC_OUT"] = str(self.trace_out)
         self.created = 0
 
     def close(self) -> None:
@@ -171,6 +192,27 @@ class Bench:
             await asyncio.gather(*(one(n) for n in names))
         self.created = upto
         return time.perf_counter() - start
+
+    async def tracemalloc_summary(self, timeout: float = 300) -> dict[str, Any]:
+        """Ask the traced operator for its live allocations (SIGUSR2) and read them."""
+        done = Path(f"{self.trace_out}.done")
+        await asyncio.to_thread(done.unlink, missing_ok=True)
+        os.kill(self.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + timeout
+        while not await asyncio.to_thread(done.exists):
+            if time.monotonic() > deadline:
+                raise TimeoutError("no tracemalloc summary from the operator")
+            await asyncio.sleep(0.5)
+        summary: dict[str, Any] = json.loads(await asyncio.to_thread(self.trace_out.read_text))
+        return summary
+
+    async def api_writes(self) -> dict[str, float]:
+        """The API server's write requests so far, by ``VERB resource[/subresource]``."""
+        import httpx
+
+        async with httpx.AsyncClient(verify=self.ssl, timeout=60) as http:
+            text = (await http.get(f"{self.cp.server}/metrics")).text
+        return count_writes(text)
 
     async def registered_in_etcd(self, client: JobLeaseClient) -> int:
         _, kvs = await client.store.get(client.keys.namespace_prefix(self.ns), prefix=True,
@@ -241,6 +283,7 @@ class Bench:
                 except Exception:
                     errors += 1
 
+        writes0 = await self.api_writes()
         cpu0 = proc_cpu_seconds(self.pid)
         load_before = loadavg()
         start = time.monotonic()
@@ -264,6 +307,10 @@ class Bench:
             await asyncio.sleep(0.5)
         proc.terminate()
         proc.join(5)
+        await asyncio.sleep(2)  # Events are posted after the status write
+        writes1 = await self.api_writes()
+        writes = {k: v - writes0.get(k, 0) for k, v in writes1.items()
+                  if v - writes0.get(k, 0) > 0}
         seen = parse_watch(out_path)
         lags: dict[str, list[float]] = {"claim": [], "complete": []}
         missing = 0
@@ -284,6 +331,11 @@ class Bench:
             "operator_cpu_share": round(cpu / elapsed, 2),
             "loadavg_before": load_before, "loadavg_after": load_during,
             "operator_metrics": operator_metrics(self.op.metrics()),
+            "api_writes": writes,
+            "api_writes_per_cycle": round(sum(writes.values()) / max(1, len(jobs) - errors), 2),
+            "event_writes_per_cycle": round(
+                sum(v for k, v in writes.items() if k.split()[1] == "events")
+                / max(1, len(jobs) - errors), 2),
         }
 
 
@@ -304,6 +356,29 @@ def parse_watch(path: Path) -> dict[str, list[tuple[float, int]]]:
         if len(parts) == 5:
             seen.setdefault(parts[1], []).append((float(parts[0]), int(parts[2])))
     return seen
+
+
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE", "APPLY")
+
+
+def count_writes(metrics_text: str) -> dict[str, float]:
+    """Sum ``apiserver_request_total`` over write verbs, by ``VERB resource[/sub]``."""
+    out: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels_text, _, value = line.rpartition(" ")
+        labels = dict(part.split("=", 1) for part in
+                      labels_text[len("apiserver_request_total{"):-1].split(",") if "=" in part)
+        labels = {k: v.strip('"') for k, v in labels.items()}
+        if labels.get("verb") not in WRITE_VERBS:
+            continue
+        resource = labels.get("resource", "?")
+        if labels.get("subresource"):
+            resource += "/" + labels["subresource"]
+        key = f"{labels['verb']} {resource}"
+        out[key] = out.get(key, 0) + float(value)
+    return out
 
 
 def operator_metrics(text: str) -> dict[str, float]:
@@ -334,6 +409,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(args.settle_extra)
                 row = {"jobleases": n, "create_s": round(created_s, 2), **settled,
                        **proc_memory(bench.pid), "loadavg": loadavg()}
+                if bench.traced:
+                    row["tracemalloc"] = await bench.tracemalloc_summary()
+                    print_tracemalloc(row["tracemalloc"])
                 report["sizes"].append(row)
                 print(f"N={n}: created in {row['create_s']} s, registered {row['registered_s']}"
                       f" s, statuses {row['statuses_s']} s, RSS {row['VmRSS']} MiB "
@@ -366,6 +444,14 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def print_tracemalloc(t: dict[str, Any], top: int = 15) -> None:
+    print(f"tracemalloc: {t['traced_mib']} MiB live in traced blocks "
+          f"(+{t['tracemalloc_overhead_mib']} MiB tracemalloc's own)")
+    print("  by package: " + ", ".join(f"{k} {v}" for k, v in t["by_package_mib"].items()))
+    for row in t["top_owners"][:top]:
+        print(f"  {row['mib']:>8.2f} MiB {row['blocks']:>8} blocks  {row['where']}")
+
+
 def print_lag(lag: dict[str, Any]) -> None:
     print(f"\nlag at {lag['jobleases']} JobLeases, {lag['cycles']} cycles at "
           f"{lag['achieved_rate']}/s (target {lag['target_rate']}), errors {lag['errors']}, "
@@ -378,6 +464,10 @@ def print_lag(lag: dict[str, Any]) -> None:
               f"{s.get('p99', '-'):>8} {s.get('max', '-'):>8}")
     print(f"operator CPU {lag['operator_cpu_s']} s ({lag['operator_cpu_share']} core), "
           f"RSS after {lag.get('after_VmRSS')} MiB", flush=True)
+    if "api_writes" in lag:
+        print(f"API writes per cycle {lag['api_writes_per_cycle']} (Events "
+              f"{lag['event_writes_per_cycle']}): " + ", ".join(
+                  f"{k} {v:.0f}" for k, v in sorted(lag["api_writes"].items())), flush=True)
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -394,6 +484,34 @@ def print_table(report: dict[str, Any]) -> None:
     print("\ngoals:", json.dumps(report["goals"]))
 
 
+def figures(report: dict[str, Any]) -> dict[str, float]:
+    """The headline numbers of a report, for side-by-side comparison."""
+    out: dict[str, float] = {}
+    for r in report.get("sizes", []):
+        out[f"RSS MiB at {r['jobleases']}"] = r["VmRSS"]
+        if "tracemalloc" in r:
+            out[f"traced MiB at {r['jobleases']}"] = r["tracemalloc"]["traced_mib"]
+    for lag in report.get("lag", []):
+        n = lag["jobleases"]
+        if lag["lag_ms"].get("count"):
+            out[f"lag p50 ms at {n}"] = lag["lag_ms"]["p50"]
+            out[f"lag p99 ms at {n}"] = lag["lag_ms"]["p99"]
+        out[f"operator CPU core at {n}"] = lag["operator_cpu_share"]
+        if "api_writes_per_cycle" in lag:
+            out[f"API writes/cycle at {n}"] = lag["api_writes_per_cycle"]
+            out[f"Event writes/cycle at {n}"] = lag["event_writes_per_cycle"]
+    return out
+
+
+def print_comparison(baseline: dict[str, Any], report: dict[str, Any]) -> None:
+    old, new = figures(baseline), figures(report)
+    print(f"\n{'figure':<28} {'baseline':>10} {'this run':>10} {'ratio':>7}")
+    for key in new:
+        if key in old:
+            ratio = f"{new[key] / old[key]:.2f}" if old[key] else "-"
+            print(f"{key:<28} {old[key]:>10} {new[key]:>10} {ratio:>7}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
@@ -407,11 +525,18 @@ def main() -> None:
     parser.add_argument("--settle-timeout", type=float, default=1800.0)
     parser.add_argument("--settle-extra", type=float, default=5.0,
                         help="seconds to wait after settling before reading RSS")
+    parser.add_argument("--tracemalloc", action="store_true",
+                        help="run the operator under tracemalloc and report its live "
+                             "allocations at each size (costs memory: RSS not comparable)")
+    parser.add_argument("--baseline", help="a previous run's JSON: print figures side by side")
     parser.add_argument("--json", default=str(HERE / "results" / "operator_lag.json"))
     args = parser.parse_args()
+    baseline = json.loads(Path(args.baseline).read_text()) if args.baseline else None
     report = asyncio.run(run(args))
     report["args"] = {k: v for k, v in vars(args).items() if k != "json"}
     print_table(report)
+    if baseline is not None:
+        print_comparison(baseline, report)
     save(report, args.json)
 
 
