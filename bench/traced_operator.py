@@ -28,7 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 from types import FrameType
 
-FRAMES = 30
+FRAMES = 12
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
 

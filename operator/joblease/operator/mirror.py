@@ -45,6 +45,7 @@ from joblease.background import BackgroundTasks
 from joblease.client import JobLeaseClient, assemble
 from joblease.errors import InvalidInputError, JobLeaseError, StoreUnavailableError
 from joblease.keys import JobRef
+from joblease.operator.event_recorder import EventRecorder
 from joblease.operator.events import JobEvent, derive_events
 from joblease.operator.kube import (
     ConflictError,
@@ -130,10 +131,12 @@ class Mirror:
         concurrency: int = 32,
         result_limit: int = DEFAULT_RESULT_LIMIT,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        events: EventRecorder | None = None,
     ) -> None:
         self.client = client
         self.kube = kube
         self.metrics = metrics
+        self.events = events or EventRecorder(kube, metrics, instance=kube.instance)
         self.namespaces = tuple(namespaces)  # empty: every namespace
         self.result_limit = result_limit
         self._clock = clock
@@ -384,18 +387,9 @@ class Mirror:
             self._objects[job] = _slim(obj)
         else:
             self._objects.pop(job, None)
-        if entry.events:
-            # Events are informational: post them without holding a write slot.
-            self._background.spawn(self._post_events(job, obj, entry.events))
-
-    async def _post_events(self, job: JobRef, obj: dict[str, Any],
-                           events: list[JobEvent]) -> None:
-        for event in events:
-            try:
-                await self.kube.post_event(obj, event)
-                self.metrics.events_posted.labels(event.reason).inc()
-            except (KubeApiError, aiohttp.ClientError, TimeoutError) as exc:
-                log.info("event %s for %s not posted: %s", event.reason, job, exc)
+        for event in entry.events:
+            # Informational, written in the background (aggregated: event_recorder).
+            self.events.record(obj, event)
 
     async def close(self) -> None:
         writers = list(self._writers.values())
@@ -403,3 +397,4 @@ class Mirror:
             task.cancel()
         await asyncio.gather(*writers, return_exceptions=True)
         await self._background.cancel()
+        await self.events.close()
