@@ -128,8 +128,8 @@ def watch_statuses(server: str, pki: str, namespace: str, out_path: str, ready_p
 # --------------------------------------------------------------------------- the bench
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
-        from tests.kube.test_operator import OperatorProcess
         from tests.support.controlplane import ControlPlane
+        from tests.support.operator import OperatorProcess
 
         self.args = args
         self.tmp = Path(tempfile.mkdtemp(prefix="joblease-oplag-"))
