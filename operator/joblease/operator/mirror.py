@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import fnmatch
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -94,6 +95,19 @@ def _slim(obj: dict[str, Any]) -> dict[str, Any]:
             "spec": obj.get("spec", {}), "status": obj.get("status", {})}
 
 
+def _pack(obj: dict[str, Any]) -> bytes:
+    """The slim object as compact JSON: one ``bytes`` per JobLease (about 1.3 KB)
+    instead of a tree of dicts and strings (about 5 KB: five conditions of six
+    fields each), which dominated the operator's memory at 10,000 JobLeases. Read
+    back with :func:`_unpack` only when the job is written, a few times per claim."""
+    return json.dumps(_slim(obj), separators=(",", ":")).encode()
+
+
+def _unpack(packed: bytes) -> dict[str, Any]:
+    obj: dict[str, Any] = json.loads(packed)
+    return obj
+
+
 @dataclass
 class _Pending:
     state: JobState
@@ -143,7 +157,7 @@ class Mirror:
         self._limit = asyncio.Semaphore(concurrency)
         self._pending: dict[JobRef, _Pending] = {}
         self._writers: dict[JobRef, asyncio.Task[None]] = {}
-        self._objects: dict[JobRef, dict[str, Any]] = {}
+        self._objects: dict[JobRef, bytes] = {}  # _pack()ed: the last object read or written
         self._previous: dict[JobRef, JobState] = {}
         self._phases: dict[JobRef, Phase] = {}
         self._background = BackgroundTasks()
@@ -332,7 +346,8 @@ class Mirror:
 
     async def _write(self, job: JobRef, entry: _Pending) -> None:
         state = entry.state
-        obj = self._objects.get(job)
+        packed = self._objects.get(job)
+        obj = _unpack(packed) if packed is not None else None
         try:
             if obj is None or not state.registered:
                 # An unregistered job is decided on a fresh read: the cached object
@@ -384,7 +399,7 @@ class Mirror:
             self._objects.pop(job, None)
             return
         if state.registered or state.corrupt is not None:
-            self._objects[job] = _slim(obj)
+            self._objects[job] = _pack(obj)
         else:
             self._objects.pop(job, None)
         for event in entry.events:
