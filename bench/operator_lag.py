@@ -471,8 +471,9 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_tracemalloc(t: dict[str, Any], top: int = 15) -> None:
-    print(f"tracemalloc: {t['traced_mib']} MiB live in traced blocks "
-          f"(+{t['tracemalloc_overhead_mib']} MiB tracemalloc's own)")
+    print(f"tracemalloc: {t['traced_mib']} MiB live in traced blocks, peak "
+          f"{t.get('traced_peak_mib', '-')} MiB (+{t['tracemalloc_overhead_mib']} MiB "
+          "tracemalloc's own)")
     print("  by package: " + ", ".join(f"{k} {v}" for k, v in t["by_package_mib"].items()))
     for row in t["top_owners"][:top]:
         print(f"  {row['mib']:>8.2f} MiB {row['blocks']:>8} blocks  {row['where']}")

@@ -75,6 +75,7 @@ def summary(top: int = 30) -> dict[str, object]:
     mib = 1024 * 1024
     return {
         "traced_mib": round(total / mib, 1),
+        "traced_peak_mib": round(tracemalloc.get_traced_memory()[1] / mib, 1),
         "tracemalloc_overhead_mib": round(tracemalloc.get_tracemalloc_memory() / mib, 1),
         "by_package_mib": {k: round(v / mib, 1) for k, v in
                            sorted(by_package.items(), key=lambda kv: -kv[1])[:15]},
