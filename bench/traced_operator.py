@@ -28,7 +28,11 @@ from collections import defaultdict
 from pathlib import Path
 from types import FrameType
 
-FRAMES = 12
+#: Frames kept per allocation (``JOBLEASE_TRACEMALLOC_FRAMES``). 1 (tracemalloc's
+#: default) attributes a block to the line that allocated it; more frames find the
+#: caller of ``json.loads`` and friends, but slowed the operator's creation handling
+#: about 15x at 12 frames on a loaded machine, too much for 1,000 JobLeases.
+FRAMES = int(os.environ.get("JOBLEASE_TRACEMALLOC_FRAMES") or 1)
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
 
