@@ -32,12 +32,6 @@ from joblease.operator.semaphore_registration import SEMAPHORE_KIND, SEMAPHORE_P
 log = logging.getLogger(__name__)
 
 COMPONENT = "joblease-operator"
-#: Connections to the API server at most (aiohttp's default is 100). Each TLS
-#: connection holds a 256 KiB read buffer (asyncio's SSL protocol) while it lives,
-#: idle ones included: tracemalloc at 1,000 JobLeases found 9-15 MiB of them. The
-#: mirror writes at most ``--concurrency`` (32) statuses at a time; more requests
-#: (Events, queue statuses) wait for a free connection instead of opening one.
-CONNECTIONS = 32
 
 
 class KubeApiError(Exception):
@@ -78,10 +72,9 @@ class KubeApi:
     """JobLease, JobQueue and JobSemaphore reads, status replacement, Event create/patch."""
 
     def __init__(self, login_fn: Callable[[], kopf.ConnectionInfo], *,
-                 timeout: float = 10.0, connections: int = CONNECTIONS) -> None:
+                 timeout: float = 10.0) -> None:
         self._login = login_fn
         self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._connections = connections
         self._session: aiohttp.ClientSession | None = None
         self._server = ""
         self._lock = asyncio.Lock()
@@ -96,8 +89,7 @@ class KubeApi:
                 info = self._login()  # re-read: service account tokens rotate
                 self._server = str(info.server).rstrip("/")
                 self._session = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(ssl=info.as_ssl_context(),
-                                                   limit=self._connections),
+                    connector=aiohttp.TCPConnector(ssl=info.as_ssl_context()),
                     headers={**info.as_http_headers(), "User-Agent": COMPONENT},
                     timeout=self._timeout,
                 )
