@@ -133,6 +133,17 @@ async def test_expired_holder_shows_pending_then_failed_when_attempts_run_out(
     assert (await client.get(job)).phase.value == "Failed"
     await wait_for("Expired and Failed events",
                    lambda: _reasons(kube, "flaky", {"Claimed", "Expired", "Failed"}))
+    # Two claims, one Claimed Event with count 2 (event_recorder aggregates repeats;
+    # the second claim's PATCH may come up to 2 s after its status).
+    await wait_for("one Claimed Event counting both claims",
+                   lambda: _counts(kube, "flaky", "Claimed", [2]), timeout=15)
+
+
+async def _counts(kube: Kube, name: str, reason: str, wanted: list[int]) -> list[int] | None:
+    r = await kube.run("get", "events", "-o", "json", "--field-selector",
+                       f"involvedObject.name={name},reason={reason}")
+    counts = [e.get("count") for e in json.loads(r.stdout)["items"]] if r.returncode == 0 else []
+    return counts if counts == wanted else None
 
 
 CLAIMER = """

@@ -199,6 +199,7 @@ def test_namespaced_operator_cannot_reach_beyond_its_grants(
         ("patch", "jobsemaphores.joblease.io", "-n", namespace),
         ("update", "jobsemaphores.joblease.io", "--subresource=status", "-n", namespace),
         ("create", "events", "-n", namespace),
+        ("patch", "events", "-n", namespace),  # a repeat's count (event_recorder)
         ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
         # kopf matches its namespace list against the cluster's namespaces
         ("list", "namespaces"),
@@ -246,6 +247,7 @@ def test_cluster_scope_rbac_grants_jobleases_everywhere_and_nothing_else(
             assert can_i(cp, sa, "update", "jobleases.joblease.io", "--subresource=status",
                          "-n", ns) == "yes"
             assert can_i(cp, sa, "create", "events", "-n", ns) == "yes"
+            assert can_i(cp, sa, "patch", "events", "-n", ns) == "yes"
             assert can_i(cp, sa, "get", "secrets/joblease-etcd-client", "-n", ns) == "yes"
             assert can_i(cp, sa, "get", "secrets/other", "-n", ns) == "no"
             # the slot webhook reads a CronJob's last slot (a Job made from it by hand)

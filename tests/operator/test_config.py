@@ -365,3 +365,12 @@ def test_every_variable_and_flag_the_chart_sets_is_understood(
     assert {"--metrics-port", "--leader-election", "--webhook-port"} <= flags  # parsed
     known = {o for p in command.operator_command.params for o in p.opts + p.secondary_opts}
     assert flags - known == set()
+
+
+def test_kopf_lists_jobleases_in_pages() -> None:
+    """A restart at 10,000 JobLeases must not parse one 10,000-object list at once
+    (docs/operator.md, kopf settings): kopf pages its initial list and hands on each
+    page before reading the next."""
+    from joblease.operator.main import LIST_CHUNK, build_settings
+
+    assert build_settings(OperatorConfig()).watching.chunk_size == LIST_CHUNK == 500

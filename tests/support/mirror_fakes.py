@@ -48,7 +48,8 @@ class FakeKube:
                          "generation": 1, "resourceVersion": "1"},
             "spec": {"leaseDurationSeconds": 10, "maxAttempts": 2}}
         self.writes: list[int] = []
-        self.events: list[str] = []
+        self.events: list[str] = []  # reasons of the Events created
+        self.patches: list[int] = []  # the counts of repeats patched
 
     def bump(self, status: dict[str, Any]) -> None:
         self.obj = {**self.obj, "status": status, "metadata": {
@@ -67,9 +68,17 @@ class FakeKube:
         self.writes.append(status["etcdRevision"])
         return await self.get(JOB)
 
-    async def post_event(self, obj: dict[str, Any], event: Any) -> None:
-        assert obj["metadata"]["uid"] == "u1"
-        self.events.append(event.reason)
+    instance = "fake"
+
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert body["involvedObject"]["uid"] == "u1"
+        self.events.append(body["reason"])
+        return {"metadata": {"name": f"{JOB.name}.{len(self.events)}"}}
+
+    async def patch_event(self, namespace: str, name: str, patch: dict[str, Any]
+                          ) -> dict[str, Any]:
+        self.patches.append(patch["count"])
+        return {"metadata": {"name": name}}
 
 
 class FakeStore:
@@ -82,5 +91,7 @@ class FakeClient:
 
 
 async def settle(mirror: Any) -> None:
+    """Until no status write is pending and every Event write so far has ended."""
     while mirror._writers:
         await asyncio.gather(*list(mirror._writers.values()))
+    await mirror.events.wait()

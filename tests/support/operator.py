@@ -102,6 +102,9 @@ class Kube:
 class OperatorProcess:
     """``python -m joblease.operator`` with its log in a file (attached on failure)."""
 
+    #: The module run with ``python -m`` (a benchmark runs a traced wrapper instead).
+    module = "joblease.operator"
+
     def __init__(self, cp: ControlPlane, etcd: EtcdConfig, namespace: str, log: Path) -> None:
         self.cp, self.etcd, self.namespace, self.log = cp, etcd, namespace, log
         self.port = free_port()
@@ -124,7 +127,7 @@ class OperatorProcess:
             out.write(f"===== operator start #{self.starts} =====\n".encode())
             out.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "joblease.operator", "--namespace", self.namespace,
+                [sys.executable, "-m", self.module, "--namespace", self.namespace,
                  "--metrics-host", "127.0.0.1", "--metrics-port", str(self.port),
                  "--watch-timeout", "60"],
                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -104,10 +104,11 @@ RBAC rules on JobLeases, shared by the ClusterRole (scope cluster) and each Role
   resources: ["jobsemaphores/status"]
   verbs: ["update"]
 # Events: Claimed/Expired/Completed/Failed from the mirror, handler failures from kopf.
-# Both post core/v1 Events; neither uses events.k8s.io.
+# Both post core/v1 Events; neither uses events.k8s.io. patch: the mirror writes a
+# repeat of an Event as the existing one's count (operator/event_recorder.py).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "patch"]
 {{- if .Values.tenantCredentials.enabled }}
 # Tenant credentials: the operator creates one Secret per namespace and only
 # ever reads, replaces or deletes that name (create cannot be name-restricted).

@@ -15,7 +15,6 @@ Status writes are conditional: :meth:`KubeApi.replace_status` sends the
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import os
 import socket
@@ -26,7 +25,6 @@ import aiohttp
 import kopf
 
 from joblease.keys import JobRef, QueueRef, SemaphoreRef
-from joblease.operator.events import JobEvent
 from joblease.operator.queue_registration import QUEUE_KIND, QUEUE_PLURAL
 from joblease.operator.registration import GROUP, KIND, PLURAL, VERSION
 from joblease.operator.semaphore_registration import SEMAPHORE_KIND, SEMAPHORE_PLURAL
@@ -71,7 +69,7 @@ def login(settings: kopf.OperatorSettings | None = None) -> kopf.ConnectionInfo:
 
 
 class KubeApi:
-    """JobLease, JobQueue and JobSemaphore reads, status replacement and Event creation."""
+    """JobLease, JobQueue and JobSemaphore reads, status replacement, Event create/patch."""
 
     def __init__(self, login_fn: Callable[[], kopf.ConnectionInfo], *,
                  timeout: float = 10.0) -> None:
@@ -102,10 +100,13 @@ class KubeApi:
             await self._session.close()
             self._session = None
 
-    async def _request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    async def _request(self, method: str, path: str, body: Any = None, *,
+                       content_type: str | None = None) -> dict[str, Any]:
+        headers = {"Content-Type": content_type} if content_type else None
         for attempt in (1, 2):
             session = await self._client(relogin=attempt == 2)
-            async with session.request(method, self._server + path, json=body) as resp:
+            async with session.request(method, self._server + path, json=body,
+                                       headers=headers) as resp:
                 if resp.status == 401 and attempt == 1:
                     continue  # expired token: log in again once
                 text = await resp.text()
@@ -150,22 +151,16 @@ class KubeApi:
         return await self._request(
             "PUT", self._path(JobRef(meta["namespace"], meta["name"]), "status", plural), body)
 
-    async def post_event(self, obj: dict[str, Any], event: JobEvent) -> None:
-        meta = obj["metadata"]
-        now = dt.datetime.now(dt.UTC)
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
-                               "name": meta["name"], "namespace": meta["namespace"],
-                               "uid": meta.get("uid", "")},
-            "type": event.type, "reason": event.reason, "message": event.message[:1024],
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT, "reportingInstance": self.instance,
-            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-        }
-        await self._request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body)
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a core/v1 Event (:mod:`joblease.operator.event_recorder` builds it)."""
+        return await self._request("POST", f"/api/v1/namespaces/{namespace}/events", body)
+
+    async def patch_event(self, namespace: str, name: str, patch: dict[str, Any]
+                          ) -> dict[str, Any]:
+        """JSON merge patch of one Event (its ``count``, ``lastTimestamp``, ``message``);
+        :class:`NotFoundError` once it is gone (deleted, or expired by the API server)."""
+        return await self._request("PATCH", f"/api/v1/namespaces/{namespace}/events/{name}",
+                                   patch, content_type="application/merge-patch+json")
 
     # -- JobLease listing and the tenant credentials Secret (joblease.operator.tenants) -----
 

@@ -60,7 +60,12 @@ class OperatorMetrics:
             registry=r)
         self.events_posted = Counter(
             "joblease_operator_events_total",
-            "Kubernetes Events posted, by reason.", ["reason"], registry=r)
+            "Kubernetes Events recorded, by reason (a repeat counts again; it is written as "
+            "the existing Event's count).", ["reason"], registry=r)
+        self.event_writes = Counter(
+            "joblease_operator_event_writes_total",
+            "Event writes to the API server, by outcome: create (a new Event), patch (a "
+            "repeat's count on the existing one), failed.", ["verb"], registry=r)
         self.corrupt_records = Counter(
             "joblease_operator_corrupt_records_total",
             "Job states received whose stored records cannot be decoded (the job's status "
