@@ -829,6 +829,8 @@ class JobLeaseClient:
                 str(job), claim_id, session.lease_id, lease_revoked=True, ttl=session.ttl,
                 why=f"re-reading it after the revoke failed: {exc}") from exc
         claims = kvs[0] if kvs else None
+        if isinstance(job, JobRef):
+            self._generations[job] = claims.version if claims else 0
         if claims is None or self._claim_id_of(claims) != claim_id:
             return None  # not claimed, and with the lease gone it never will be
         token, generation = claims.mod_revision, claims.version

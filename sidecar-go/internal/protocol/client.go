@@ -377,6 +377,9 @@ func (c *Client) resolveAmbiguous(ctx context.Context, job JobRef, keys JobKeys,
 		return nil, errs.ClaimOutcomeUnknown(job.String(), claimID, s.LeaseID, true, s.TTL,
 			"re-reading it after the revoke failed: "+err.Error())
 	}
+	if !keys.IsItem() && kv != nil {
+		c.generation = kv.Version
+	}
 	if kv == nil || ClaimIDOf(kv.Value) != claimID {
 		return nil, nil // not claimed, and with the lease gone it never will be
 	}

@@ -81,7 +81,9 @@ func (k JobKeys) History() string {
 }
 
 // Tenure is the key of generation g's tenure in the job's history.
-func (k JobKeys) Tenure(g int64) string { return k.History() + fmt.Sprintf("%0*d", GenerationDigits, g) }
+func (k JobKeys) Tenure(g int64) string {
+	return k.History() + fmt.Sprintf("%0*d", GenerationDigits, g)
+}
 
 // completionDeletes: what the completion transaction deletes besides writing
 // the result; a completed item leaves its queue's pending set at once.
