@@ -920,6 +920,38 @@ class JobLeaseClient:
                                                  h.claim_id),
                      on_slots_freed=self._slots_freed, tenure=tenure)
 
+    async def complete_for(self, job: JobRef, owner: str, token: int, result: Any = None
+                           ) -> ResultRecord:
+        """Complete ``job`` under ``owner``'s claim with ``token`` from another
+        process (:meth:`lease_for`, then ``complete``: the holder's own condition).
+
+        A refused stale completion is counted against the tenure of ``token``
+        in the job's history, as the holder's own refused completion is; then
+        :class:`StaleTokenError` is raised.
+        """
+        try:
+            lease = await self.lease_for(job, owner, token)
+        except StaleTokenError as stale:
+            if stale.current_token != token:  # not a repeat of our own completion
+                await self._record_refusal(job, token)
+            raise
+        return await lease.complete(result)
+
+    async def _record_refusal(self, job: JobRef, token: int) -> None:
+        """Count a refused completion against the tenure whose token is ``token``,
+        if the history still holds it (a bounded read of its keys)."""
+        history = self.keys.job(job).history
+        try:
+            _, kvs = await self.store.get(history.prefix, prefix=True, keys_only=True)
+        except JobLeaseError as exc:
+            log.info("refused completion of %s (token %d) not recorded: %s", job, token, exc)
+            return
+        for kv in kvs:
+            parsed = history.parse(kv.key)
+            if parsed is not None and parsed[1] == "" and kv.create_revision == token:
+                await TenureKeys(history, parsed[0]).record_refusal(self.store, token)
+                return
+
     async def held_slots(self, namespace: str, uses: Sequence[SemaphoreUse], claim_id: str
                          ) -> tuple[SlotGrant, ...]:
         """The slots claim ``claim_id`` holds of the semaphores ``uses`` names
