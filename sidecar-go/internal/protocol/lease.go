@@ -342,6 +342,14 @@ func (l *Lease) Complete(ctx context.Context, result any) (Result, error) {
 		"still holds it (a copy still in flight may commit)", l.Job))
 }
 
+// RecordRefusedCompletion counts one stale completion refused under this
+// claim's token against its tenure (docs/protocol.md, "Tenure history"), for
+// a completion refused without sending it (the lease already lost); a no-op
+// when the job keeps no history. Best effort.
+func (l *Lease) RecordRefusedCompletion(ctx context.Context) {
+	l.tenure.recordRefusal(ctx, l.store, l.Token)
+}
+
 func (l *Lease) completed(r Result) Result {
 	l.mu.Lock()
 	l.result = &r
