@@ -1177,7 +1177,7 @@ class JobLeaseClient:
         validation.job_ref(job)
         keys = self.keys.job(job)
         r = await self.retry_read(lambda: self.store.txn([], history_reads(keys)))
-        return assemble_history(job, keys, r.revision, r.kv(0), r.kv(1), r.kvs(2))
+        return assemble_history(job, keys, r.revision, r.kv(0), r.kv(1), r.kv(2), r.kvs(3))
 
     async def _read_job(self, job: JobRef) -> tuple[JobKeys, dict[str, KeyValue], JobState]:
         """One linearizable read of every key of ``job``: the raw fields and the state."""

@@ -4,10 +4,12 @@ The claim transaction puts ``_history/<name>/<generation>`` (its create
 revision is the claim's commit revision: the token) and deletes every tenure
 older than the last ``historyLimit`` with one range delete, so a backlog or a
 lowered limit is cleared by the next claim and the history never grows past
-the limit. Completion and release put the tenure's ``end`` in their own
-transaction; a checkpoint puts ``checkpoints``, whose etcd ``version`` counts
-them. Expiry writes nothing (etcd deletes the holder with its lease): a tenure
-without an end whose holder is gone reads as ``expired``. Two records are
+the limit. A release puts the tenure's ``end`` in its own transaction; a
+completion writes nothing more (its result record carries the token, so the
+tenure whose token it is reads ``completed``); a checkpoint puts
+``checkpoints``, whose etcd ``version`` counts them. Expiry writes nothing
+(etcd deletes the holder with its lease): a tenure without an end or a result
+whose holder is gone reads as ``expired``. Two records are
 written after the fact, off the hot path, each by a guarded transaction that
 commits only while that very tenure exists (``create(tenure) == token``, so
 never into a later registration's tenure of the same generation): a refused
@@ -27,6 +29,7 @@ from joblease.keys import HistoryKeys, JobKeys, JobRef
 from joblease.records import (
     History,
     JobSpec,
+    ResultRecord,
     Tenure,
     TenureEnd,
     encode_tenure_end,
@@ -61,7 +64,7 @@ class TenureKeys:
         return writes
 
     def end_put(self, how: TenureEnd) -> Put:
-        """The end, for the completion or release transaction to carry."""
+        """The end, for the release transaction to carry."""
         return Put(self.history.end(self.generation), encode_tenure_end(how, time.time()))
 
     def checkpoint_put(self) -> Put:
@@ -107,11 +110,13 @@ def tenure_of(history: HistoryKeys, kv: KeyValue | None, generation: int, token:
 
 def history_reads(keys: JobKeys) -> list[Get]:
     """One read-only transaction's reads for :func:`assemble_history`."""
-    return [Get(keys.spec), Get(keys.holder), Get(keys.history.prefix, prefix=True)]
+    return [Get(keys.spec), Get(keys.holder), Get(keys.result),
+            Get(keys.history.prefix, prefix=True)]
 
 
 def assemble_history(job: JobRef, keys: JobKeys, revision: int, spec_kv: KeyValue | None,
-                     holder_kv: KeyValue | None, kvs: list[KeyValue]) -> History:
+                     holder_kv: KeyValue | None, result_kv: KeyValue | None,
+                     kvs: list[KeyValue]) -> History:
     """The job's history from one read (:func:`history_reads`). Never raises for
     stored data: a tenure that cannot be decoded is named in ``corrupt``."""
     parts: dict[int, dict[str, KeyValue]] = {}
@@ -127,6 +132,12 @@ def assemble_history(job: JobRef, keys: JobKeys, revision: int, spec_kv: KeyValu
         except CorruptRecordError as exc:
             corrupt.append((0, str(exc)))
     holder_token = holder_kv.create_revision if holder_kv is not None else 0
+    result = None
+    if result_kv is not None:
+        try:
+            result = ResultRecord.decode(result_kv.value, result_kv.mod_revision)
+        except CorruptRecordError as exc:
+            corrupt.append((0, str(exc)))
     tenures = []
     for generation in sorted(parts):
         fields = parts[generation]
@@ -136,7 +147,7 @@ def assemble_history(job: JobRef, keys: JobKeys, revision: int, spec_kv: KeyValu
         try:
             tenures.append(Tenure.decode(generation, start, fields.get("end"),
                                          fields.get("checkpoints"), fields.get("refused"),
-                                         holder_token))
+                                         holder_token, result))
         except CorruptRecordError as exc:
             corrupt.append((generation, str(exc)))
     return History(job=job, revision=revision, registered=spec_kv is not None,

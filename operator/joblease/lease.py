@@ -121,7 +121,7 @@ class Lease:
         #: (the client's semaphore views apply it before their watches bring it)
         self._on_slots_freed = on_slots_freed
         #: this claim's tenure in the job's history (None: the job keeps none);
-        #: completion, release and checkpoint record themselves in it
+        #: release and checkpoint record themselves in it, a refused completion too
         self.tenure = tenure
         if session is not None:
             session.on_loss(self._on_session_loss)
@@ -362,8 +362,7 @@ class Lease:
                     self._ours(),
                     [Put(self._keys.result, value),
                      *(Delete(key) for key in (*self._keys.completion_deletes,
-                                               *self._slot_keys)),
-                     *self._history_puts(TenureEnd.COMPLETED)],
+                                               *self._slot_keys))],
                     [Get(self._keys.holder), Get(self._keys.result)],
                 )
             except OutcomeUnknownError:

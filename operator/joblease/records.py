@@ -348,10 +348,11 @@ class JobState:
 
 
 class TenureEnd(enum.StrEnum):
-    """How a tenure ended. ``completed``, ``released`` and ``revoked`` are
-    written by the transaction (or the settling client) that ended it;
-    ``expired`` is read, never written: etcd deleted the holder with its lease
-    and wrote nothing else; ``open``: the holder is still there."""
+    """How a tenure ended. ``released`` and ``revoked`` are written by the
+    transaction (or the settling client) that ended it; ``completed`` is read
+    from the job's result (its token is the tenure's: the completion writes
+    nothing more); ``expired`` is read, never written: etcd deleted the holder
+    with its lease and wrote nothing else; ``open``: the holder is still there."""
 
     OPEN = "open"
     COMPLETED = "completed"
@@ -361,7 +362,7 @@ class TenureEnd(enum.StrEnum):
 
 
 #: The ends a transaction writes (``expired`` and ``open`` are derived).
-WRITTEN_ENDS = frozenset({TenureEnd.COMPLETED, TenureEnd.RELEASED, TenureEnd.REVOKED})
+WRITTEN_ENDS = frozenset({TenureEnd.RELEASED, TenureEnd.REVOKED})
 
 
 def encode_tenure_start(owner: str, claim_id: str, claimed_at: float) -> bytes:
@@ -393,6 +394,8 @@ class Tenure:
     claimed_at: float  # informational wall clock of the claimer
     end: TenureEnd
     ended_at: float | None = None  # informational; None for open and expired tenures
+    #: for the completed tenure: the etcd revision its completion committed at
+    completed_revision: int | None = None
     checkpoints: int = 0  # checkpoints written under this tenure
     refused_completions: int = 0  # stale completions refused under this tenure's token
     last_refused_at: float | None = None
@@ -404,14 +407,19 @@ class Tenure:
     @classmethod
     def decode(cls, generation: int, start: KeyValue, end: KeyValue | None,
                checkpoints: KeyValue | None, refused: KeyValue | None,
-               holder_token: int) -> Tenure:
+               holder_token: int, result: ResultRecord | None = None) -> Tenure:
         """The tenure from its keys; ``holder_token``: the live holder's token
-        (0: none), which tells an open tenure from an expired one."""
+        (0: none), which tells an open tenure from an expired one; ``result``:
+        the job's result, which tells the completed one."""
         with decoding("tenure"):
             obj = _loads_object(start.value)
             how, ended_at = (TenureEnd.OPEN if holder_token == start.create_revision
                              else TenureEnd.EXPIRED), None
-            if end is not None:
+            completed_revision = None
+            if result is not None and result.token == start.create_revision:
+                how, ended_at = TenureEnd.COMPLETED, result.completed_at
+                completed_revision = result.revision
+            elif end is not None:
                 end_obj = _loads_object(end.value)
                 how = TenureEnd(_typed(end_obj, "how", str, str))
                 if how not in WRITTEN_ENDS:
@@ -424,7 +432,7 @@ class Tenure:
                 generation=generation, token=start.create_revision,
                 owner=_typed(obj, "owner", str, str), claim_id=_typed(obj, "claimId", str, str),
                 claimed_at=_typed(obj, "claimedAt", float, int, float),
-                end=how, ended_at=ended_at,
+                end=how, ended_at=ended_at, completed_revision=completed_revision,
                 checkpoints=checkpoints.version if checkpoints is not None else 0,
                 refused_completions=refused.version if refused is not None else 0,
                 last_refused_at=last_refused,
@@ -434,6 +442,7 @@ class Tenure:
         return {"generation": self.generation, "token": self.token, "owner": self.owner,
                 "claimId": self.claim_id, "claimedAt": self.claimed_at,
                 "end": self.end.value, "endedAt": self.ended_at, "attempts": self.attempts,
+                "completedRevision": self.completed_revision,
                 "checkpoints": self.checkpoints,
                 "refusedCompletions": self.refused_completions,
                 "lastRefusedAt": self.last_refused_at}

@@ -11,17 +11,18 @@ import (
 
 // A job's tenure history (docs/protocol.md, "Tenure history"; joblease.history):
 // the claim transaction puts <history>/<generation> (its create revision is
-// the token) and deletes the tenures older than the last HistoryLimit;
-// completion and release put <tenure>/end; a checkpoint puts
-// <tenure>/checkpoints (its version counts them). A refused stale completion
+// the token) and deletes the tenures older than the last HistoryLimit; a
+// release puts <tenure>/end (a completion writes nothing more: its result
+// carries the token, which is how a reader tells the completed tenure); a
+// checkpoint puts <tenure>/checkpoints (its version counts them). A refused stale completion
 // and a claim revoked while settling its unknown outcome are recorded after
 // the fact, guarded by create(tenure) == token.
 
-// Tenure ends a transaction writes (expired and open are read, never written).
+// Tenure ends a transaction writes (completed, expired and open are read,
+// never written).
 const (
-	EndCompleted = "completed"
-	EndReleased  = "released"
-	EndRevoked   = "revoked"
+	EndReleased = "released"
+	EndRevoked  = "revoked"
 )
 
 // TenureStartValue is records.encode_tenure_start.

@@ -80,7 +80,7 @@ func TestEveryTenureIsRecordedByTheTransactionsThemselves(t *testing.T) {
 
 	h := historyKeys(t, admin, keys)
 	g1, g2 := "000000000001", "000000000002"
-	want := []string{g1, g1 + "/checkpoints", g1 + "/refused", g2, g2 + "/end"}
+	want := []string{g1, g1 + "/checkpoints", g1 + "/refused", g2}
 	if len(h) != len(want) {
 		t.Fatalf("history keys %v, want %v", h, want)
 	}
@@ -99,10 +99,11 @@ func TestEveryTenureIsRecordedByTheTransactionsThemselves(t *testing.T) {
 	if h[g1+"/checkpoints"].Version != 2 || h[g1+"/refused"].Version != 1 {
 		t.Fatalf("checkpoints %d, refused %d", h[g1+"/checkpoints"].Version, h[g1+"/refused"].Version)
 	}
-	// A's tenure has no end (etcd expired it; nothing is written); B's says completed,
-	// in the completion's own transaction.
-	if field(t, h[g2+"/end"], "how") != EndCompleted || h[g2+"/end"].ModRevision != lb.result.Revision {
-		t.Fatalf("tenure 2's end: %s at %d", h[g2+"/end"].Value, h[g2+"/end"].ModRevision)
+	// Neither tenure has an end: A's expired (etcd wrote nothing), B's completed
+	// (the result, which carries B's token, says so).
+	_, res, _ := admin.Get(ctx, keys.Result())
+	if rec, err := DecodeResult(res.Value, res.ModRevision); err != nil || rec.Token != h[g2].CreateRevision {
+		t.Fatalf("result %+v (%v)", rec, err)
 	}
 }
 

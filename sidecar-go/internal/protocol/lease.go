@@ -61,7 +61,7 @@ type Lease struct {
 	result       *Result
 	checkpointKV *etcd.KV
 	// tenure is this claim's tenure in the job's history (nil: the job keeps
-	// none); completion, release and checkpoint record themselves in it.
+	// none); release and checkpoint record themselves in it (a completion by its result).
 	tenure *tenure
 }
 
@@ -308,7 +308,6 @@ func (l *Lease) Complete(ctx context.Context, result any) (Result, error) {
 		for _, k := range append(l.keys.completionDeletes(), l.slotKeys...) {
 			ops = append(ops, etcd.Delete(k))
 		}
-		ops = append(ops, l.tenure.endPut(EndCompleted)...)
 		r, err := l.store.Txn(ctx, l.ours(), ops,
 			[]etcd.Op{etcd.Get(l.keys.Holder()), etcd.Get(l.keys.Result())})
 		if errs.Is(err, errs.KindOutcomeUnknown) {
