@@ -13,9 +13,12 @@ one round trip on both sides (the spec is read once per job and cached, so
 with fresh jobs joblease pays one extra read per job: shown separately).
 
 - **history**: the joblease side again, on jobs whose spec keeps a tenure
-  history (``historyLimit`` 10: the claim also puts the tenure, the completion
-  its end; docs/protocol.md, "Tenure history"); the ratio history/joblease is
-  what the history costs. Then, at the retention limit: one job claimed,
+  history (``historyLimit`` 10: the claim also puts the tenure; the completion
+  is unchanged; docs/protocol.md, "Tenure history"); the ratio
+  history/joblease is what the history costs. The two run in ``--rounds``
+  alternating rounds (order swapped each round) and each side's cycles/s is
+  its cycles over its seconds summed over the rounds, so a busy machine's
+  swings hit both sides alike. Then, at the retention limit: one job claimed,
   checkpointed and released ``limit + 5`` times, and the etcd keys and bytes
   (key + value) its history and its own prefix hold then.
 
@@ -163,6 +166,30 @@ async def bench_raw(config: EtcdConfig, cycles: int, concurrency: int) -> dict[s
         return out
 
 
+async def paired(config: EtcdConfig, cycles: int, concurrency: int, rounds: int, *,
+                 first_history: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The joblease side without and with a history, in ``rounds`` alternating
+    rounds of ``cycles / rounds`` cycles each; per side, cycles/s over the sums,
+    latencies the median of the rounds'."""
+    per_round = max(cycles // rounds, 20)
+    runs: dict[int, list[dict[str, Any]]] = {0: [], HISTORY_LIMIT: []}
+    for r in range(rounds):
+        order = [0, HISTORY_LIMIT] if (r % 2 == 0) != first_history else [HISTORY_LIMIT, 0]
+        for limit in order:
+            runs[limit].append(await bench_joblease(config, per_round, concurrency, limit))
+
+    def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
+        total, seconds = sum(x["cycles"] for x in results), sum(x["seconds"] for x in results)
+        out: dict[str, Any] = {"cycles": total, "seconds": round(seconds, 3),
+                               "cycles_per_s": round(total / seconds, 1), "rounds": len(results),
+                               "round_cycles_per_s": [x["cycles_per_s"] for x in results]}
+        for key in ("claim_p50_ms", "claim_p99_ms", "complete_p50_ms", "complete_p99_ms"):
+            out[key] = statistics.median(x[key] for x in results)
+        return out
+
+    return merged(runs[0]), merged(runs[HISTORY_LIMIT])
+
+
 async def history_at_limit(config: EtcdConfig, limit: int) -> dict[str, Any]:
     """etcd keys and bytes of one job whose history is full: ``limit + 5`` claims,
     each with a checkpoint and a release (so every tenure has its 3 keys)."""
@@ -190,12 +217,7 @@ async def main_async(args: argparse.Namespace, endpoints: tuple[str, ...]) -> di
         cycles = max(args.cycles if conc > 1 else args.cycles // 6, 50)
         # alternate the order so neither side always runs on a warmer etcd
         raw = await bench_raw(config, cycles, conc)
-        if n % 2 == 0:
-            jl = await bench_joblease(config, cycles, conc)
-            hist = await bench_joblease(config, cycles, conc, history_limit=HISTORY_LIMIT)
-        else:
-            hist = await bench_joblease(config, cycles, conc, history_limit=HISTORY_LIMIT)
-            jl = await bench_joblease(config, cycles, conc)
+        jl, hist = await paired(config, cycles, conc, args.rounds, first_history=n % 2 == 1)
         rows.append({"concurrency": conc, "joblease": jl, "raw": raw, "history": hist,
                      "ratio_cycles": round(jl["cycles_per_s"] / raw["cycles_per_s"], 3),
                      "ratio_history": round(hist["cycles_per_s"] / jl["cycles_per_s"], 3)})
@@ -230,6 +252,8 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=3000)
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                         default=[1, 64])
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="alternating rounds of the joblease and history sides")
     parser.add_argument("--endpoints", help="use this etcd instead of starting one")
     parser.add_argument("--json", help="write the report here")
     args = parser.parse_args()
