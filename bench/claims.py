@@ -184,7 +184,7 @@ async def paired(config: EtcdConfig, cycles: int, concurrency: int, rounds: int,
                                "cycles_per_s": round(total / seconds, 1), "rounds": len(results),
                                "round_cycles_per_s": [x["cycles_per_s"] for x in results]}
         for key in ("claim_p50_ms", "claim_p99_ms", "complete_p50_ms", "complete_p99_ms"):
-            out[key] = statistics.median(x[key] for x in results)
+            out[key] = round(statistics.median(x[key] for x in results), 2)
         return out
 
     return merged(runs[0]), merged(runs[HISTORY_LIMIT])
