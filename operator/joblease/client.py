@@ -332,7 +332,7 @@ class JobLeaseClient:
         """
         validation.job_ref(job)
         keys = self.keys.job(job)
-        self._specs.pop(job, None)
+        self._forget_spec(job)
         _, kvs = await self.store.get(keys.spec)
         created = kvs[0].create_revision if kvs else 0
         condition = [Compare(keys.spec, "create", "==", created)]
@@ -452,6 +452,17 @@ class JobLeaseClient:
         while len(self._specs) > self._spec_cache_size:
             self._generations.pop(self._specs.popitem(last=False)[0], None)
         return entry
+
+    def _forget_spec(self, job: JobRef) -> None:
+        """Drop the cached spec (and generation): the next claim reads both again."""
+        self._specs.pop(job, None)
+        self._generations.pop(job, None)
+
+    def _saw_generation(self, job: JobRef | ItemRef, generation: int) -> None:
+        """Remember ``job``'s generation for its next claim's tenure key, while
+        its spec is cached (so the two are bounded and evicted together)."""
+        if isinstance(job, JobRef) and job in self._specs:
+            self._generations[job] = generation
 
     async def plan_slots(self, what: str, namespace: str, spec: JobSpec,
                          ticket: Ticket | None, *, fresh: bool = False,
@@ -699,8 +710,7 @@ class JobLeaseClient:
         if r.succeeded:
             claims = r.kv(2)
             assert claims is not None
-            if isinstance(job, JobRef):
-                self._generations[job] = claims.version
+            self._saw_generation(job, claims.version)
             record = None
             if item is not None:
                 item_kv = r.kv(4)
@@ -727,11 +737,10 @@ class JobLeaseClient:
         spec_kv, holder_kv, result_kv, claims_kv = r.kv(0), r.kv(1), r.kv(2), r.kv(3)
         if spec_kv is None:
             if isinstance(job, JobRef):
-                self._specs.pop(job, None)
+                self._forget_spec(job)
             raise NotRegisteredError(str(job))
         generation = claims_kv.version if claims_kv else 0
-        if isinstance(job, JobRef):
-            self._generations[job] = generation  # the next try names the right tenure
+        self._saw_generation(job, generation)  # the next try names the right tenure
         if result_kv is not None:
             rec = ResultRecord.decode(result_kv.value)
             raise AlreadyCompletedError(str(job), rec.owner, rec.token, rec.generation)
@@ -829,8 +838,7 @@ class JobLeaseClient:
                 str(job), claim_id, session.lease_id, lease_revoked=True, ttl=session.ttl,
                 why=f"re-reading it after the revoke failed: {exc}") from exc
         claims = kvs[0] if kvs else None
-        if isinstance(job, JobRef):
-            self._generations[job] = claims.version if claims else 0
+        self._saw_generation(job, claims.version if claims else 0)
         if claims is None or self._claim_id_of(claims) != claim_id:
             return None  # not claimed, and with the lease gone it never will be
         token, generation = claims.mod_revision, claims.version
@@ -1067,7 +1075,7 @@ class JobLeaseClient:
                     if loop.time() - began >= limit * 0.9:
                         # Nothing changed for a while: read the job's spec again at
                         # the next claim (a waiter in line does not at each wake-up).
-                        self._specs.pop(job, None)
+                        self._forget_spec(job)
                 except HeldError as held:
                     left = deadline - loop.time()
                     if left <= 0:
