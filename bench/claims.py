@@ -12,6 +12,16 @@ The ratio joblease/raw is the cost of the library on the hot path; a claim is
 one round trip on both sides (the spec is read once per job and cached, so
 with fresh jobs joblease pays one extra read per job: shown separately).
 
+- **history**: the joblease side again, on jobs whose spec keeps a tenure
+  history (``historyLimit`` 10: the claim also puts the tenure; the completion
+  is unchanged; docs/protocol.md, "Tenure history"); the ratio
+  history/joblease is what the history costs. The two run in ``--rounds``
+  alternating rounds (order swapped each round) and each side's cycles/s is
+  its cycles over its seconds summed over the rounds, so a busy machine's
+  swings hit both sides alike. Then, at the retention limit: one job claimed,
+  checkpointed and released ``limit + 5`` times, and the etcd keys and bytes
+  (key + value) its history and its own prefix hold then.
+
     python bench/claims.py [--cycles 3000] [--concurrency 1,64] [--json out.json]
 """
 
@@ -42,13 +52,15 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def register_jobs(client: JobLeaseClient, n: int, prefix: str) -> list[JobRef]:
+async def register_jobs(client: JobLeaseClient, n: int, prefix: str,
+                        history_limit: int = 0) -> list[JobRef]:
     jobs = [JobRef("bench", f"{prefix}-{i}") for i in range(n)]
     sem = asyncio.Semaphore(64)
 
     async def one(job: JobRef) -> None:
         async with sem:
-            await client.register(job, JobSpec(lease_duration_seconds=30, max_attempts=3))
+            await client.register(job, JobSpec(lease_duration_seconds=30, max_attempts=3,
+                                               history_limit=history_limit))
 
     await asyncio.gather(*(one(j) for j in jobs))
     return jobs
@@ -87,9 +99,10 @@ async def run_pool(jobs: list[Any], concurrency: int, cycle: Any) -> dict[str, A
     }
 
 
-async def bench_joblease(config: EtcdConfig, cycles: int, concurrency: int) -> dict[str, Any]:
+async def bench_joblease(config: EtcdConfig, cycles: int, concurrency: int,
+                         history_limit: int = 0) -> dict[str, Any]:
     async with JobLeaseClient(config.with_(root=f"/bench/jl-{uuid.uuid4().hex[:6]}")) as c:
-        jobs = await register_jobs(c, cycles, "job")
+        jobs = await register_jobs(c, cycles, "job", history_limit)
         # Warm the per-job spec cache the way a long-lived worker has it, and
         # count that read separately (it is paid once per job, not per claim).
         t = time.perf_counter()
@@ -153,29 +166,85 @@ async def bench_raw(config: EtcdConfig, cycles: int, concurrency: int) -> dict[s
         return out
 
 
+async def paired(config: EtcdConfig, cycles: int, concurrency: int, rounds: int, *,
+                 first_history: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The joblease side without and with a history, in ``rounds`` alternating
+    rounds of ``cycles / rounds`` cycles each; per side, cycles/s over the sums,
+    latencies the median of the rounds'."""
+    per_round = max(cycles // rounds, 20)
+    runs: dict[int, list[dict[str, Any]]] = {0: [], HISTORY_LIMIT: []}
+    for r in range(rounds):
+        order = [0, HISTORY_LIMIT] if (r % 2 == 0) != first_history else [HISTORY_LIMIT, 0]
+        for limit in order:
+            runs[limit].append(await bench_joblease(config, per_round, concurrency, limit))
+
+    def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
+        total, seconds = sum(x["cycles"] for x in results), sum(x["seconds"] for x in results)
+        out: dict[str, Any] = {"cycles": total, "seconds": round(seconds, 3),
+                               "cycles_per_s": round(total / seconds, 1), "rounds": len(results),
+                               "round_cycles_per_s": [x["cycles_per_s"] for x in results]}
+        for key in ("claim_p50_ms", "claim_p99_ms", "complete_p50_ms", "complete_p99_ms"):
+            out[key] = round(statistics.median(x[key] for x in results), 2)
+        return out
+
+    return merged(runs[0]), merged(runs[HISTORY_LIMIT])
+
+
+async def history_at_limit(config: EtcdConfig, limit: int) -> dict[str, Any]:
+    """etcd keys and bytes of one job whose history is full: ``limit + 5`` claims,
+    each with a checkpoint and a release (so every tenure has its 3 keys)."""
+    async with JobLeaseClient(config.with_(root=f"/bench/hist-{uuid.uuid4().hex[:6]}")) as c:
+        job = JobRef("bench", "history-at-limit")
+        await c.register(job, JobSpec(30, 0, history_limit=limit))
+        for _ in range(limit + 5):
+            lease = await c.claim(job, "bench-worker-7d9f-x2k4q")
+            await lease.checkpoint({"offset": 123456})
+            await lease.release()
+        keys = c.keys.job(job)
+        _, history = await c.store.get(keys.history.prefix, prefix=True)
+        _, own = await c.store.get(keys.prefix, prefix=True)
+        return {"limit": limit, "claims": limit + 5,
+                "history_keys": len(history),
+                "history_bytes": sum(len(kv.key) + len(kv.value) for kv in history),
+                "job_keys": len(own), "job_bytes": sum(len(kv.key) + len(kv.value) for kv in own),
+                "tenures": len((await c.history(job)).tenures)}
+
+
 async def main_async(args: argparse.Namespace, endpoints: tuple[str, ...]) -> dict[str, Any]:
     config = EtcdConfig(endpoints=endpoints)
     rows = []
-    for conc in args.concurrency:
+    for n, conc in enumerate(args.concurrency):
         cycles = max(args.cycles if conc > 1 else args.cycles // 6, 50)
         # alternate the order so neither side always runs on a warmer etcd
         raw = await bench_raw(config, cycles, conc)
-        jl = await bench_joblease(config, cycles, conc)
-        rows.append({"concurrency": conc, "joblease": jl, "raw": raw,
-                     "ratio_cycles": round(jl["cycles_per_s"] / raw["cycles_per_s"], 3)})
-    return {"benchmark": "claims", "etcd_endpoints": list(endpoints), "rows": rows}
+        jl, hist = await paired(config, cycles, conc, args.rounds, first_history=n % 2 == 1)
+        rows.append({"concurrency": conc, "joblease": jl, "raw": raw, "history": hist,
+                     "ratio_cycles": round(jl["cycles_per_s"] / raw["cycles_per_s"], 3),
+                     "ratio_history": round(hist["cycles_per_s"] / jl["cycles_per_s"], 3)})
+    return {"benchmark": "claims", "etcd_endpoints": list(endpoints), "rows": rows,
+            "history_at_limit": await history_at_limit(config, HISTORY_LIMIT)}
+
+
+#: The JobLease default (validation.DEFAULT_HISTORY_LIMIT), measured on the history side.
+HISTORY_LIMIT = 10
 
 
 def print_table(report: dict[str, Any]) -> None:
     print(f"{'conc':>4}  {'side':<9} {'cycles/s':>9} {'claim p50':>9} {'claim p99':>9} "
           f"{'compl p50':>9} {'compl p99':>9}")
     for row in report["rows"]:
-        for side in ("raw", "joblease"):
+        for side in ("raw", "joblease", "history"):
             r = row[side]
             print(f"{row['concurrency']:>4}  {side:<9} {r['cycles_per_s']:>9} "
                   f"{r['claim_p50_ms']:>7}ms {r['claim_p99_ms']:>7}ms "
                   f"{r['complete_p50_ms']:>7}ms {r['complete_p99_ms']:>7}ms")
         print(f"{row['concurrency']:>4}  ratio joblease/raw cycles/s = {row['ratio_cycles']}")
+        print(f"{row['concurrency']:>4}  ratio history/joblease cycles/s = "
+              f"{row['ratio_history']}")
+    at = report["history_at_limit"]
+    print(f"history at its limit ({at['limit']} tenures after {at['claims']} claims): "
+          f"{at['history_keys']} keys, {at['history_bytes']} bytes "
+          f"(the job's own prefix: {at['job_keys']} keys, {at['job_bytes']} bytes)")
 
 
 def main() -> None:
@@ -183,6 +252,8 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=3000)
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                         default=[1, 64])
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="alternating rounds of the joblease and history sides")
     parser.add_argument("--endpoints", help="use this etcd instead of starting one")
     parser.add_argument("--json", help="write the report here")
     args = parser.parse_args()

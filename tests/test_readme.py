@@ -53,3 +53,5 @@ def test_readme_demo_command_works_in_a_clean_copy(tmp_path: Path) -> None:
     assert data["lateCompletion"]["error"] == "stale"
     assert data["lateCompletion"]["currentToken"] == data["workerB"]["token"]
     assert data["lateWrite"]["status"] == 409
+    assert data["verdicts"]["historyTellsIt"]
+    assert [t["generation"] for t in data["history"]["tenures"]] == [1, 2, 3, 4, 5, 6, 7, 8]

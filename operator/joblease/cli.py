@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import json
 import os
 import signal
@@ -38,10 +39,11 @@ from joblease.etcd_store import (
     read_password_file,
 )
 from joblease.keys import DEFAULT_NAMESPACE, ItemRef, JobRef, QueueRef, SemaphoreRef
-from joblease.lease import Lease, LeaseState
+from joblease.lease import LeaseState
 from joblease.queue import ItemPhase, Queues
 from joblease.records import (
     CheckpointRecord,
+    History,
     JobSpec,
     JobState,
     Phase,
@@ -252,12 +254,15 @@ def main() -> None:
 @click.option("--max-attempts", type=int, default=3, show_default=True,
               help="Claims allowed before the job fails (0 = unlimited).")
 @click.option("--parameters", default="{}", help="The job's input as a JSON object.")
+@click.option("--history-limit", type=int, default=validation.DEFAULT_HISTORY_LIMIT,
+              show_default=True,
+              help="Tenures kept in the job's history (`joblease history`; 0 = none).")
 @semaphore_option
 @etcd_options
 @output_option
 def register(job: str, namespace: str | None, lease_duration_seconds: int, max_attempts: int,
-             parameters: str, semaphores: tuple[SemaphoreUse, ...], output: str,
-             **kw: Any) -> None:
+             parameters: str, history_limit: int, semaphores: tuple[SemaphoreUse, ...],
+             output: str, **kw: Any) -> None:
     """Register JOB in etcd (what the operator does for each JobLease)."""
     config, ref = split_etcd(kw), job_ref(job, namespace)
     try:
@@ -271,7 +276,7 @@ def register(job: str, namespace: str | None, lease_duration_seconds: int, max_a
     async def go() -> dict[str, Any]:
         async with JobLeaseClient(config) as c:
             revision = await c.register(ref, JobSpec(lease_duration_seconds, max_attempts, params,
-                                                     semaphores))
+                                                     semaphores, history_limit))
             return {"job": str(ref), "registered": True, "revision": revision}
 
     data = run(go())
@@ -380,7 +385,7 @@ def complete(job: str, namespace: str | None, owner: str | None, token: int, res
     """Complete JOB under OWNER's claim with TOKEN (same condition as the holder's)."""
     value = _json_option(result, "--result", "result", validation.MAX_RESULT_BYTES)
     _as_holder(job, namespace, owner, token, kw, output,
-               lambda lease: lease.complete(value))
+               lambda c, ref, owner: c.complete_for(ref, owner, token, value))
 
 
 @main.command()
@@ -395,13 +400,16 @@ def checkpoint(job: str, namespace: str | None, owner: str | None, token: int, d
     """Store DATA as JOB's checkpoint under OWNER's claim with TOKEN (refused as
     stale, exit 7, unless that claim holds the job now)."""
     value = _json_option(data, "--data", "checkpoint", validation.MAX_CHECKPOINT_BYTES)
-    _as_holder(job, namespace, owner, token, kw, output,
-               lambda lease: lease.checkpoint(value))
+    async def write(c: JobLeaseClient, ref: JobRef, owner: str) -> CheckpointRecord:
+        return await (await c.lease_for(ref, owner, token)).checkpoint(value)
+
+    _as_holder(job, namespace, owner, token, kw, output, write)
 
 
 def _as_holder(job: str, namespace: str | None, owner: str | None, token: int,
                kw: dict[str, Any], output: str,
-               write: Callable[[Lease], Awaitable[ResultRecord | CheckpointRecord]]) -> None:
+               write: Callable[[JobLeaseClient, JobRef, str],
+                               Awaitable[ResultRecord | CheckpointRecord]]) -> None:
     """``complete`` and ``checkpoint``: one write under OWNER's claim with TOKEN, the
     record it stored printed (the same conditions as the holder's own write)."""
     owner = required_owner(owner)
@@ -409,7 +417,7 @@ def _as_holder(job: str, namespace: str | None, owner: str | None, token: int,
 
     async def go() -> dict[str, Any]:
         async with JobLeaseClient(config) as c:
-            record = await write(await c.lease_for(ref, owner, token))
+            record = await write(c, ref, owner)
             return {"job": str(ref), **record.to_dict()}
 
     emit(run(go()), output, lambda d: [[d["job"], d["owner"], d["generation"], d["token"],
@@ -503,6 +511,55 @@ def get(job: str, namespace: str | None, output: str, **kw: Any) -> None:
         # What did decode is shown above; the exit code says the state is incomplete.
         click.echo(f"joblease: {CorruptRecordError.reason}: job {ref}: {state.corrupt}",
                    err=True)
+        sys.exit(CorruptRecordError.exit_code)
+
+
+HISTORY_HEADERS = ("GENERATION", "TOKEN", "OWNER", "CLAIMED", "ENDED", "END", "CHECKPOINTS",
+                   "REFUSED")
+
+
+def _utc(at: float | None) -> str:
+    """A record's informational wall-clock time, as UTC to the millisecond."""
+    if at is None:
+        return "-"
+    stamp = datetime.datetime.fromtimestamp(at, datetime.UTC)
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def history_rows(d: dict[str, Any]) -> Iterable[list[Any]]:
+    for t in d["tenures"]:
+        yield [t["generation"], t["token"], t["owner"], _utc(t["claimedAt"]),
+               _utc(t["endedAt"]), t["end"], t["checkpoints"], t["refusedCompletions"]]
+
+
+@main.command()
+@job_argument
+@etcd_options
+@output_option
+def history(job: str, namespace: str | None, output: str, **kw: Any) -> None:
+    """Show JOB's last tenures, oldest first: who held it (generation, token,
+    owner), when, how each ended (completed, released, revoked, expired, or
+    open), the checkpoints written and the stale completions refused under it
+    (docs/history.md). Exit 3 if JOB is not registered, 14 if a tenure record
+    cannot be decoded (the others are shown)."""
+    config, ref = split_etcd(kw), job_ref(job, namespace)
+
+    async def go() -> History:
+        async with JobLeaseClient(config) as c:
+            return await c.history(ref)
+
+    found = run(go())
+    if not found.registered:
+        click.echo(f"joblease: {NotRegisteredError.reason}: job {ref} is not registered",
+                   err=True)
+        sys.exit(NotRegisteredError.exit_code)
+    emit(found.to_dict(), output, history_rows, HISTORY_HEADERS)
+    if output == "table" and found.history_limit == 0:
+        click.echo(f"job {ref} keeps no history (historyLimit 0)", err=True)
+    for generation, why in found.corrupt:
+        click.echo(f"joblease: {CorruptRecordError.reason}: job {ref}: tenure {generation}: "
+                   f"{why}", err=True)
+    if found.corrupt:
         sys.exit(CorruptRecordError.exit_code)
 
 

@@ -11,6 +11,11 @@ transaction:
          get checkpoint                          (the last holder's, for the new one)
     else get spec, holder, result, claims        (to say exactly why not)
 
+A job with a tenure history (``historyLimit`` > 0 in its spec) adds
+``version(claims) == g`` (the generation this client last saw) and, in the
+success branch, puts the tenure ``_history/<name>/<g+1>`` and deletes the
+tenures older than the last ``historyLimit`` (docs/protocol.md, "Tenure history").
+
 The commit revision is the fencing token; ``claims``' version after the put is
 the generation. Both come back in the same round trip. The spec is read once
 and cached: a changed spec fails the first compare and is re-read.
@@ -54,6 +59,7 @@ from joblease.errors import (
     WaitSessionLostError,
 )
 from joblease.etcd_store import EtcdConfig, EtcdStore
+from joblease.history import TenureKeys, assemble_history, history_reads, tenure_of
 from joblease.keys import (
     ItemKeys,
     ItemRef,
@@ -66,6 +72,7 @@ from joblease.keys import (
 from joblease.lease import Lease
 from joblease.records import (
     CheckpointRecord,
+    History,
     Holder,
     ItemRecord,
     JobSpec,
@@ -73,6 +80,7 @@ from joblease.records import (
     ResultRecord,
     SemaphoreUse,
     SlotRecord,
+    TenureEnd,
     WaiterRecord,
     decoding,
 )
@@ -202,6 +210,10 @@ class JobLeaseClient:
         tracing.prepare()  # the SDK's import, if traced, now rather than inside the first claim
         self._read_back_timeout = read_back_timeout
         self._specs: OrderedDict[JobRef, tuple[int, JobSpec]] = OrderedDict()
+        #: each cached job's generation (claims' version) as last seen: a claim of a
+        #: job with a history names its tenure key by it (a wrong guess fails the
+        #: claim's compare, whose failure branch reads the right one)
+        self._generations: dict[JobRef, int] = {}
         #: slot indexes picked by this client's claims in flight, by semaphore prefix
         self._reserved_slots: dict[bytes, set[int]] = {}
         #: watched views of the semaphores its claims use, by prefix (LRU)
@@ -247,6 +259,7 @@ class JobLeaseClient:
         validation.job_ref(job)
         validation.ttl(spec.lease_duration_seconds)
         validation.max_attempts(spec.max_attempts)
+        validation.history_limit(spec.history_limit)
         validation.json_payload(spec.parameters, "parameters", validation.MAX_PARAMETERS_BYTES)
         slots_plan.check_uses(spec.semaphores)
         keys = self.keys.job(job)
@@ -320,18 +333,20 @@ class JobLeaseClient:
         """
         validation.job_ref(job)
         keys = self.keys.job(job)
-        self._specs.pop(job, None)
+        self._forget_spec(job)
         _, kvs = await self.store.get(keys.spec)
         created = kvs[0].create_revision if kvs else 0
         condition = [Compare(keys.spec, "create", "==", created)]
-        delete = Delete(keys.prefix, prefix=True)
+        # the job's keys and its tenure history go together: a registration made
+        # later starts its generations (and so its tenure keys) at 1 again
+        deletes = (Delete(keys.prefix, prefix=True), Delete(keys.history.prefix, prefix=True))
         unknown = False
         for _ in range(5):
             try:
                 if not guard:
-                    r = await self.store.txn(condition, [delete], [])
+                    r = await self.store.txn(condition, deletes, [])
                     return r.revision
-                r = await self.store.txn(guard, [Txn(tuple(condition), (delete,))],
+                r = await self.store.txn(guard, [Txn(tuple(condition), deletes)],
                                          [Get(keys.spec)])
                 if r.succeeded:
                     return r.revision
@@ -424,16 +439,31 @@ class JobLeaseClient:
         if cached is not None:
             self._specs.move_to_end(job)
             return cached
-        _, kvs = await self.store.get(keys.spec)
-        if not kvs:
+        # one read of the spec and the generation (what a history's tenure key needs)
+        r = await self.store.txn([], [Get(keys.spec), Get(keys.claims)])
+        spec_kv, claims_kv = r.kv(0), r.kv(1)
+        if spec_kv is None:
             self._specs.pop(job, None)
+            self._generations.pop(job, None)
             raise NotRegisteredError(str(job))
-        entry = (kvs[0].mod_revision, JobSpec.decode(kvs[0].value))
+        entry = (spec_kv.mod_revision, JobSpec.decode(spec_kv.value))
         self._specs[job] = entry
         self._specs.move_to_end(job)
+        self._generations[job] = claims_kv.version if claims_kv else 0
         while len(self._specs) > self._spec_cache_size:
-            self._specs.popitem(last=False)
+            self._generations.pop(self._specs.popitem(last=False)[0], None)
         return entry
+
+    def _forget_spec(self, job: JobRef) -> None:
+        """Drop the cached spec (and generation): the next claim reads both again."""
+        self._specs.pop(job, None)
+        self._generations.pop(job, None)
+
+    def _saw_generation(self, job: JobRef | ItemRef, generation: int) -> None:
+        """Remember ``job``'s generation for its next claim's tenure key, while
+        its spec is cached (so the two are bounded and evicted together)."""
+        if isinstance(job, JobRef) and job in self._specs:
+            self._generations[job] = generation
 
     async def plan_slots(self, what: str, namespace: str, spec: JobSpec,
                          ticket: Ticket | None, *, fresh: bool = False,
@@ -597,7 +627,8 @@ class JobLeaseClient:
             session = await self.sessions.for_claim(spec.lease_duration_seconds)
             with self.sessions.using(session), self._reserving(slot_plan):
                 outcome = await self._claim_on(job, keys, owner, spec_revision, spec, session,
-                                               revoked, slots=slot_plan)
+                                               revoked, slots=slot_plan,
+                                               generation=self._generations.get(job, 0))
             if isinstance(outcome, Lease):
                 return outcome
             refresh = outcome
@@ -616,7 +647,7 @@ class JobLeaseClient:
     async def _claim_on(self, job: JobRef | ItemRef, keys: JobKeys | ItemKeys, owner: str,
                         spec_revision: int, spec: JobSpec, session: Session[Lease],
                         revoked: list[int], item: ItemClaim | None = None,
-                        slots: SlotPlan | None = None) -> Lease | bool:
+                        slots: SlotPlan | None = None, generation: int = 0) -> Lease | bool:
         """One claim transaction bound to ``session``: the lease, or whether to
         re-read the spec before trying again (``revoked`` collects the tokens
         of our claims ended while settling an unknown outcome).
@@ -624,10 +655,13 @@ class JobLeaseClient:
         For a queue item (``item``, with ``ItemKeys``), ``spec`` is its queue's
         (``max_attempts`` counted from the round's ``attempts_from``) and the
         item's pending key must be unchanged too (docs/queues.md, "Claim an item").
-        ``slots``: the semaphore slots to take in the same transaction."""
+        ``slots``: the semaphore slots to take in the same transaction.
+        ``generation``: the job's generation as last seen, for its tenure key
+        (a job whose spec keeps a history; items keep none)."""
         claim_id = uuid.uuid4().hex
+        claimed_at = time.time()
         holder_value = Holder.encode_value(owner, claim_id, spec.lease_duration_seconds,
-                                           time.time())
+                                           claimed_at)
         claim_value = json.dumps({"owner": owner, "claimId": claim_id},
                                  separators=(",", ":")).encode()
         compares = [
@@ -652,6 +686,11 @@ class JobLeaseClient:
             # after every Get the success branch is read by index; writes go last
             slot_writes = slots.writes(session.lease_id, SlotRecord(str(job), owner, claim_id))
             success += slot_writes
+        tenure = None
+        if spec.history_limit > 0 and isinstance(keys, JobKeys):
+            tenure = TenureKeys(keys.history, generation + 1)
+            compares.append(Compare(keys.claims, "version", "==", generation))
+            success += tenure.claim_writes(owner, claim_id, claimed_at, spec.history_limit)
         try:
             r = await self.store.txn(compares, success, failure)
         except LeaseNotFoundError:
@@ -661,7 +700,7 @@ class JobLeaseClient:
         except OutcomeUnknownError:
             lease = await self._resolve_ambiguous_claim(job, keys, owner, claim_id,
                                                         holder_value, session, spec, revoked,
-                                                        slots)
+                                                        slots, tenure)
             return False if lease is None else lease
         except asyncio.CancelledError:
             # The request may be on its way and commit a holder bound to this
@@ -672,6 +711,7 @@ class JobLeaseClient:
         if r.succeeded:
             claims = r.kv(2)
             assert claims is not None
+            self._saw_generation(job, claims.version)
             record = None
             if item is not None:
                 item_kv = r.kv(4)
@@ -687,7 +727,7 @@ class JobLeaseClient:
                          generation=claims.version, ttl=spec.lease_duration_seconds,
                          holder_value=holder_value, checkpoint=r.kv(3), item=record,
                          slots=slots.grants(r.revision) if slots else (),
-                         on_slots_freed=self._slots_freed)
+                         on_slots_freed=self._slots_freed, tenure=tenure)
         if item is not None:
             return self._item_refused(job, r, spec_revision, spec, item)
         return self._refused(job, r, spec_revision)
@@ -698,9 +738,10 @@ class JobLeaseClient:
         spec_kv, holder_kv, result_kv, claims_kv = r.kv(0), r.kv(1), r.kv(2), r.kv(3)
         if spec_kv is None:
             if isinstance(job, JobRef):
-                self._specs.pop(job, None)
+                self._forget_spec(job)
             raise NotRegisteredError(str(job))
         generation = claims_kv.version if claims_kv else 0
+        self._saw_generation(job, generation)  # the next try names the right tenure
         if result_kv is not None:
             rec = ResultRecord.decode(result_kv.value)
             raise AlreadyCompletedError(str(job), rec.owner, rec.token, rec.generation)
@@ -712,7 +753,9 @@ class JobLeaseClient:
         spec = JobSpec.decode(spec_kv.value)
         if spec.max_attempts and generation >= spec.max_attempts:
             raise AttemptsExhaustedError(str(job), generation, spec.max_attempts)
-        return True  # raced with a change that is gone again; just retry
+        # raced with a change that is gone again, or (a job with a history) another
+        # claim came and went since we last saw the generation; just retry
+        return True
 
     @staticmethod
     def _item_refused(item_ref: JobRef | ItemRef, r: TxnResult, spec_revision: int,
@@ -744,7 +787,7 @@ class JobLeaseClient:
     async def _resolve_ambiguous_claim(
         self, job: JobRef | ItemRef, keys: JobKeys | ItemKeys, owner: str, claim_id: str,
         holder_value: bytes, session: Session[Lease], spec: JobSpec, revoked: list[int],
-        slots: SlotPlan | None = None,
+        slots: SlotPlan | None = None, tenure: TenureKeys | None = None,
     ) -> Lease | None:
         """Invariant ``read-back``: a claim whose response was lost is resolved by reading back.
 
@@ -782,7 +825,7 @@ class JobLeaseClient:
                          item=_item_of(fields.get("item")),
                          # the holder committed, so did its slots (one transaction)
                          slots=slots.grants(holder.create_revision) if slots else (),
-                         on_slots_freed=self._slots_freed)
+                         on_slots_freed=self._slots_freed, tenure=tenure)
         log.info("ambiguous claim of %s not visible; revoking lease %x so it cannot commit late",
                  job, session.lease_id)
         if not await self.sessions.end(session, "revoked to settle an ambiguous claim"):
@@ -796,9 +839,14 @@ class JobLeaseClient:
                 str(job), claim_id, session.lease_id, lease_revoked=True, ttl=session.ttl,
                 why=f"re-reading it after the revoke failed: {exc}") from exc
         claims = kvs[0] if kvs else None
+        self._saw_generation(job, claims.version if claims else 0)
         if claims is None or self._claim_id_of(claims) != claim_id:
             return None  # not claimed, and with the lease gone it never will be
         token, generation = claims.mod_revision, claims.version
+        if tenure is not None:
+            # its tenure committed with it; say how it ended (the holder went with
+            # the revoked lease), so the history does not read "expired"
+            await tenure.record_end(self.store, token, TenureEnd.REVOKED)
         if spec.max_attempts and generation >= spec.max_attempts:
             raise ClaimRevokedError(str(job), token, generation, spec.max_attempts)
         revoked.append(token)
@@ -867,13 +915,51 @@ class JobLeaseClient:
             raise StaleTokenError(str(job), token, state.token, current_owner)
         holder = Holder.decode_value(holder_kv.value)
         assert state.spec is not None
+        # this claim's tenure, if the job keeps a history (so a completion from
+        # here ends it as the claimer's own would)
+        tenure_key = keys.history.tenure(state.generation)
+        _, tenure_kvs = await self.retry_read(lambda: self.store.get(tenure_key))
+        tenure = tenure_of(keys.history, tenure_kvs[0] if tenure_kvs else None,
+                           state.generation, token)
         return Lease(store=self.store, session=None, job=job, keys=keys, owner=owner,
                      claim_id=h.claim_id, token=token, generation=state.generation,
                      ttl=int(holder.get("ttl", 0)), holder_value=holder_kv.value,
                      checkpoint=fields.get("checkpoint"),
                      slots=await self.held_slots(job.namespace, state.spec.semaphores,
                                                  h.claim_id),
-                     on_slots_freed=self._slots_freed)
+                     on_slots_freed=self._slots_freed, tenure=tenure)
+
+    async def complete_for(self, job: JobRef, owner: str, token: int, result: Any = None
+                           ) -> ResultRecord:
+        """Complete ``job`` under ``owner``'s claim with ``token`` from another
+        process (:meth:`lease_for`, then ``complete``: the holder's own condition).
+
+        A refused stale completion is counted against the tenure of ``token``
+        in the job's history, as the holder's own refused completion is; then
+        :class:`StaleTokenError` is raised.
+        """
+        try:
+            lease = await self.lease_for(job, owner, token)
+        except StaleTokenError as stale:
+            if stale.current_token != token:  # not a repeat of our own completion
+                await self._record_refusal(job, token)
+            raise
+        return await lease.complete(result)
+
+    async def _record_refusal(self, job: JobRef, token: int) -> None:
+        """Count a refused completion against the tenure whose token is ``token``,
+        if the history still holds it (a bounded read of its keys)."""
+        history = self.keys.job(job).history
+        try:
+            _, kvs = await self.store.get(history.prefix, prefix=True, keys_only=True)
+        except JobLeaseError as exc:
+            log.info("refused completion of %s (token %d) not recorded: %s", job, token, exc)
+            return
+        for kv in kvs:
+            parsed = history.parse(kv.key)
+            if parsed is not None and parsed[1] == "" and kv.create_revision == token:
+                await TenureKeys(history, parsed[0]).record_refusal(self.store, token)
+                return
 
     async def held_slots(self, namespace: str, uses: Sequence[SemaphoreUse], claim_id: str
                          ) -> tuple[SlotGrant, ...]:
@@ -990,7 +1076,7 @@ class JobLeaseClient:
                     if loop.time() - began >= limit * 0.9:
                         # Nothing changed for a while: read the job's spec again at
                         # the next claim (a waiter in line does not at each wake-up).
-                        self._specs.pop(job, None)
+                        self._forget_spec(job)
                 except HeldError as held:
                     left = deadline - loop.time()
                     if left <= 0:
@@ -1092,6 +1178,15 @@ class JobLeaseClient:
     async def get(self, job: JobRef) -> JobState:
         validation.job_ref(job)
         return (await self._read_job(job))[2]
+
+    async def history(self, job: JobRef) -> History:
+        """The job's tenures (the last ``historyLimit`` claims), oldest first, with
+        how each ended, from one read at one revision (docs/protocol.md,
+        "Tenure history"). A job that keeps none, or is not registered, has none."""
+        validation.job_ref(job)
+        keys = self.keys.job(job)
+        r = await self.retry_read(lambda: self.store.txn([], history_reads(keys)))
+        return assemble_history(job, keys, r.revision, r.kv(0), r.kv(1), r.kv(2), r.kvs(3))
 
     async def _read_job(self, job: JobRef) -> tuple[JobKeys, dict[str, KeyValue], JobState]:
         """One linearizable read of every key of ``job``: the raw fields and the state."""

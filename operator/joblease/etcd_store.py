@@ -201,7 +201,7 @@ def _request_op(op: TxnOp) -> Any:
     if isinstance(op, Txn):
         return rpc_pb2.RequestOp(request_txn=_txn_request(op.compares, op.success, op.failure))
     return rpc_pb2.RequestOp(request_delete_range=rpc_pb2.DeleteRangeRequest(
-        key=op.key, range_end=prefix_end(op.key) if op.prefix else b""))
+        key=op.key, range_end=op.end or (prefix_end(op.key) if op.prefix else b"")))
 
 
 def _txn_request(compares: Sequence[Compare], success: Sequence[TxnOp],

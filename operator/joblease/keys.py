@@ -13,6 +13,13 @@ Every job owns the prefix ``<root>/<namespace>/<name>/`` (root defaults to
               (same compares as renew); kept after completion, deleted with
               the job on unregister.
 
+A job's tenure history (docs/protocol.md, "Tenure history") lives beside its
+prefix, under ``<root>/<namespace>/_history/<name>/``: one ``<generation>``
+key per claim (zero-padded, so key order is claim order) and, under it,
+``/end``, ``/checkpoints`` and ``/refused``. Outside the job's prefix, so
+reading a job, listing and watching jobs (which skip ``_`` segments) cost what
+they cost without it; unregister deletes both.
+
 A queue owns ``<root>/<namespace>/_queues/<queue>/`` (no JobLease can be named
 ``_queues``): its ``spec`` and one sub-prefix per field of its items
 (``items/``, ``pending/``, ``held/``, ``claims/``, ``results/``,
@@ -82,6 +89,48 @@ class JobKeys:
     def completion_deletes(self) -> tuple[bytes, ...]:
         """What the completion transaction deletes besides writing the result."""
         return (self.holder,)
+
+    @functools.cached_property
+    def history(self) -> HistoryKeys:
+        """The job's tenure history: ``<root>/<ns>/_history/<name>/``."""
+        base, _, name = self.prefix[:-1].rpartition(b"/")
+        return HistoryKeys(base + b"/" + HISTORY_SEGMENT.encode() + b"/" + name + b"/")
+
+
+#: The path segment under a namespace that holds its jobs' tenure histories.
+HISTORY_SEGMENT = "_history"
+#: Generations in tenure keys are zero-padded to this many digits, so that key
+#: order is claim order (10^12 claims of one job).
+GENERATION_DIGITS = 12
+
+
+@dataclass(frozen=True)
+class HistoryKeys:
+    """``<root>/<ns>/_history/<name>/``: one key per tenure, ``<generation>``,
+    with ``<generation>/end``, ``/checkpoints`` and ``/refused`` under it."""
+
+    prefix: bytes
+
+    def tenure(self, generation: int) -> bytes:
+        return self.prefix + str(generation).zfill(GENERATION_DIGITS).encode()
+
+    def end(self, generation: int) -> bytes:
+        return self.tenure(generation) + b"/end"
+
+    def checkpoints(self, generation: int) -> bytes:
+        return self.tenure(generation) + b"/checkpoints"
+
+    def refused(self, generation: int) -> bytes:
+        return self.tenure(generation) + b"/refused"
+
+    def parse(self, key: bytes) -> tuple[int, str] | None:
+        """``(generation, "" | "end" | "checkpoints" | "refused")`` for a key of this history."""
+        if not key.startswith(self.prefix):
+            return None
+        gen, _, field = key[len(self.prefix):].decode(errors="replace").partition("/")
+        if len(gen) != GENERATION_DIGITS or not gen.isdigit():
+            return None
+        return int(gen), field
 
 
 #: The path segment under a namespace that holds its queues.

@@ -34,8 +34,9 @@ from joblease.errors import (
     StaleTokenError,
     StoreUnavailableError,
 )
+from joblease.history import TenureKeys
 from joblease.keys import ItemKeys, ItemRef, JobKeys, JobRef
-from joblease.records import CheckpointRecord, Holder, ItemRecord, ResultRecord
+from joblease.records import CheckpointRecord, Holder, ItemRecord, ResultRecord, TenureEnd
 from joblease.slots import SlotGrant
 from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, TxnResult
 
@@ -92,6 +93,7 @@ class Lease:
         item: ItemRecord | None = None,
         slots: tuple[SlotGrant, ...] = (),
         on_slots_freed: Callable[[tuple[SlotGrant, ...], int], None] | None = None,
+        tenure: TenureKeys | None = None,
     ) -> None:
         self.store = store
         self.job = job
@@ -121,6 +123,9 @@ class Lease:
         #: this tenure's trace (docs/tracing.md); a handle that does not renew has none
         self.trace = (tracing.start_tenure(job, job.namespace, owner, claim_id, token, generation)
                       if session is not None else tracing.NO_TENURE)
+        #: this claim's tenure in the job's history (None: the job keeps none);
+        #: release and checkpoint record themselves in it, a refused completion too
+        self.tenure = tenure
         if session is not None:
             session.on_loss(self._on_session_loss)
             session.attach(self)
@@ -307,7 +312,7 @@ class Lease:
             seen = self._checkpoint_kv.mod_revision if self._checkpoint_kv else 0
             try:
                 r = await self.store.txn([*self._ours(), Compare(key, "mod", "==", seen)],
-                                         [Put(key, value)], reads)
+                                         [Put(key, value), *self._history_puts(None)], reads)
             except OutcomeUnknownError:
                 log.info("checkpoint of %s has an unknown outcome; reading back", self.job)
                 r = await self._read_back_checkpoint(reads)
@@ -395,6 +400,8 @@ class Lease:
                 self._finish()
                 return self.result
             self._lose(self._describe_change(r))
+            if self.tenure is not None:  # off the hot path: we are refused anyway
+                await self.tenure.record_refusal(self.store, self.token)
             raise self._stale(r)
         raise OutcomeUnknownError(
             f"completion of {self.job} could not be confirmed: three copies had unknown "
@@ -441,7 +448,8 @@ class Lease:
         for _ in range(3):
             try:
                 r = await self.store.txn(self._ours(), [Delete(self._keys.holder),
-                                                        *map(Delete, self._slot_keys)],
+                                                        *map(Delete, self._slot_keys),
+                                                        *self._history_puts(TenureEnd.RELEASED)],
                                          [Get(self._keys.holder), Get(self._keys.result)])
             except OutcomeUnknownError:
                 log.info("release of %s has an unknown outcome; reading back", self.job)
@@ -463,6 +471,13 @@ class Lease:
                 "by this handle (release again, or close the client to revoke its lease)")
         self._state = LeaseState.RELEASED
         self._finish()
+
+    def _history_puts(self, end: TenureEnd | None) -> list[Put]:
+        """What a transaction of this claim adds to its tenure: the ``end``, or
+        (``None``) one more checkpoint."""
+        if self.tenure is None:
+            return []
+        return [self.tenure.checkpoint_put() if end is None else self.tenure.end_put(end)]
 
     def _slots_freed(self, revision: int) -> None:
         if self.slots and self._on_slots_freed is not None:

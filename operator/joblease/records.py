@@ -16,6 +16,7 @@ from typing import Any
 from joblease import validation
 from joblease.errors import CorruptRecordError
 from joblease.keys import JobRef
+from joblease.store import KeyValue
 
 
 class Phase(enum.StrEnum):
@@ -123,6 +124,10 @@ class JobSpec:
     #: (docs/semaphores.md); written only when there are some, so a spec
     #: without them has the bytes it always had
     semaphores: tuple[SemaphoreUse, ...] = ()
+    #: tenures kept in the job's history (docs/protocol.md, "Tenure history");
+    #: 0: no history is written. Written only when > 0, so a spec without it
+    #: has the bytes it always had (and its claims the transaction they had).
+    history_limit: int = 0
 
     def encode(self) -> bytes:
         obj: dict[str, Any] = {
@@ -132,6 +137,8 @@ class JobSpec:
         }
         if self.semaphores:
             obj["semaphores"] = [u.to_json() for u in self.semaphores]
+        if self.history_limit:
+            obj["historyLimit"] = self.history_limit
         return _dumps(obj)
 
     @classmethod
@@ -146,6 +153,8 @@ class JobSpec:
                 max_attempts=_typed(obj, "maxAttempts", int, int) if "maxAttempts" in obj else 0,
                 parameters=dict(parameters),
                 semaphores=_uses(obj),
+                history_limit=(_typed(obj, "historyLimit", int, int)
+                               if "historyLimit" in obj else 0),
             )
 
 
@@ -333,6 +342,129 @@ class JobState:
             "checkpoint": None if self.checkpoint is None else self.checkpoint.to_dict(),
             "corrupt": self.corrupt,
         }
+
+
+# -- tenure history (docs/protocol.md, "Tenure history") -------------------------------------
+
+
+class TenureEnd(enum.StrEnum):
+    """How a tenure ended. ``released`` and ``revoked`` are written by the
+    transaction (or the settling client) that ended it; ``completed`` is read
+    from the job's result (its token is the tenure's: the completion writes
+    nothing more); ``expired`` is read, never written: etcd deleted the holder
+    with its lease and wrote nothing else; ``open``: the holder is still there."""
+
+    OPEN = "open"
+    COMPLETED = "completed"
+    RELEASED = "released"
+    REVOKED = "revoked"
+    EXPIRED = "expired"
+
+
+#: The ends a transaction writes (``expired`` and ``open`` are derived).
+WRITTEN_ENDS = frozenset({TenureEnd.RELEASED, TenureEnd.REVOKED})
+
+
+def encode_tenure_start(owner: str, claim_id: str, claimed_at: float) -> bytes:
+    """``_history/<name>/<generation>``, put by the claim transaction: its create
+    revision is the claim's commit revision, the token, so it is not stored."""
+    return _dumps({"claimId": claim_id, "claimedAt": claimed_at, "owner": owner})
+
+
+def encode_tenure_end(how: TenureEnd, at: float) -> bytes:
+    """``.../<generation>/end``: how the tenure ended, and when (informational)."""
+    assert how in WRITTEN_ENDS
+    return _dumps({"at": at, "how": how.value})
+
+
+def encode_tenure_mark(at: float) -> bytes:
+    """``.../checkpoints`` and ``.../refused``: put once per event, so the key's
+    etcd ``version`` counts them (no read-modify-write); ``at``: the last one."""
+    return _dumps({"at": at})
+
+
+@dataclass(frozen=True)
+class Tenure:
+    """One claim of a job, from claim to end, as its history records it."""
+
+    generation: int  # == the attempts used up to and including this claim
+    token: int  # the tenure key's create revision: the claim's commit revision
+    owner: str
+    claim_id: str
+    claimed_at: float  # informational wall clock of the claimer
+    end: TenureEnd
+    ended_at: float | None = None  # informational; None for open and expired tenures
+    #: for the completed tenure: the etcd revision its completion committed at
+    completed_revision: int | None = None
+    checkpoints: int = 0  # checkpoints written under this tenure
+    refused_completions: int = 0  # stale completions refused under this tenure's token
+    last_refused_at: float | None = None
+
+    @property
+    def attempts(self) -> int:
+        return self.generation
+
+    @classmethod
+    def decode(cls, generation: int, start: KeyValue, end: KeyValue | None,
+               checkpoints: KeyValue | None, refused: KeyValue | None,
+               holder_token: int, result: ResultRecord | None = None) -> Tenure:
+        """The tenure from its keys; ``holder_token``: the live holder's token
+        (0: none), which tells an open tenure from an expired one; ``result``:
+        the job's result, which tells the completed one."""
+        with decoding("tenure"):
+            obj = _loads_object(start.value)
+            how, ended_at = (TenureEnd.OPEN if holder_token == start.create_revision
+                             else TenureEnd.EXPIRED), None
+            completed_revision = None
+            if result is not None and result.token == start.create_revision:
+                how, ended_at = TenureEnd.COMPLETED, result.completed_at
+                completed_revision = result.revision
+            elif end is not None:
+                end_obj = _loads_object(end.value)
+                how = TenureEnd(_typed(end_obj, "how", str, str))
+                if how not in WRITTEN_ENDS:
+                    raise ValueError(f"{how.value!r} is not an end a transaction writes")
+                ended_at = _typed(end_obj, "at", float, int, float)
+            last_refused = None
+            if refused is not None:
+                last_refused = _typed(_loads_object(refused.value), "at", float, int, float)
+            return cls(
+                generation=generation, token=start.create_revision,
+                owner=_typed(obj, "owner", str, str), claim_id=_typed(obj, "claimId", str, str),
+                claimed_at=_typed(obj, "claimedAt", float, int, float),
+                end=how, ended_at=ended_at, completed_revision=completed_revision,
+                checkpoints=checkpoints.version if checkpoints is not None else 0,
+                refused_completions=refused.version if refused is not None else 0,
+                last_refused_at=last_refused,
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"generation": self.generation, "token": self.token, "owner": self.owner,
+                "claimId": self.claim_id, "claimedAt": self.claimed_at,
+                "end": self.end.value, "endedAt": self.ended_at, "attempts": self.attempts,
+                "completedRevision": self.completed_revision,
+                "checkpoints": self.checkpoints,
+                "refusedCompletions": self.refused_completions,
+                "lastRefusedAt": self.last_refused_at}
+
+
+@dataclass(frozen=True)
+class History:
+    """A job's tenures, oldest first, all read at ``revision`` (one read)."""
+
+    job: JobRef
+    revision: int
+    registered: bool
+    history_limit: int
+    tenures: tuple[Tenure, ...]
+    #: tenure keys that could not be decoded: ``(generation, why)``
+    corrupt: tuple[tuple[int, str], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": str(self.job), "revision": self.revision, "registered": self.registered,
+                "historyLimit": self.history_limit,
+                "tenures": [t.to_dict() for t in self.tenures],
+                "corrupt": [{"generation": g, "why": why} for g, why in self.corrupt]}
 
 
 # -- queues (docs/queues.md) ------------------------------------------------------------------

@@ -75,8 +75,12 @@ class Get:
 
 @dataclass(frozen=True)
 class Delete:
+    """Delete ``key``; with ``prefix``, every key under it; with ``end``, every
+    key in ``[key, end)`` (a tenure history's "older than the last N")."""
+
     key: bytes
     prefix: bool = False
+    end: bytes = b""
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,21 @@ def max_attempts(value: object) -> int:
     return value
 
 
+#: The most tenures a job's history may keep (each is up to four small keys).
+MAX_HISTORY_LIMIT = 1000
+#: What a JobLease (and ``joblease register``) keeps when it does not say.
+DEFAULT_HISTORY_LIMIT = 10
+
+
+def history_limit(value: object) -> int:
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not 0 <= value <= MAX_HISTORY_LIMIT):
+        raise InvalidInputError(
+            f"invalid historyLimit {value!r}: must be a whole number in "
+            f"[0, {MAX_HISTORY_LIMIT}] (0 = no history)")
+    return value
+
+
 def owner(value: object) -> str:
     if not isinstance(value, str) or not (0 < len(value) <= MAX_OWNER_LENGTH):
         raise InvalidInputError(

@@ -3,7 +3,9 @@
 When the leader dies, etcd elects another and restarts every lease's
 countdown at full TTL (so a TTL is a lower bound on ownership, never an upper
 one). The holder keeps its job, completes it, and later claims get larger
-tokens. The client fails over between endpoints on its own.
+tokens. The client fails over between endpoints on its own. The job's tenure
+history, written by those same transactions, survives the loss too, and the
+restarted member serves it as the others do.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec, Phase
 from joblease.embedded import EtcdCluster
 from joblease.etcd_store import EtcdStore
+from joblease.records import TenureEnd
 
 
 async def leader_index(cluster: EtcdCluster) -> int:
@@ -34,7 +37,7 @@ async def test_holder_keeps_its_job_and_tokens_grow_across_leader_loss(
     config = EtcdConfig(endpoints=cluster.endpoints, root="/cluster-test", request_timeout=2.0)
     async with JobLeaseClient(config) as client:
         job = JobRef("default", "ha")
-        await client.register(job, JobSpec(5, 0))
+        await client.register(job, JobSpec(5, 0, history_limit=10))
         lease = await client.claim(job, "a")
 
         leader = await leader_index(cluster)
@@ -49,6 +52,14 @@ async def test_holder_keeps_its_job_and_tokens_grow_across_leader_loss(
         assert later.token > lease.token
         await later.complete(None)
 
+        history = await client.history(job)
+        assert [(t.token, t.end) for t in history.tenures] == [
+            (lease.token, TenureEnd.COMPLETED)]
+
         cluster.members[leader].start()
         cluster.wait_healthy(60, [cluster.members[leader]])
         assert (await client.get(job)).phase is Phase.COMPLETED
+        # the restarted member has caught up: the same history, read from it alone
+        only_it = config.with_(endpoints=(cluster.members[leader].endpoint,))
+        async with JobLeaseClient(only_it) as reader:
+            assert (await reader.history(job)).tenures == history.tenures

@@ -4,6 +4,9 @@ Worker A claims generation g and is paused (SIGSTOP) past its TTL; etcd
 expires A's lease; B claims generation g+1 with a strictly larger token; A is
 resumed (SIGCONT): A's handle reports the loss, A's late completion is
 rejected as stale naming B's token, B completes, and the result record is B's.
+The job's tenure history then says exactly that: A's tenure (g, A's token)
+ended expired with A's refused late completion counted against it, B's
+(g+1, B's token) ended completed.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import time
 
 from joblease import JobLeaseClient, JobRef, JobSpec, Phase
+from joblease.records import TenureEnd
 from tests.support.waiting import claim_when_free, wait_until
 from tests.support.worker_proc import WorkerProc
 
@@ -19,7 +23,8 @@ TTL = 2
 
 async def test_stale_completion_is_rejected_after_reclaim(client: JobLeaseClient) -> None:
     job = JobRef("default", "seed-example")
-    await client.register(job, JobSpec(lease_duration_seconds=TTL, max_attempts=5))
+    await client.register(job, JobSpec(lease_duration_seconds=TTL, max_attempts=5,
+                                       history_limit=10))
     a = WorkerProc(client.config, job, "worker-a")
     b: WorkerProc | None = None
     try:
@@ -59,6 +64,15 @@ async def test_stale_completion_is_rejected_after_reclaim(client: JobLeaseClient
         assert state.result.generation == claimed_b["generation"]
         assert state.result.token == claimed_b["token"]
         assert state.result.result == {"by": "b"}
+
+        history = await client.history(job)
+        assert [(t.generation, t.token, t.owner, t.end) for t in history.tenures] == [
+            (claimed_a["generation"], claimed_a["token"], "worker-a", TenureEnd.EXPIRED),
+            (claimed_b["generation"], claimed_b["token"], "worker-b", TenureEnd.COMPLETED)]
+        tenure_a, tenure_b = history.tenures
+        assert tenure_a.refused_completions == 1 and tenure_b.refused_completions == 0
+        assert tenure_a.ended_at is None and tenure_b.ended_at is not None
+        assert history.revision >= state.result.revision and not history.corrupt
     finally:
         a.stop()
         if b is not None:

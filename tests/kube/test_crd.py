@@ -35,7 +35,7 @@ def test_valid_joblease_accepted_with_defaults(crds_installed: ControlPlane,
     got = json.loads(crds_installed.kubectl("get", "jl", "ok", "-n", namespace, "-o", "json",
                                             check=True).stdout)
     assert got["spec"] == {"leaseDurationSeconds": 30, "maxAttempts": 3, "suspend": False,
-                           "parameters": {"n": 1}}
+                           "historyLimit": 10, "parameters": {"n": 1}}
 
 
 def test_semaphores_are_accepted_with_a_default_weight(crds_installed: ControlPlane,
@@ -66,10 +66,12 @@ def test_semaphores_are_accepted_with_a_default_weight(crds_installed: ControlPl
          "spec.semaphores[0].weight", "greater than or equal to 1"),
         ({"leaseDurationSeconds": 10, "semaphores": [{"name": "db"}, {"name": "db"}]},
          "spec.semaphores[1]", "Duplicate value"),
+        ({"leaseDurationSeconds": 10, "historyLimit": 1001}, "spec.historyLimit",
+         "less than or equal to 1000"),
     ],
     ids=["ttl-1", "ttl-too-long", "ttl-string", "ttl-missing", "attempts-negative",
          "too-many-parameters", "semaphore-bad-name", "semaphore-weight-0",
-         "semaphore-twice"],
+         "semaphore-twice", "history-limit-too-large"],
 )
 def test_invalid_joblease_refused(crds_installed: ControlPlane, namespace: str,
                                   spec: dict[str, object], field: str, why: str) -> None:

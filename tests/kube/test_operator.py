@@ -21,6 +21,7 @@ import pytest
 from joblease import EtcdConfig, JobLeaseClient, JobRef, StaleTokenError
 from joblease.errors import NotRegisteredError
 from joblease.lease import LeaseState
+from joblease.records import TenureEnd
 from tests.support.controlplane import ControlPlane
 from tests.support.operator import (
     Kube,
@@ -209,6 +210,9 @@ async def test_seed_example_paused_holder_is_replaced_and_its_late_completion_re
 
 async def test_status_converges_after_operator_is_killed_mid_run_and_never_regresses(
         kube: Kube, operator: OperatorProcess, client: JobLeaseClient) -> None:
+    """The operator is SIGKILLed twice mid-run: every status converges to etcd and
+    never regresses, and each job's tenure history (which the operator never
+    writes) is whole after the restarts."""
     names = [f"busy-{i}" for i in range(3)]  # claimed and released over and over
     finished = [f"done-{i}" for i in range(4)]  # completed one by one during the kills
     for name in names + finished:
@@ -267,6 +271,14 @@ async def test_status_converges_after_operator_is_killed_mid_run_and_never_regre
                 s["phase"] == "Completed" and s["generation"] == t.generation
                 and s["fencingToken"] == t.token and s["etcdRevision"] >= t.mod_revision))
             assert s["result"] == {"name": name}
+            # the tenure history (the CRD's default historyLimit, 10) survived the
+            # operator's kills and restarts: the last ten claims, none missing
+            history = await client.history(JobRef(kube.ns, name))
+            assert [t.generation for t in history.tenures] == list(
+                range(max(1, truth.generation - 9), truth.generation + 1))
+            assert [t.end for t in history.tenures] == [
+                *[TenureEnd.RELEASED] * (len(history.tenures) - 1), TenureEnd.COMPLETED]
+            assert history.tenures[-1].token == truth.token
 
             async def watched(t: Any = truth, n: str = name) -> bool:
                 last = watch.last(n)

@@ -80,7 +80,8 @@ async def test_a_deposed_leaders_register_and_unregister_do_not_land_and_it_step
     try:
         a = handlers(a_client, a_lead)
         await a["create"](namespace=job.namespace, name=job.name, spec=SPEC_OLD, logger=log)
-        assert (await a_client.get(job)).spec == JobSpec(10, 3)  # the leader's write lands
+        # the leader's write lands
+        assert (await a_client.get(job)).spec == JobSpec(10, 3, history_limit=10)
 
         # A's term ends (its key deleted, as an expired lease would), B is elected.
         await admin.txn([], [Delete(a_election.key)])

@@ -3,7 +3,9 @@
 A holds (TTL 2 s) and is paused with SIGSTOP past its TTL; B claims with a
 larger token and generation + 1; A resumes (SIGCONT) and must report the loss
 at once (409, not ready, token file gone) and refuse its worker's completion
-as stale, while B's worker completes.
+as stale, while B's worker completes. The job keeps a tenure history, which
+the sidecars write as the library does: A's tenure expired with its refused
+completion counted, B's completed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import signal
 import time
 
 from joblease import JobLeaseClient
+from joblease.records import TenureEnd
 from tests.support.etcd_keys import snapshot, writes
 from tests.support.sidecar_process import Env
 from tests.support.waiting import poll
@@ -21,6 +24,7 @@ from tests.support.waiting import poll
 async def test_paused_sidecar_loses_and_refuses_stale_completion(
         registered: Env, client: JobLeaseClient) -> None:
     env = registered
+    await env.register(client, history_limit=10)  # before any sidecar reads the spec
     a = await env.sidecar("a").started()
     lease_a = await a.held()
     hold = env.tmp / "a-may-complete"
@@ -68,6 +72,11 @@ async def test_paused_sidecar_loses_and_refuses_stale_completion(
     assert final.result.token == lease_b["token"]
     assert final.result.owner == lease_b["owner"]
     assert final.result.generation == lease_b["generation"]
+    history = await client.history(env.job)
+    assert [(t.generation, t.token, t.owner, t.end, t.refused_completions)
+            for t in history.tenures] == [
+        (lease_a["generation"], lease_a["token"], lease_a["owner"], TenureEnd.EXPIRED, 1),
+        (lease_b["generation"], lease_b["token"], lease_b["owner"], TenureEnd.COMPLETED, 0)]
 
     metrics = await a.metrics()
     assert metrics["joblease_sidecar_losses_total"] == 1

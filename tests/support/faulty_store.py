@@ -65,9 +65,10 @@ def is_completion(success: Sequence[TxnOp]) -> bool:
 
 
 def is_release(success: Sequence[TxnOp]) -> bool:
-    """A release: it deletes the holder key and nothing else."""
-    return (len(success) == 1 and isinstance(success[0], Delete)
-            and success[0].key.endswith(b"/holder"))
+    """A release: it deletes the holder key and writes nothing else but, for a
+    job that keeps a history, its tenure's end."""
+    return (bool(success) and isinstance(success[0], Delete) and success[0].key.endswith(b"/holder")
+            and all(isinstance(op, Put) and op.key.endswith(b"/end") for op in success[1:]))
 
 
 def is_holder_check(compares: Sequence[Compare], success: Sequence[TxnOp]) -> bool:

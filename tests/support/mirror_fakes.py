@@ -21,7 +21,7 @@ from joblease.records import Holder, JobSpec, JobState, ResultRecord
 
 JOB = JobRef("ns", "job")
 T0 = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
-SPEC = JobSpec(lease_duration_seconds=10, max_attempts=2)
+SPEC = JobSpec(lease_duration_seconds=10, max_attempts=2, history_limit=10)
 
 
 def state(revision: int, *, generation: int = 0, holder: tuple[str, int] | None = None,

@@ -180,10 +180,11 @@ class Env:
                     "JOBLEASE_ROOT": self.etcd_config.root})
         return env
 
-    async def register(self, client: JobLeaseClient, ttl: int = 2, max_attempts: int = 0
-                       ) -> None:
+    async def register(self, client: JobLeaseClient, ttl: int = 2, max_attempts: int = 0,
+                       history_limit: int = 0) -> None:
         await client.register(self.job, JobSpec(lease_duration_seconds=ttl,
-                                                max_attempts=max_attempts))
+                                                max_attempts=max_attempts,
+                                                history_limit=history_limit))
 
     def sidecar_env(self, name: str, workdir: Path, **extra: str) -> dict[str, str]:
         env = self.base_env()

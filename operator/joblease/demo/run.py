@@ -26,6 +26,7 @@ from typing import Any
 
 from joblease.embedded import EtcdCluster, free_port
 from joblease.keys import DEFAULT_ROOT
+from joblease.validation import DEFAULT_HISTORY_LIMIT
 
 TTL = 2
 JOB = "demo/nightly-report"
@@ -152,7 +153,8 @@ def run_demo(echo: bool = True) -> dict[str, Any]:
 
         async def prepare() -> None:
             async with JobLeaseClient(config) as c:
-                await c.register(job, JobSpec(lease_duration_seconds=TTL, max_attempts=10))
+                await c.register(job, JobSpec(lease_duration_seconds=TTL, max_attempts=10,
+                                              history_limit=DEFAULT_HISTORY_LIMIT))
                 for i in range(6):
                     lease = await c.claim(job, f"earlier-{i + 1}")
                     await lease.release()
@@ -165,9 +167,9 @@ def run_demo(echo: bool = True) -> dict[str, Any]:
                         raise RuntimeError("etcd did not expire A's lease")
                     await asyncio.sleep(0.05)
 
-        async def final_state() -> dict[str, Any]:
+        async def final_state() -> tuple[dict[str, Any], dict[str, Any]]:
             async with JobLeaseClient(config) as c:
-                return (await c.get(job)).to_dict()
+                return (await c.get(job)).to_dict(), (await c.history(job)).to_dict()
 
         asyncio.run(prepare())
         timeline.add("operator", f"register {JOB} (TTL {TTL}s)", "registered")
@@ -226,7 +228,12 @@ def run_demo(echo: bool = True) -> dict[str, Any]:
                          cb["generation"], cb["token"])
             ledger = httpx.get(resource, timeout=10).json()
 
-        state = asyncio.run(final_state())
+        state, history = asyncio.run(final_state())
+        tenures = {t["generation"]: t for t in history["tenures"]}
+        told = (tenures.get(ca["generation"], {}), tenures.get(cb["generation"], {}))
+        timeline.add("history", "joblease history " + JOB,
+                     f"A's tenure {told[0].get('end')} ({told[0].get('refusedCompletions')} "
+                     f"refused completion), B's {told[1].get('end')}")
         return {
             "job": JOB,
             "ttlSeconds": TTL,
@@ -236,11 +243,16 @@ def run_demo(echo: bool = True) -> dict[str, Any]:
             "lateWrite": {"status": late_write["status"], "body": late_write["body"]},
             "destination": ledger,
             "finalState": state,
+            "history": history,
             "timeline": timeline.rows,
             "verdicts": {
                 "staleCompletionRejectedByStore": store_rejected,
                 "staleWriteRejectedByDestination": dest_rejected,
                 "resultIsWorkerB": (state.get("result") or {}).get("owner") == "worker-b",
+                "historyTellsIt": (
+                    (told[0].get("token"), told[0].get("end"), told[0].get("refusedCompletions"))
+                    == (ca["token"], "expired", 1)
+                    and (told[1].get("token"), told[1].get("end")) == (cb["token"], "completed")),
             },
         }
     finally:
@@ -260,6 +272,8 @@ def verdict_lines(report: dict[str, Any]) -> list[str]:
         f"(HTTP {report['lateWrite']['status']})",
         f"{mark[v['resultIsWorkerB']]}  the recorded result is worker-b's "
         f"(generation {report['workerB']['generation']})",
+        f"{mark[v['historyTellsIt']]}  the history says it: A's tenure expired with its late "
+        "completion refused, B's completed (joblease history)",
     ]
 
 

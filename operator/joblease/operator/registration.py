@@ -52,8 +52,12 @@ def spec_from_resource(spec: Mapping[str, Any] | None) -> JobSpec:
         raise InvalidInputError("invalid parameters: must be an object")
     parameters = dict(parameters)
     validation.json_payload(parameters, "parameters", validation.MAX_PARAMETERS_BYTES)
+    # the CRD's default, repeated for specs that reach us without defaulting
+    history_limit = validation.history_limit(
+        spec.get("historyLimit", validation.DEFAULT_HISTORY_LIMIT))
     return JobSpec(lease_duration_seconds=ttl, max_attempts=max_attempts, parameters=parameters,
-                   semaphores=semaphore_uses(spec.get("semaphores")))
+                   semaphores=semaphore_uses(spec.get("semaphores")),
+                   history_limit=history_limit)
 
 
 def semaphore_uses(value: Any) -> tuple[SemaphoreUse, ...]:

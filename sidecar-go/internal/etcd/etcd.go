@@ -319,8 +319,9 @@ func (r TxnResult) KV(i int) *KV {
 
 // Op is one operation of a transaction branch.
 type Op struct {
-	kind  int // 0 get, 1 put, 2 delete, 3 get of a prefix
+	kind  int // 0 get, 1 put, 2 delete, 3 get of a prefix, 4 delete of a range
 	key   string
+	end   string // kind 4: the range's end (exclusive)
 	value []byte
 	lease int64
 	rng   RangeOpts
@@ -352,6 +353,9 @@ func Put(key string, value []byte, lease int64) Op {
 	return Op{kind: 1, key: key, value: value, lease: lease}
 }
 func Delete(key string) Op { return Op{kind: 2, key: key} }
+
+// DeleteRange deletes every key in [key, end).
+func DeleteRange(key, end string) Op { return Op{kind: 4, key: key, end: end} }
 
 // Cmp is one compare of a transaction.
 type Cmp = *pb.Compare
@@ -408,6 +412,9 @@ func requestOps(ops []Op) []*pb.RequestOp {
 				Key: []byte(op.key), Value: op.value, Lease: op.lease}}})
 		case 2:
 			out = append(out, &pb.RequestOp{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: []byte(op.key)}}})
+		case 4:
+			out = append(out, &pb.RequestOp{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{
+				Key: []byte(op.key), RangeEnd: []byte(op.end)}}})
 		case 3:
 			rr := &pb.RangeRequest{Key: []byte(op.key), RangeEnd: PrefixEnd(op.key), KeysOnly: op.rng.KeysOnly, Limit: op.rng.Limit,
 				CountOnly: op.rng.CountOnly}
@@ -423,7 +430,7 @@ func requestOps(ops []Op) []*pb.RequestOp {
 func hasWrite(ops ...[]Op) bool {
 	for _, branch := range ops {
 		for _, op := range branch {
-			if op.kind == 1 || op.kind == 2 {
+			if op.kind == 1 || op.kind == 2 || op.kind == 4 {
 				return true
 			}
 		}

@@ -24,6 +24,10 @@ type Client struct {
 	session *session.Session
 	specRev int64
 	spec    *Spec
+	// generation is the job's claims version as last seen: a claim of a job
+	// with a history names its tenure key by it (a wrong guess fails the
+	// claim's compare, whose failure branch reads the right one).
+	generation int64
 	// queueSpecs: the queues' specs as last read (queue.go).
 	queueSpecs map[QueueRef]cachedQueueSpec
 	// pools: each queue's candidates as the last claim-next read found them (queue.go).
@@ -45,9 +49,15 @@ func (c *Client) readSpec(ctx context.Context, job JobRef, keys JobKeys, refresh
 	if !refresh && c.spec != nil {
 		return c.specRev, *c.spec, nil
 	}
-	_, kv, err := c.Store.Get(ctx, keys.Spec())
+	// one read of the spec and the generation (what a history's tenure key needs)
+	r, err := c.Store.Txn(ctx, nil, []etcd.Op{etcd.Get(keys.Spec()), etcd.Get(keys.Claims())}, nil)
 	if err != nil {
 		return 0, Spec{}, err
+	}
+	kv := r.KV(0)
+	c.generation = 0
+	if claims := r.KV(1); claims != nil {
+		c.generation = claims.Version
 	}
 	if kv == nil {
 		c.spec = nil
@@ -160,7 +170,8 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 	s *session.Session, revoked *[]string, pendingRev int64, plan *SlotPlan) (*Lease, bool, error) {
 	claimID := newClaimID()
 	ttl := spec.LeaseDurationSeconds
-	holderValue, err := HolderValue(owner, claimID, ttl, now())
+	claimedAt := now()
+	holderValue, err := HolderValue(owner, claimID, ttl, claimedAt)
 	if err != nil {
 		return nil, false, err
 	}
@@ -189,13 +200,23 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 		}
 		success = append(success, writes...)
 	}
+	var ten *tenure
+	if spec.HistoryLimit > 0 && !keys.IsItem() {
+		ten = &tenure{keys: keys, gen: c.generation + 1}
+		cmps = append(cmps, etcd.VersionEq(keys.Claims(), c.generation))
+		writes, err := ten.claimWrites(owner, claimID, claimedAt, spec.HistoryLimit)
+		if err != nil {
+			return nil, false, err
+		}
+		success = append(success, writes...)
+	}
 	r, err := c.Store.Txn(ctx, cmps, success, failure)
 	switch {
 	case errs.Is(err, errs.KindLeaseNotFound):
 		c.dropSession("etcd no longer knows the lease")
 		return nil, false, nil
 	case errs.Is(err, errs.KindOutcomeUnknown):
-		lease, err := c.resolveAmbiguous(ctx, job, keys, owner, claimID, holderValue, s, spec, revoked, plan)
+		lease, err := c.resolveAmbiguous(ctx, job, keys, owner, claimID, holderValue, s, spec, revoked, plan, ten)
 		return lease, false, err
 	case err != nil:
 		return nil, false, err
@@ -206,7 +227,11 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 		if claims != nil {
 			gen = claims.Version
 		}
+		if !keys.IsItem() {
+			c.generation = gen
+		}
 		l := newLease(c.Store, s, job, keys, owner, claimID, r.Revision, gen, ttl, holderValue, r.KV(3), plan.grants(r.Revision))
+		l.tenure = ten
 		if keys.IsItem() {
 			if err := l.setItem(ctx, r.KV(4)); err != nil {
 				return nil, false, err
@@ -233,6 +258,7 @@ func (c *Client) refused(job JobRef, r etcd.TxnResult, specRev int64) (bool, err
 	if claimsKV != nil {
 		gen = claimsKV.Version
 	}
+	c.generation = gen // the next try names the right tenure
 	if resultKV != nil {
 		rec, err := DecodeResult(resultKV.Value, 0)
 		if err != nil {
@@ -257,7 +283,9 @@ func (c *Client) refused(job JobRef, r etcd.TxnResult, specRev int64) (bool, err
 	if spec.MaxAttempts > 0 && gen >= spec.MaxAttempts {
 		return false, errs.AttemptsExhausted(job.String(), gen, spec.MaxAttempts)
 	}
-	return true, nil // raced with a change that is gone again; just retry
+	// raced with a change that is gone again, or (a job with a history) another
+	// claim came and went since we last saw the generation; just retry
+	return true, nil
 }
 
 // WaitForHolderChange waits until job's holder key changes after revision
@@ -297,7 +325,7 @@ func retryRead[T any](ctx context.Context, timeout time.Duration, fn func() (T, 
 // holder there means committed; otherwise the session's lease is revoked so a
 // copy in flight cannot commit later, and claims is read again.
 func (c *Client) resolveAmbiguous(ctx context.Context, job JobRef, keys JobKeys, owner, claimID string,
-	holderValue []byte, s *session.Session, spec Spec, revoked *[]string, plan *SlotPlan) (*Lease, error) {
+	holderValue []byte, s *session.Session, spec Spec, revoked *[]string, plan *SlotPlan, ten *tenure) (*Lease, error) {
 	fields, err := retryRead(ctx, ReadBackTimeout, func() (map[string]*etcd.KV, error) {
 		// The fields the lease needs, at one revision (an item's keys are
 		// spread over its queue's sub-prefixes, so no one prefix read).
@@ -328,6 +356,7 @@ func (c *Client) resolveAmbiguous(ctx context.Context, job JobRef, keys JobKeys,
 		// the holder committed, so did its slots (one transaction)
 		l := newLease(c.Store, s, job, keys, owner, claimID, h.CreateRevision, gen, s.TTL, holderValue, fields["checkpoint"],
 			plan.grants(h.CreateRevision))
+		l.tenure = ten
 		if keys.IsItem() {
 			if err := l.setItem(ctx, fields["item"]); err != nil {
 				return nil, err
@@ -348,10 +377,16 @@ func (c *Client) resolveAmbiguous(ctx context.Context, job JobRef, keys JobKeys,
 		return nil, errs.ClaimOutcomeUnknown(job.String(), claimID, s.LeaseID, true, s.TTL,
 			"re-reading it after the revoke failed: "+err.Error())
 	}
+	if !keys.IsItem() && kv != nil {
+		c.generation = kv.Version
+	}
 	if kv == nil || ClaimIDOf(kv.Value) != claimID {
 		return nil, nil // not claimed, and with the lease gone it never will be
 	}
 	token, gen := kv.ModRevision, kv.Version
+	// its tenure committed with it; say how it ended (the holder went with the
+	// revoked lease), so the history does not read "expired"
+	ten.recordEnd(ctx, c.Store, token, EndRevoked)
 	if spec.MaxAttempts > 0 && gen >= spec.MaxAttempts {
 		return nil, errs.ClaimRevoked(job.String(), token, gen, spec.MaxAttempts)
 	}

@@ -5,6 +5,7 @@
 package protocol
 
 import (
+	"fmt"
 	"github.com/joblease/joblease/sidecar-go/internal/errs"
 	"regexp"
 	"strings"
@@ -59,6 +60,30 @@ func (k JobKeys) Failed() string  { return k.field("", "failed") }
 
 // IsItem: these are a queue item's keys.
 func (k JobKeys) IsItem() bool { return k.ItemID != "" }
+
+// HistorySegment is the path segment under a namespace that holds its jobs'
+// tenure histories (docs/protocol.md, "Tenure history").
+const HistorySegment = "_history"
+
+// GenerationDigits: generations in tenure keys are zero-padded so that key
+// order is claim order.
+const GenerationDigits = 12
+
+// History is the job's tenure history prefix, <root>/<ns>/_history/<name>/
+// ("" for a queue item: items keep none).
+func (k JobKeys) History() string {
+	if k.IsItem() {
+		return ""
+	}
+	trimmed := strings.TrimSuffix(k.Prefix, "/")
+	i := strings.LastIndex(trimmed, "/")
+	return trimmed[:i+1] + HistorySegment + "/" + trimmed[i+1:] + "/"
+}
+
+// Tenure is the key of generation g's tenure in the job's history.
+func (k JobKeys) Tenure(g int64) string {
+	return k.History() + fmt.Sprintf("%0*d", GenerationDigits, g)
+}
 
 // completionDeletes: what the completion transaction deletes besides writing
 // the result; a completed item leaves its queue's pending set at once.

@@ -60,6 +60,9 @@ type Lease struct {
 	done         chan struct{}
 	result       *Result
 	checkpointKV *etcd.KV
+	// tenure is this claim's tenure in the job's history (nil: the job keeps
+	// none); release and checkpoint record themselves in it (a completion by its result).
+	tenure *tenure
 }
 
 func newLease(store *etcd.Store, s *session.Session, job JobRef, keys JobKeys, owner, claimID string,
@@ -330,11 +333,20 @@ func (l *Lease) Complete(ctx context.Context, result any) (Result, error) {
 			}
 		}
 		l.lose(l.describeChange(r))
+		l.tenure.recordRefusal(ctx, l.store, l.Token) // off the hot path: refused anyway
 		return Result{}, l.stale(r, "")
 	}
 	return Result{}, errs.OutcomeUnknown(fmt.Sprintf("completion of %s could not be confirmed: three copies had unknown "+
 		"outcomes and the holder was still ours after each; the job is not completed yet and this handle "+
 		"still holds it (a copy still in flight may commit)", l.Job))
+}
+
+// RecordRefusedCompletion counts one stale completion refused under this
+// claim's token against its tenure (docs/protocol.md, "Tenure history"), for
+// a completion refused without sending it (the lease already lost); a no-op
+// when the job keeps no history. Best effort.
+func (l *Lease) RecordRefusedCompletion(ctx context.Context) {
+	l.tenure.recordRefusal(ctx, l.store, l.Token)
 }
 
 func (l *Lease) completed(r Result) Result {
@@ -355,6 +367,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		for _, k := range l.slotKeys {
 			ops = append(ops, etcd.Delete(k))
 		}
+		ops = append(ops, l.tenure.endPut(EndReleased)...)
 		r, err := l.store.Txn(ctx, l.ours(), ops, []etcd.Op{etcd.Get(l.keys.Holder()), etcd.Get(l.keys.Result())})
 		if errs.Is(err, errs.KindOutcomeUnknown) {
 			slog.Info(fmt.Sprintf("release of %s has an unknown outcome; reading back", l.Job))
@@ -405,7 +418,8 @@ func (l *Lease) Checkpoint(ctx context.Context, data any) (Checkpoint, error) {
 			seen = l.checkpointKV.ModRevision
 		}
 		l.mu.Unlock()
-		r, err := l.store.Txn(ctx, append(l.ours(), etcd.ModEq(key, seen)), []etcd.Op{etcd.Put(key, value, 0)}, reads)
+		r, err := l.store.Txn(ctx, append(l.ours(), etcd.ModEq(key, seen)),
+			append([]etcd.Op{etcd.Put(key, value, 0)}, l.tenure.checkpointPut()...), reads)
 		if errs.Is(err, errs.KindOutcomeUnknown) {
 			slog.Info(fmt.Sprintf("checkpoint of %s has an unknown outcome; reading back", l.Job))
 			r, err = l.readUntilAnswered(ctx, "checkpoint", nil, reads, nil)

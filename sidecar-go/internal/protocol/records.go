@@ -24,6 +24,9 @@ type Spec struct {
 	// (docs/semaphores.md); written only when there are some, so a spec
 	// without them has the bytes it always had.
 	Semaphores []SemaphoreUse
+	// HistoryLimit: tenures kept in the job's history (docs/protocol.md,
+	// "Tenure history"); 0: none is written. Written only when > 0.
+	HistoryLimit int64
 }
 
 // EncodeSpec is JobSpec.encode.
@@ -36,6 +39,9 @@ func EncodeSpec(s Spec) ([]byte, error) {
 		{Key: "maxAttempts", Value: s.MaxAttempts}, {Key: "parameters", Value: params}}
 	if len(s.Semaphores) > 0 {
 		obj = append(obj, pyjson.KV{Key: "semaphores", Value: usesJSON(s.Semaphores)})
+	}
+	if s.HistoryLimit > 0 {
+		obj = append(obj, pyjson.KV{Key: "historyLimit", Value: s.HistoryLimit})
 	}
 	return pyjson.Sorted(obj)
 }
@@ -68,8 +74,14 @@ func DecodeSpec(data []byte) (Spec, error) {
 	if err != nil {
 		return Spec{}, err
 	}
+	var historyLimit int64
+	if _, ok := obj["historyLimit"]; ok {
+		if historyLimit, err = intField("spec", obj, "historyLimit"); err != nil {
+			return Spec{}, err
+		}
+	}
 	return Spec{LeaseDurationSeconds: ttl, MaxAttempts: max, Parameters: params,
-		Semaphores: semaphores}, nil
+		Semaphores: semaphores, HistoryLimit: historyLimit}, nil
 }
 
 // HolderValue is Holder.encode_value: the holder key's value.

@@ -511,6 +511,11 @@ func (r *Runner) notCurrent(token int64, why string) Outcome {
 	if st != nil {
 		cur = st.Token()
 	}
+	if lease != nil && lease.Token == token && cur != token {
+		// our own claim's completion, refused: count it against its tenure, as the
+		// library's refused completer does (off the hot path: refused anyway)
+		lease.RecordRefusedCompletion(r.ctx)
+	}
 	return r.stale(token, fmt.Sprintf("token %d is not current; %s", token, why), cur, true)
 }
 
