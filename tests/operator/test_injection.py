@@ -204,13 +204,17 @@ def test_tenant_credentials_mount_the_namespace_secret() -> None:
     patched, _ = _inject(_bare_pod(), settings)
     sidecar = patched["spec"]["initContainers"][0]
     env = _env(sidecar)
-    assert env["JOBLEASE_ETCD_USERNAME"] == {"secretKeyRef": {
-        "name": "joblease-etcd-credentials", "key": "username"}}
+    # files, not variables: a rotation changes both, and the sidecar re-reads them
+    assert env["JOBLEASE_ETCD_USERNAME_FILE"] == "/etc/joblease/etcd-auth/username"
+    assert "JOBLEASE_ETCD_USERNAME" not in env
     assert env["JOBLEASE_ETCD_PASSWORD_FILE"] == "/etc/joblease/etcd-auth/password"
     assert env["JOBLEASE_ETCD_CA_FILE"] == "/etc/joblease/etcd/ca.crt"
     assert "JOBLEASE_ETCD_CERT_FILE" not in env  # CA only: the client key stays out
     volumes = {v["name"]: v for v in patched["spec"]["volumes"]}
-    assert volumes["joblease-etcd-auth"]["secret"]["secretName"] == "joblease-etcd-credentials"
+    assert volumes["joblease-etcd-auth"]["secret"] == {
+        "secretName": "joblease-etcd-credentials",
+        "items": [{"key": "username", "path": "username"},
+                  {"key": "password", "path": "password"}]}
     assert volumes["joblease-etcd-tls"]["secret"]["items"] == [{"key": "ca.crt",
                                                                 "path": "ca.crt"}]
 
@@ -374,13 +378,21 @@ def test_a_missing_etcd_client_secret_is_warned_about_naming_what_provides_it() 
     (warning,) = plan(_bare_pod(), tenant, namespace=NS, joblease_exists=True,
                       missing_secrets={"joblease-etcd-credentials"}).warnings
     assert warning.startswith("Secret team-a/joblease-etcd-credentials does not exist")
-    assert "the operator creates it when the namespace's first JobLease" in warning
+    assert "once the namespace is labelled for injection" in warning
     # only the installation's Secrets are looked up, and only missing ones warned about
     assert injection.installation_secrets(SETTINGS) == ["joblease-etcd-client"]
     assert injection.installation_secrets(tenant) == ["joblease-etcd-client",
                                                       "joblease-etcd-credentials"]
     assert not plan(_bare_pod(), SETTINGS, namespace=NS, joblease_exists=True,
                     missing_secrets={"joblease-etcd-credentials"}).warnings
+    # the chart's default (bundled etcd, tenants): one Secret carries TLS and credentials,
+    # looked up (and warned about) once
+    bundled = SidecarSettings(tenant_credentials=True,
+                              etcd_tls_secret="joblease-etcd-credentials")
+    assert injection.installation_secrets(bundled) == ["joblease-etcd-credentials"]
+    (warning,) = plan(_bare_pod(), bundled, namespace=NS, joblease_exists=True,
+                      missing_secrets={"joblease-etcd-credentials"}).warnings
+    assert "once the namespace is labelled for injection" in warning
 
 
 def _docs_job() -> dict[str, Any]:

@@ -426,21 +426,23 @@ def installation_secrets(settings: SidecarSettings) -> list[str]:
     the webhook read these names, and only these (a pod's own
     ``joblease.io/api-token-secret`` is not looked up)."""
     names = [settings.etcd_tls_secret] if settings.etcd_tls_secret else []
-    if settings.tenant_credentials:
+    if settings.tenant_credentials and TENANT_SECRET not in names:
         names.append(TENANT_SECRET)
     return names
 
 
 def _missing_secret_warning(name: str, namespace: str, settings: SidecarSettings) -> str:
-    if name == settings.etcd_tls_secret:
+    if name == TENANT_SECRET and settings.tenant_credentials:
+        provider = ("the operator creates it, with the namespace's own etcd user, once the "
+                    "namespace is labelled for injection (tenantCredentials; usually within "
+                    "seconds: the pod starts when it appears; if it does not, see the "
+                    "operator's log)")
+    elif name == settings.etcd_tls_secret:
         provider = (
             "with the chart's bundled etcd, list the namespace in etcd.workerSecret.namespaces "
             f"(helm upgrade ... --set 'etcd.workerSecret.namespaces[0]={namespace}', keeping "
             "the namespaces listed before); with your own etcd, copy its client Secret there "
             "under that name (webhook.sidecar.etcdClientSecret)")
-    elif name == TENANT_SECRET:
-        provider = ("the operator creates it when the namespace's first JobLease is "
-                    "registered (tenantCredentials.enabled)")
     else:
         provider = "create it"
     return (f"Secret {namespace}/{name} does not exist: the pod cannot start (Pending, "
@@ -540,8 +542,9 @@ def _sidecar(settings: SidecarSettings, options: PodOptions, namespace: str, *,
                      "value": f"{ETCD_TLS_DIR}/{settings.etcd_key_key}"}]
         mounts.append({"name": ETCD_TLS_VOLUME, "mountPath": ETCD_TLS_DIR, "readOnly": True})
     if settings.tenant_credentials:
-        env += [{"name": "JOBLEASE_ETCD_USERNAME", "valueFrom": {"secretKeyRef": {
-                    "name": TENANT_SECRET, "key": "username"}}},
+        # Both as files, never variables: a rotation moves the Secret to the namespace's
+        # other etcd user, and the sidecar re-reads them when etcd refuses its token.
+        env += [{"name": "JOBLEASE_ETCD_USERNAME_FILE", "value": f"{ETCD_AUTH_DIR}/username"},
                 {"name": "JOBLEASE_ETCD_PASSWORD_FILE", "value": f"{ETCD_AUTH_DIR}/password"}]
         mounts.append({"name": ETCD_AUTH_VOLUME, "mountPath": ETCD_AUTH_DIR, "readOnly": True})
     env += [
@@ -616,7 +619,8 @@ def _volumes(settings: SidecarSettings, options: PodOptions) -> list[dict[str, A
             "secretName": settings.etcd_tls_secret, "items": items}})
     if settings.tenant_credentials:
         volumes.append({"name": ETCD_AUTH_VOLUME, "secret": {
-            "secretName": TENANT_SECRET, "items": [{"key": "password", "path": "password"}]}})
+            "secretName": TENANT_SECRET, "items": [{"key": "username", "path": "username"},
+                                                   {"key": "password", "path": "password"}]}})
     if options.api_token_secret:
         volumes.append({"name": API_TOKEN_VOLUME, "secret": {
             "secretName": options.api_token_secret,
