@@ -147,26 +147,30 @@ def test_upgrade_keeps_the_certificates_and_the_registrations(release: Release) 
     assert ca.startswith(b"-----BEGIN CERTIFICATE-----") and server["ca.crt"] == client["ca.crt"]
 
 
-def test_three_members_and_a_worker_namespace_copy_of_the_client_secret(
+def test_three_members_and_a_worker_namespace_with_its_tenant_secret(
         release: Release, cluster: Cluster) -> None:
-    """3 members form one cluster; a sidecar's namespace gets the client Secret and
-    reaches etcd through the client Service with it."""
+    """3 members form one cluster; a labelled namespace gets its tenant Secret (the
+    workers' certificate, not the operator's) and reaches etcd through the client
+    Service with it."""
     rel = release
     workers = f"{rel.namespace[:50]}-workers"
     cluster.kubectl("create", "namespace", workers, check=True)
     try:
         rel.helm("install", rel.name, str(CHART), *TEST_CLUSTER_VALUES,
-                 "--set", "etcd.replicas=3", "--set", f"etcd.workerSecret.namespaces[0]={workers}")
+                 "--set", "etcd.replicas=3")
         rel.wait_ready()
         assert rel.get("statefulset", rel.etcd)["status"]["readyReplicas"] == 3
         rel.apply_joblease("three")
         rel.wait_registered("three")
 
-        copy = json.loads(cluster.kubectl("get", "secret", "joblease-etcd-client", "-n", workers,
-                                          "-o", "json", check=True).stdout)
-        assert copy["data"] == secret_data(rel, f"{rel.etcd}-client")
+        rel.opt_in(workers)
+        tenant = json.loads(cluster.kubectl("get", "secret", "joblease-etcd-credentials",
+                                            "-n", workers, "-o", "json", check=True).stdout)
+        worker_tls = secret_data(rel, f"{rel.etcd}-worker-tls")
+        assert {k: tenant["data"][k] for k in worker_tls} == worker_tls
+        assert tenant["data"]["tls.crt"] != secret_data(rel, f"{rel.etcd}-client")["tls.crt"]
         url = f"https://{rel.etcd}.{rel.namespace}.svc:2379/v3/cluster/member/list"
-        out = run_curl_pod(cluster, workers, "members", "joblease-etcd-client", (
+        out = run_curl_pod(cluster, workers, "members", "joblease-etcd-credentials", (
             "curl -fsS --max-time 10 --retry 10 --retry-all-errors --cacert /tls/ca.crt "
             f"--cert /tls/tls.crt --key /tls/tls.key -X POST -d '{{}}' {url}"))
         members = json.loads(out)["members"]
