@@ -383,16 +383,29 @@ def read_tls_dir(directory: str) -> dict[str, str]:
 
 async def turn_auth_on(config: EtcdConfig) -> None:
     """Turn etcd auth on, with ``config``'s user as ``root`` and its password, if it is
-    off (the chart's bundled etcd starts without auth; etcd has no flag for it). The
-    check and the switch go over a connection without credentials, which etcd only
-    allows while auth is off; once it is on, nothing is sent but the status read."""
+    off (the chart's bundled etcd starts without auth; etcd has no flag for it).
+
+    The status is read as ``root`` first: once auth is on, a request without a token
+    over mutual TLS is the certificate's CN user, which does not exist (the chart's
+    certificates name no etcd user), so only root can ask. etcd answers root's
+    authentication with "authentication is not enabled" while it is off; then the
+    switch goes over a connection without credentials, which etcd allows only then.
+    A wrong root password while auth is on raises ``PermissionDeniedError``.
+    """
     assert config.username and config.password
     if config.username != tenancy.ROOT_USER:
         raise InvalidInputError(f"enabling etcd auth needs the user {tenancy.ROOT_USER!r}, "
                                 f"not {config.username!r}")
+    try:
+        async with EtcdStore(config) as as_root:
+            if await tenancy.EtcdAuthAdmin(as_root).auth_enabled():
+                return
+    except JobLeaseError as exc:
+        if "authentication is not enabled" not in str(exc):
+            raise
     async with EtcdStore(config.with_(username=None, password=None)) as plain:
         if await tenancy.EtcdAuthAdmin(plain).auth_enabled():
-            return
+            return  # another replica was quicker
         await tenancy.enable_auth(plain, config.password)
     log.info("etcd auth turned on (user %s)", config.username)
 

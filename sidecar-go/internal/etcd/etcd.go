@@ -315,7 +315,9 @@ func MapError(err error) error {
 	switch {
 	case code == codes.PermissionDenied || code == codes.Unauthenticated:
 		return errs.Forbidden("etcd refused the request: " + details)
-	case strings.Contains(details, "authentication failed") || strings.Contains(details, "user name is empty"):
+	case strings.Contains(details, "authentication failed") || strings.Contains(details, "user name is empty") ||
+		// a client certificate whose CN is no etcd user (mutual TLS, no token)
+		strings.Contains(details, "user name not found"):
 		return errs.Forbidden("etcd refused the credentials: " + details)
 	case strings.Contains(details, "lease not found"):
 		return errs.LeaseNotFound(details)
