@@ -121,11 +121,11 @@ class SidecarSettings:
     etcd_endpoints: str = "https://joblease-etcd.joblease-system.svc:2379"
     etcd_root: str = "/joblease/v1"
     etcd_server_name: str = ""
-    etcd_tls_secret: str = "joblease-etcd-client"
+    etcd_tls_secret: str = TENANT_SECRET  # the chart's: the tenant Secret carries TLS too
     etcd_ca_key: str = "ca.crt"
     etcd_cert_key: str = "tls.crt"
     etcd_key_key: str = "tls.key"
-    tenant_credentials: bool = False
+    tenant_credentials: bool = True
     run_as_user: int = 65532
     run_as_group: int = 65532
     resources: Mapping[str, Any] = field(default_factory=lambda: {
@@ -543,10 +543,14 @@ def _sidecar(settings: SidecarSettings, options: PodOptions, namespace: str, *,
         mounts.append({"name": ETCD_TLS_VOLUME, "mountPath": ETCD_TLS_DIR, "readOnly": True})
     if settings.tenant_credentials:
         # Both as files, never variables: a rotation moves the Secret to the namespace's
-        # other etcd user, and the sidecar re-reads them when etcd refuses its token.
-        env += [{"name": "JOBLEASE_ETCD_USERNAME_FILE", "value": f"{ETCD_AUTH_DIR}/username"},
-                {"name": "JOBLEASE_ETCD_PASSWORD_FILE", "value": f"{ETCD_AUTH_DIR}/password"}]
-        mounts.append({"name": ETCD_AUTH_VOLUME, "mountPath": ETCD_AUTH_DIR, "readOnly": True})
+        # other etcd user, and the sidecar re-reads them when etcd refuses its token. One
+        # Secret for TLS and credentials (the chart's bundled etcd): one volume.
+        auth_dir = ETCD_TLS_DIR if _one_secret(settings) else ETCD_AUTH_DIR
+        env += [{"name": "JOBLEASE_ETCD_USERNAME_FILE", "value": f"{auth_dir}/username"},
+                {"name": "JOBLEASE_ETCD_PASSWORD_FILE", "value": f"{auth_dir}/password"}]
+        if not _one_secret(settings):
+            mounts.append({"name": ETCD_AUTH_VOLUME, "mountPath": ETCD_AUTH_DIR,
+                           "readOnly": True})
     env += [
         {"name": "JOBLEASE_TOKEN_FILE", "value": TOKEN_FILE},
         {"name": "JOBLEASE_SIDECAR_ON_LOSS", "value": options.on_loss},
@@ -615,9 +619,12 @@ def _volumes(settings: SidecarSettings, options: PodOptions) -> list[dict[str, A
     if settings.etcd_tls_secret:
         items = [{"key": k, "path": k} for k in (settings.etcd_ca_key, settings.etcd_cert_key,
                                                  settings.etcd_key_key) if k]
+        if _one_secret(settings):
+            items += [{"key": "username", "path": "username"},
+                      {"key": "password", "path": "password"}]
         volumes.append({"name": ETCD_TLS_VOLUME, "secret": {
             "secretName": settings.etcd_tls_secret, "items": items}})
-    if settings.tenant_credentials:
+    if settings.tenant_credentials and not _one_secret(settings):
         volumes.append({"name": ETCD_AUTH_VOLUME, "secret": {
             "secretName": TENANT_SECRET, "items": [{"key": "username", "path": "username"},
                                                    {"key": "password", "path": "password"}]}})
@@ -626,6 +633,11 @@ def _volumes(settings: SidecarSettings, options: PodOptions) -> list[dict[str, A
             "secretName": options.api_token_secret,
             "items": [{"key": API_TOKEN_KEY, "path": API_TOKEN_KEY}]}})
     return volumes
+
+
+def _one_secret(settings: SidecarSettings) -> bool:
+    """The tenant Secret is also the TLS Secret (the chart's bundled etcd)."""
+    return settings.tenant_credentials and settings.etcd_tls_secret == TENANT_SECRET
 
 
 def escape_pointer(key: str) -> str:
