@@ -116,17 +116,26 @@ def tenant_credentials(cluster: Cluster, namespace: str) -> tuple[str, str]:
     return data["username"], data["password"]
 
 
+AUTHENTICATE = r'''
+import asyncio, os, sys
+from joblease.etcd_store import EtcdConfig, EtcdStore
+from joblease.tenancy import EtcdAuthAdmin
+
+async def main():
+    async with EtcdStore(EtcdConfig.from_env(os.environ)) as store:
+        print("ACCEPTED" if await EtcdAuthAdmin(store).authenticate(sys.argv[1], sys.argv[2])
+              else "REFUSED")
+
+asyncio.run(main())
+'''
+
+
 def etcd_accepts(release: Release, username: str, password: str) -> bool:
-    """Whether etcd authenticates ``username`` (etcdctl in the etcd member's pod)."""
-    r = release.cluster.kubectl(
-        "exec", "-n", release.namespace, f"{release.etcd}-0", "-c", "etcd", "--",
-        "etcdctl", "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/etcd/tls/ca.crt",
-        "--cert=/etc/etcd/tls/tls.crt", "--key=/etc/etcd/tls/tls.key",
-        f"--user={username}", f"--password={password}", "auth", "status", timeout=60)
-    if r.returncode == 0:
-        return True
-    assert "authentication failed" in r.stderr, r.stderr
-    return False
+    """Whether etcd authenticates ``username`` (asked from the operator's container,
+    which has the library and reaches etcd)."""
+    out = operator_exec(release, "python", "-c", AUTHENTICATE, username, password)
+    assert out.strip() in ("ACCEPTED", "REFUSED"), out
+    return out.strip() == "ACCEPTED"
 
 
 def test_a_worker_pod_reaches_only_its_own_namespace(
