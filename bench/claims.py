@@ -100,8 +100,10 @@ async def run_pool(jobs: list[Any], concurrency: int, cycle: Any) -> dict[str, A
 
 
 async def bench_joblease(config: EtcdConfig, cycles: int, concurrency: int,
-                         history_limit: int = 0) -> dict[str, Any]:
-    async with JobLeaseClient(config.with_(root=f"/bench/jl-{uuid.uuid4().hex[:6]}")) as c:
+                         history_limit: int = 0, root: str | None = None) -> dict[str, Any]:
+    """``root``: the key root (default a fresh one; a tenant's role is bound to it)."""
+    async with JobLeaseClient(config.with_(root=root or f"/bench/jl-{uuid.uuid4().hex[:6]}")
+                              ) as c:
         jobs = await register_jobs(c, cycles, "job", history_limit)
         # Warm the per-job spec cache the way a long-lived worker has it, and
         # count that read separately (it is paid once per job, not per claim).

@@ -324,7 +324,7 @@ def measure_burst(cluster: Cluster, release: Release, n: int, ttl: int,
         while cluster.kubectl("get", "serviceaccount", "default", "-n", ns).returncode != 0:
             assert time.monotonic() < deadline, "no default ServiceAccount"
             time.sleep(0.5)  # the controller creates it; the deadline bounds the wait
-        release.copy_worker_secret(ns)
+        release.opt_in(ns)
         jobleases = [json.loads(joblease(ns, name, ttl=ttl, max_attempts=0)) for name in pods]
         began = time.monotonic()
         cluster.kubectl("apply", "-f", "-", check=True, timeout=300, input=json.dumps(
@@ -589,7 +589,7 @@ def main() -> int:
         while cluster.kubectl("get", "serviceaccount", "default", "-n", ns).returncode != 0:
             assert time.monotonic() < deadline, "no default ServiceAccount"
             time.sleep(0.5)  # the controller creates it; the deadline bounds the wait
-        release.copy_worker_secret(ns)
+        release.opt_in(ns)
         if "completions" in parts:
             print("apply -> Completed", file=sys.stderr)
             results["apply_to_completed_s"] = summary(measure_completions(cluster, ns,

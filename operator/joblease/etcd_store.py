@@ -70,6 +70,7 @@ _NOT_SENT_HINTS = ("failed to connect", "connection refused", "no address", "dns
 # token dies with the etcd process that issued it; an auth change makes old tokens
 # "old"). Either way the request was refused before it was applied, so the client
 # gets a fresh token and sends it again, as etcd's Go client does.
+_CREDENTIALS_REFUSED = ("authentication failed", "user name is empty", "user name not found")
 _STALE_TOKEN_HINTS = ("invalid auth token", "revision of auth store is old")
 
 
@@ -381,10 +382,12 @@ class EtcdStore:
         code, details = exc.code(), exc.details() or ""
         if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
             return PermissionDeniedError(f"etcd refused the request: {details}")
-        if "authentication failed" in details or "user name is empty" in details:
+        if any(p in details for p in _CREDENTIALS_REFUSED):
             # etcd answers a wrong user/password, or no credentials while auth is
-            # on, with INVALID_ARGUMENT; it is a credentials problem (exit 12 /
-            # 403), not bad input (exit 2 / 400).
+            # on, with INVALID_ARGUMENT; a client certificate whose CN is no user
+            # (mutual TLS, no token: the chart's workers' certificate without its
+            # password) with FAILED_PRECONDITION "user name not found". Credentials
+            # problems (exit 12 / 403), not bad input (exit 2 / 400).
             return PermissionDeniedError(f"etcd refused the credentials: {details}")
         if "lease not found" in details:
             return LeaseNotFoundError(details)

@@ -103,6 +103,31 @@ def tenant_name(namespace: str) -> str:
     return TENANT_PREFIX + namespace
 
 
+#: Suffix of a namespace's second (rotation) user. A namespace is a DNS label, which
+#: has no '.', so ``joblease-ns-a.next`` can never be another namespace's user.
+ALTERNATE_SUFFIX = ".next"
+
+
+def tenant_users(namespace: str) -> tuple[str, str]:
+    """The namespace's two etcd users, both bound to its one role: credentials are
+    rotated by moving the Secret from one to the other (a grace period in which both
+    work), then deleting the one left behind (:func:`rotate_to_other_user`)."""
+    name = tenant_name(namespace)
+    return name, name + ALTERNATE_SUFFIX
+
+
+def tenant_namespace_of(username: str) -> str | None:
+    """The namespace whose tenant user ``username`` is, or None (not a tenant user)."""
+    if not username.startswith(TENANT_PREFIX):
+        return None
+    namespace = username[len(TENANT_PREFIX):].removesuffix(ALTERNATE_SUFFIX)
+    try:
+        _check_namespace(namespace)
+    except InvalidInputError:
+        return None
+    return namespace
+
+
 def tenant_key_range(root_prefix: str, namespace: str) -> tuple[bytes, bytes]:
     """``(key, range_end)`` of the namespace's prefix ``<root>/<namespace>/``."""
     _check_namespace(namespace)
@@ -195,6 +220,10 @@ class EtcdAuthAdmin:
     async def user_revoke_role(self, name: str, role: str) -> None:
         await self._call("UserRevokeRole", rpc_pb2.AuthUserRevokeRoleRequest(name=name,
                                                                              role=role))
+
+    async def user_list(self) -> tuple[str, ...]:
+        resp = await self._call("UserList", rpc_pb2.AuthUserListRequest(), write=False)
+        return tuple(sorted(resp.users))
 
     async def user_delete(self, name: str) -> bool:
         try:
@@ -307,7 +336,8 @@ async def tenant_status(store: EtcdStore, namespace: str) -> TenantStatus:
 
 
 async def ensure_namespace_tenant(store: EtcdStore, root_prefix: str, namespace: str, *,
-                                  password: str | None = None) -> TenantCredentials:
+                                  password: str | None = None,
+                                  username: str | None = None) -> TenantCredentials:
     """Make sure ``namespace`` has its etcd user and role; return the credentials.
 
     The role ``joblease-ns-<namespace>`` gets READWRITE on exactly the prefix
@@ -323,8 +353,15 @@ async def ensure_namespace_tenant(store: EtcdStore, root_prefix: str, namespace:
 
     ``store`` must be connected as ``root`` (or without credentials while
     auth is off).
+
+    ``username``: which of the namespace's two users (:func:`tenant_users`) the
+    caller's Secret names; default the first. The other user is left alone.
     """
     name = tenant_name(namespace)
+    user = username or name
+    if user not in tenant_users(namespace):
+        raise InvalidInputError(f"{user!r} is not a tenant user of namespace {namespace!r} "
+                                f"(one of {', '.join(tenant_users(namespace))})")
     key, end = tenant_key_range(root_prefix, namespace)
     admin = EtcdAuthAdmin(store)
 
@@ -337,23 +374,59 @@ async def ensure_namespace_tenant(store: EtcdStore, root_prefix: str, namespace:
     if ("READWRITE", key, end) not in perms:
         await _idempotent(lambda: admin.role_grant_readwrite(name, key, end))
 
-    roles = await admin.user_roles(name)
+    roles = await admin.user_roles(user)
     if roles is None:
         new = password or generate_password()
-        if not await _idempotent(lambda: admin.user_add(name, new)):
+        if not await _idempotent(lambda: admin.user_add(user, new)):
             # created concurrently (or an unknown outcome that did commit): set ours
-            await _idempotent(lambda: admin.user_change_password(name, new))
+            await _idempotent(lambda: admin.user_change_password(user, new))
         password, roles = new, ()
-    elif password is None or not await admin.authenticate(name, password):
+    elif password is None or not await admin.authenticate(user, password):
         password = generate_password()
-        await _idempotent(functools.partial(admin.user_change_password, name, password))
+        await _idempotent(functools.partial(admin.user_change_password, user, password))
     for other in roles:
         if other != name:
-            await _idempotent(functools.partial(admin.user_revoke_role, name, other))
+            await _idempotent(functools.partial(admin.user_revoke_role, user, other))
     if name not in roles:
-        await _idempotent(lambda: admin.user_grant_role(name, name))
-    return TenantCredentials(namespace=namespace, username=name, password=password,
+        await _idempotent(lambda: admin.user_grant_role(user, name))
+    return TenantCredentials(namespace=namespace, username=user, password=password,
                              role=name, key_prefix=key.decode())
+
+
+async def rotate_to_other_user(store: EtcdStore, root_prefix: str, namespace: str,
+                               current: str) -> TenantCredentials:
+    """Credentials of the namespace's *other* user (:func:`tenant_users`), with a new
+    random password; ``current`` keeps working. Rotation without downtime: hand the
+    new credentials to every sidecar (the Secret), wait longer than they take to see
+    it, then :func:`revoke_tenant_user` ``current``."""
+    first, second = tenant_users(namespace)
+    if current not in (first, second):
+        raise InvalidInputError(f"{current!r} is not a tenant user of namespace {namespace!r}")
+    other = second if current == first else first
+    admin = EtcdAuthAdmin(store)
+    if await admin.user_roles(other) is not None:
+        # a leftover of an interrupted rotation: a fresh password all the same
+        await _idempotent(functools.partial(admin.user_change_password, other,
+                                            generate_password()))
+    return await ensure_namespace_tenant(store, root_prefix, namespace, username=other,
+                                         password=None)
+
+
+async def revoke_tenant_user(store: EtcdStore, namespace: str, username: str) -> bool:
+    """Delete one of the namespace's users (the role stays); True if it existed.
+    etcd invalidates its tokens at once: its next request is refused."""
+    if username not in tenant_users(namespace):
+        raise InvalidInputError(f"{username!r} is not a tenant user of namespace {namespace!r}")
+    admin = EtcdAuthAdmin(store)
+    if await admin.user_roles(username) is None:  # a read: the steady state writes nothing
+        return False
+    return await _idempotent(lambda: admin.user_delete(username))
+
+
+async def tenant_namespaces(store: EtcdStore) -> tuple[str, ...]:
+    """The namespaces that have a tenant user in etcd (root only: ``UserList``)."""
+    users = await EtcdAuthAdmin(store).user_list()
+    return tuple(sorted({ns for u in users if (ns := tenant_namespace_of(u)) is not None}))
 
 
 async def rotate_tenant_password(store: EtcdStore, root_prefix: str, namespace: str, *,
@@ -387,6 +460,7 @@ async def remove_namespace_tenant(store: EtcdStore, namespace: str) -> bool:
     """
     name = tenant_name(namespace)
     admin = EtcdAuthAdmin(store)
-    user = await _idempotent(lambda: admin.user_delete(name))
+    users = [await _idempotent(functools.partial(admin.user_delete, u))
+             for u in tenant_users(namespace)]
     role = await _idempotent(lambda: admin.role_delete(name))
-    return user or role
+    return any(users) or role

@@ -303,3 +303,20 @@ def test_uninstall_leaves_the_crd_and_existing_jobleases(
     kept = cp.kubectl("get", "jobleases", "survivor", "-n", namespace, "-o", "json")
     assert kept.returncode == 0, kept.stderr
     assert json.loads(kept.stdout)["spec"]["leaseDurationSeconds"] == 10
+
+
+def test_install_with_a_missing_etcd_root_secret_is_refused_naming_the_value(
+        control_plane: ControlPlane, namespace: str) -> None:
+    """Against a real API server (helm's lookup answers only there; ``helm template``
+    cannot know): your own etcd with tenants needs the root credentials' Secret, and
+    an install naming one that does not exist fails, creating nothing."""
+    cp = control_plane
+    values = {"etcd.enabled": False, "etcd.endpoints": ["https://etcd.example:2379"],
+              "etcd.auth.secretName": "no-such-root-secret"}
+    result = cp.helm("install", release_name(namespace), str(CHART), "-n", namespace,
+                     *set_args(values))
+    assert result.returncode != 0, result.stdout
+    assert (f"etcd.auth.secretName: Secret no-such-root-secret does not exist in namespace "
+            f"{namespace}") in result.stderr, result.stderr
+    listed = cp.helm("list", "-n", namespace, "-q")
+    assert release_name(namespace) not in listed.stdout

@@ -137,7 +137,9 @@ def test_generated_certificates_cover_the_member_and_service_names() -> None:
 
 
 def test_worker_secret_copies_go_to_the_listed_namespaces() -> None:
-    docs = render({"etcd.workerSecret.namespaces": ["team-a", "team-b"]})
+    docs = render({"etcd.workerSecret.namespaces": ["team-a", "team-b"],
+                   # only without isolation (tests/chart/test_chart_isolation.py)
+                   "etcd.bundledAuth": False, "tenantCredentials.enabled": False})
     copies = [d for d in docs if d["kind"] == "Secret"
               and d["metadata"]["name"] == "joblease-etcd-client"]
     assert sorted(d["metadata"]["namespace"] for d in copies) == ["team-a", "team-b"]
@@ -147,21 +149,24 @@ def test_worker_secret_copies_go_to_the_listed_namespaces() -> None:
 
 def test_user_supplied_certificate_secrets_are_used_and_none_generated() -> None:
     docs = render({"etcd.certificates.serverSecretName": "my-etcd-server",
-                   "etcd.certificates.clientSecretName": "my-etcd-client"})
-    # (the injection webhook's serving certificate is not an etcd one)
+                   "etcd.certificates.clientSecretName": "my-etcd-client",
+                   "etcd.certificates.workerSecretName": "my-etcd-worker"})
+    # (the injection webhook's serving certificate is not an etcd one, nor the root
+    # user's password)
     assert not [d for d in docs if d["kind"] == "Secret"
-                and not d["metadata"]["name"].endswith("-webhook-tls")]
+                and not d["metadata"]["name"].endswith(("-webhook-tls", "-etcd-root"))]
     sts = one(docs, "StatefulSet")
     volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
     assert volumes["tls"]["secret"]["secretName"] == "my-etcd-server"
     deployment = one(docs, "Deployment")
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["etcd-tls"]["secret"]["secretName"] == "my-etcd-client"
+    assert volumes["worker-tls"]["secret"]["secretName"] == "my-etcd-worker"
 
 
 def test_own_etcd_renders_no_etcd_objects() -> None:
     docs = render({"etcd.enabled": False, "etcd.endpoints": ["https://etcd.example:2379"],
-                   "etcd.tls.secretName": "mine"})
+                   "etcd.tls.secretName": "mine", "tenantCredentials.enabled": False})
     etcd_objects = [(d["kind"], d["metadata"]["name"]) for d in docs
                     if d["metadata"].get("labels", {}).get("app.kubernetes.io/component")
                     == "etcd" or "etcd" in d["metadata"]["name"]]

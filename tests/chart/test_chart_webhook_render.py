@@ -1,9 +1,9 @@
 """The chart's refusals and rules around injection, rendered by the real helm (no
 cluster: ``helm template``).
 
-What is guaranteed: tenant credentials with the bundled etcd (which has no auth,
-so every injected sidecar's claim would fail) are refused at render time naming
-the values; the operator may read the one etcd client Secret name injected pods mount (the
+What is guaranteed: tenant credentials without etcd auth (every injected
+sidecar's claim would fail) are refused at render time naming the values; the
+operator may read the one etcd client Secret name injected pods mount (the
 webhook warns when it is missing), and no other Secret.
 """
 
@@ -42,27 +42,39 @@ def secret_rules(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for rule in d.get("rules") or [] if "secrets" in rule["resources"]]
 
 
-def test_tenant_credentials_with_the_bundled_etcd_are_refused_naming_the_values() -> None:
-    result = helm_template({"tenantCredentials.enabled": True})
+def test_tenant_credentials_without_etcd_auth_are_refused_naming_the_values() -> None:
+    result = helm_template({"etcd.bundledAuth": False})
     assert result.returncode != 0
-    assert ("tenantCredentials.enabled=true needs etcd authentication, which the bundled etcd "
-            "(etcd.enabled=true) does not have") in result.stderr
-    assert "etcd.auth.secretName" in result.stderr
+    assert ("tenantCredentials.enabled=true needs etcd auth: set etcd.bundledAuth=true"
+            in result.stderr), result.stderr
     assert result.stdout == ""  # nothing rendered
     docs = render({"tenantCredentials.enabled": True, **OWN_ETCD})
     assert any(d["kind"] == "Deployment" for d in docs)
 
 
+#: The setup without isolation (no etcd auth, no tenants): asked for explicitly.
+UNISOLATED = {"etcd.bundledAuth": False, "tenantCredentials.enabled": False}
+TENANT_RULES = [
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["secrets"],
+     "resourceNames": ["joblease-etcd-credentials"], "verbs": ["get", "update", "delete"]}]
+
+
 def test_the_operator_may_read_only_the_etcd_client_secret_injected_pods_mount() -> None:
     get_only = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
-    assert secret_rules(render({})) == [{**get_only, "resourceNames": ["joblease-etcd-client"]}]
+    # the defaults: the tenant Secret is the one injected pods mount
+    assert secret_rules(render({})) == TENANT_RULES
+    assert secret_rules(render(UNISOLATED)) == [
+        {**get_only, "resourceNames": ["joblease-etcd-client"]}]
     own = {**OWN_ETCD, "etcd.tls.secretName": "my-etcd-tls"}
-    assert secret_rules(render(own)) == [{**get_only, "resourceNames": ["my-etcd-tls"]}]
-    assert secret_rules(render({"webhook.sidecar.etcdClientSecret": "worker-tls"})) == [
+    assert secret_rules(render(own)) == [*TENANT_RULES,
+                                         {**get_only, "resourceNames": ["my-etcd-tls"]}]
+    assert secret_rules(render({**UNISOLATED,
+                                "webhook.sidecar.etcdClientSecret": "worker-tls"})) == [
         {**get_only, "resourceNames": ["worker-tls"]}]
-    assert secret_rules(render({"webhook.enabled": False})) == []
+    assert secret_rules(render({**UNISOLATED, "webhook.enabled": False})) == []
     # namespaced scope: the same single name, in each served namespace
-    docs = render({"scope": "namespaced", "watchNamespaces": ["a", "b"]})
+    docs = render({**UNISOLATED, "scope": "namespaced", "watchNamespaces": ["a", "b"]})
     roles = [d for d in docs if d["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["a", "b"]
     assert secret_rules(roles) == [{**get_only, "resourceNames": ["joblease-etcd-client"]}] * 2

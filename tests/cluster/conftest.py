@@ -133,7 +133,8 @@ def joblease_release(cluster: Cluster,
     _make_namespace(cluster, "joblease-system")
     rel = Release(cluster, "joblease-system", tmp_path_factory.mktemp("helm"),
                   name="joblease")
-    rel.install("--set", "etcd.workerSecret.namespaces[0]=default")
+    rel.install()  # the chart's defaults: etcd auth on, tenants following the label
+    rel.opt_in("default")
     yield rel
     rel.uninstall("default")
     cluster.kubectl("delete", "namespace", "joblease-system", "--wait=false")
@@ -141,19 +142,17 @@ def joblease_release(cluster: Cluster,
 
 @pytest.fixture
 def worker_namespace(namespace: str, joblease_release: Release) -> str:
-    """This test's namespace, given the etcd client Secret of the shared release
-    (``joblease-etcd-client``, what examples/worker-pod.yaml mounts)."""
-    joblease_release.copy_worker_secret(namespace)
+    """This test's namespace, opted in to the shared release: its own etcd user in the
+    Secret ``joblease-etcd-credentials`` (what examples/worker-pod.yaml mounts)."""
+    joblease_release.opt_in(namespace)
     return namespace
 
 
 @pytest.fixture
 def queue_namespace(cluster: Cluster, worker_namespace: str) -> str:
-    """This test's namespace for queue workers: opted in to injection, given the etcd
-    client Secret, and running the example ledger (examples/ledger.yaml)."""
+    """This test's namespace for queue workers: opted in to injection (so given its
+    tenant Secret), and running the example ledger (examples/ledger.yaml)."""
     ns = worker_namespace
-    cluster.kubectl("label", "namespace", ns, "joblease.io/inject=enabled", "--overwrite",
-                    check=True)
     r = cluster.kubectl("apply", "-n", ns, "-f", str(REPO_ROOT / "examples" / "ledger.yaml"))
     assert r.returncode == 0, r.stderr
     probe = {"apiVersion": "v1", "kind": "Pod",

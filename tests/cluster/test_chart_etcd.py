@@ -147,29 +147,66 @@ def test_upgrade_keeps_the_certificates_and_the_registrations(release: Release) 
     assert ca.startswith(b"-----BEGIN CERTIFICATE-----") and server["ca.crt"] == client["ca.crt"]
 
 
-def test_three_members_and_a_worker_namespace_copy_of_the_client_secret(
+def test_three_members_and_a_worker_namespace_with_its_tenant_secret(
         release: Release, cluster: Cluster) -> None:
-    """3 members form one cluster; a sidecar's namespace gets the client Secret and
-    reaches etcd through the client Service with it."""
+    """3 members form one cluster; a labelled namespace gets its tenant Secret (the
+    workers' certificate, not the operator's) and reaches etcd through the client
+    Service with it."""
     rel = release
     workers = f"{rel.namespace[:50]}-workers"
     cluster.kubectl("create", "namespace", workers, check=True)
     try:
         rel.helm("install", rel.name, str(CHART), *TEST_CLUSTER_VALUES,
-                 "--set", "etcd.replicas=3", "--set", f"etcd.workerSecret.namespaces[0]={workers}")
+                 "--set", "etcd.replicas=3")
         rel.wait_ready()
         assert rel.get("statefulset", rel.etcd)["status"]["readyReplicas"] == 3
         rel.apply_joblease("three")
         rel.wait_registered("three")
 
-        copy = json.loads(cluster.kubectl("get", "secret", "joblease-etcd-client", "-n", workers,
-                                          "-o", "json", check=True).stdout)
-        assert copy["data"] == secret_data(rel, f"{rel.etcd}-client")
-        url = f"https://{rel.etcd}.{rel.namespace}.svc:2379/v3/cluster/member/list"
-        out = run_curl_pod(cluster, workers, "members", "joblease-etcd-client", (
-            "curl -fsS --max-time 10 --retry 10 --retry-all-errors --cacert /tls/ca.crt "
-            f"--cert /tls/tls.crt --key /tls/tls.key -X POST -d '{{}}' {url}"))
-        members = json.loads(out)["members"]
-        assert sorted(m["name"] for m in members) == [f"{rel.etcd}-{i}" for i in range(3)]
+        rel.opt_in(workers)
+        tenant = json.loads(cluster.kubectl("get", "secret", "joblease-etcd-credentials",
+                                            "-n", workers, "-o", "json", check=True).stdout)
+        worker_tls = secret_data(rel, f"{rel.etcd}-worker-tls")
+        assert {k: tenant["data"][k] for k in worker_tls} == worker_tls
+        assert tenant["data"]["tls.crt"] != secret_data(rel, f"{rel.etcd}-client")["tls.crt"]
+        # etcd auth is on: the workers' certificate alone names no user; the tenant's own
+        # user works on its namespace's job through the client Service (a pod of the
+        # project image, with the library)
+        script = (
+            "import asyncio, os\n"
+            "from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec\n"
+            "d = '/tls'\n"
+            "read = lambda k: open(f'{d}/{k}').read().strip()\n"
+            "c = EtcdConfig.from_env(os.environ).with_(username=read('username'),\n"
+            "                                          password=read('password'))\n"
+            "async def main():\n"
+            "    async with JobLeaseClient(c) as w:\n"
+            f"        job = JobRef({workers!r}, 'three')\n"
+            "        await w.register(job, JobSpec(lease_duration_seconds=10))\n"
+            "        lease = await w.claim(job, 'w')\n"
+            "        await lease.complete({'members': 3})\n"
+            "        print('COMPLETED', lease.token)\n"
+            "asyncio.run(main())\n")
+        pod = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "tenant", "namespace": workers},
+            "spec": {"restartPolicy": "Never",
+                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                     "containers": [{
+                         "name": "w", "image": image_ref("ghcr.io/joblease/joblease:"),
+                         "imagePullPolicy": "Never", "command": ["python", "-c", script],
+                         "env": [{"name": "JOBLEASE_ETCD_ENDPOINTS",
+                                  "value": f"https://{rel.etcd}.{rel.namespace}.svc:2379"},
+                                 {"name": "JOBLEASE_ETCD_CA_FILE", "value": "/tls/ca.crt"},
+                                 {"name": "JOBLEASE_ETCD_CERT_FILE", "value": "/tls/tls.crt"},
+                                 {"name": "JOBLEASE_ETCD_KEY_FILE", "value": "/tls/tls.key"}],
+                         "volumeMounts": [{"name": "tls", "mountPath": "/tls",
+                                           "readOnly": True}]}],
+                     "volumes": [{"name": "tls", "secret": {
+                         "secretName": "joblease-etcd-credentials"}}]}}
+        cluster.apply(json.dumps(pod))
+        phase = cluster.wait_pod_done("tenant", workers, timeout=300)
+        logs = cluster.kubectl("logs", "tenant", "-n", workers)
+        assert phase == "Succeeded" and "COMPLETED" in logs.stdout, logs.stdout + logs.stderr
     finally:
         cluster.kubectl("delete", "namespace", workers, "--wait=false")

@@ -3,10 +3,11 @@
 The file goes into namespace ``default`` exactly as a user would apply it, after
 ``helm install`` of the chart as docs/helm.md says (the shared ``joblease_release``:
 release ``joblease`` in ``joblease-system``, whose bundled etcd is the
-``joblease-etcd.joblease-system.svc`` the example names, and whose
-``etcd.workerSecret.namespaces`` gives ``default`` the etcd client Secret the
-example mounts). Its image references are the ones imported into the node
-(``hack/build-images``); nothing is pulled. Real pods, operator and etcd.
+``joblease-etcd.joblease-system.svc`` the example names; ``default`` is labelled
+``joblease.io/inject=enabled``, so the operator gives it the tenant Secret the
+example mounts: the chart's defaults, etcd auth on). Its image references are the
+ones imported into the node (``hack/build-images``); nothing is pulled. Real pods,
+operator and etcd.
 """
 
 from __future__ import annotations

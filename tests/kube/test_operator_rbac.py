@@ -111,6 +111,8 @@ def release(crds_installed: ControlPlane, namespace: str, etcd_config: EtcdConfi
         "scope": "namespaced", "watchNamespaces": [namespace], "etcd.enabled": False,
         "etcd.endpoints": list(etcd_config.endpoints), "etcd.root": etcd_config.root,
         "operator.watchTimeoutSeconds": 60,
+        # this etcd has no auth: tenants could not work (the chart refuses them)
+        "tenantCredentials.enabled": False,
     }))
     yield name
     cp.helm("uninstall", name, "-n", namespace)
@@ -248,7 +250,13 @@ def test_cluster_scope_rbac_grants_jobleases_everywhere_and_nothing_else(
                          "-n", ns) == "yes"
             assert can_i(cp, sa, "create", "events", "-n", ns) == "yes"
             assert can_i(cp, sa, "patch", "events", "-n", ns) == "yes"
-            assert can_i(cp, sa, "get", "secrets/joblease-etcd-client", "-n", ns) == "yes"
+            # the defaults: per-namespace tenants, whose one Secret name the operator
+            # creates, reads, replaces and deletes (and the webhook looks up)
+            for verb in ("get", "update", "delete"):
+                assert can_i(cp, sa, verb, "secrets/joblease-etcd-credentials",
+                             "-n", ns) == "yes"
+            assert can_i(cp, sa, "create", "secrets", "-n", ns) == "yes"
+            assert can_i(cp, sa, "get", "secrets/joblease-etcd-client", "-n", ns) == "no"
             assert can_i(cp, sa, "get", "secrets/other", "-n", ns) == "no"
             # the slot webhook reads a CronJob's last slot (a Job made from it by hand)
             assert can_i(cp, sa, "get", "cronjobs.batch", "-n", ns) == "yes"
@@ -261,9 +269,13 @@ def test_cluster_scope_rbac_grants_jobleases_everywhere_and_nothing_else(
                      ("create", "deployments.apps", "-n", namespace),
                      ("delete", "jobleases.joblease.io", "-n", "default"),
                      ("delete", "events", "-n", namespace),
-                     ("list", "namespaces"),
+                     ("get", "namespaces/default"),
+                     ("update", "namespaces"),
                      ("delete", "customresourcedefinitions.apiextensions.k8s.io")]:
             assert can_i(cp, sa, *what) == "no", what
+        # tenants follow the injection label: Namespaces are listed and watched
+        assert can_i(cp, sa, "list", "namespaces") == "yes"
+        assert can_i(cp, sa, "watch", "namespaces") == "yes"
         rendered = json.loads(cp.kubectl("get", "clusterrole", "-l",
                                          f"app.kubernetes.io/instance={name}", "-o",
                                          "json", check=True).stdout)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from joblease.operator.main import OperatorConfig
 from joblease.operator.tenants import (
     LABELS,
     MANAGED_BY_LABEL,
+    RETIRING_USER_ANNOTATION,
     ROTATE_ANNOTATION,
     SECRET_NAME,
     TENANT_LABEL,
@@ -44,16 +46,18 @@ class TenantOperator(OperatorProcess):
     """The operator as ``root`` over TLS, with ``JOBLEASE_TENANT_CREDENTIALS=1``."""
 
     def __init__(self, cp: ControlPlane, etcd: EtcdConfig, namespace: str, log: Path,
-                 password_file: Path) -> None:
+                 password_file: Path, **extra: str) -> None:
         super().__init__(cp, etcd, namespace, log)
         self.password_file = password_file
+        self.extra = extra
 
     def environment(self) -> dict[str, str]:
         assert self.etcd.ca_file
         env = dict(super().environment(), JOBLEASE_ETCD_CA_FILE=self.etcd.ca_file,
                    JOBLEASE_ETCD_USERNAME="root",
                    JOBLEASE_ETCD_PASSWORD_FILE=str(self.password_file),
-                   JOBLEASE_TENANT_CREDENTIALS="1", JOBLEASE_TENANT_RESYNC_INTERVAL="1")
+                   JOBLEASE_TENANT_CREDENTIALS="1", JOBLEASE_TENANT_RESYNC_INTERVAL="1",
+                   JOBLEASE_TENANT_ROTATION_GRACE="2", **self.extra)
         env.pop("JOBLEASE_ETCD_PASSWORD", None)
         return env
 
@@ -173,10 +177,22 @@ async def test_tenant_secret_is_created_idempotent_rotated_and_removed_with_the_
     rotated_secret = await wait_for("the rotated password in the Secret", rotated)
     new = secret_data(rotated_secret)
     seen_passwords.append(new["password"])
-    assert new["username"] == data["username"] and new["keyPrefix"] == data["keyPrefix"]
+    # the Secret moved to the namespace's other user; the first keeps working for the
+    # grace period (2 s here), so running sidecars can re-read the Secret first
+    assert new["username"] == f"joblease-ns-{namespace}.next"
+    assert new["keyPrefix"] == data["keyPrefix"]
+    assert await auth.authenticate(new["username"], new["password"])
+    notes = rotated_secret["metadata"]["annotations"]
+    assert "joblease.io/rotated-at" in notes
+    assert notes[RETIRING_USER_ANNOTATION] == data["username"]
+
+    async def retired() -> bool:
+        s = await get_secret(kube)
+        return s is not None and RETIRING_USER_ANNOTATION not in (
+            s["metadata"].get("annotations") or {})
+    await wait_for("the old user retired after the grace period", retired)
     assert not await auth.authenticate(data["username"], data["password"])
     assert await auth.authenticate(new["username"], new["password"])
-    assert "joblease.io/rotated-at" in rotated_secret["metadata"]["annotations"]
     tenant = base_config.with_(username=new["username"], password=new["password"])
 
     # Nothing secret in the JobLeases (status included).
@@ -216,6 +232,72 @@ async def test_tenant_secret_is_created_idempotent_rotated_and_removed_with_the_
     log_text = tenant_operator.log.read_text(errors="replace")
     assert "tenant credentials of namespace" in log_text
     assert not any(p in log_text for p in [*seen_passwords, ROOT_PASSWORD])
+
+
+@pytest.fixture
+async def label_operator(crds_installed: ControlPlane, namespace: str,
+                         base_config: EtcdConfig, pki: Pki, tmp_path: Path,
+                         request: pytest.FixtureRequest) -> AsyncIterator[TenantOperator]:
+    """The operator as the chart runs it: tenants follow the injection label, the
+    workers' TLS files go into each Secret. Served namespaces: this test's only (a
+    glob of its prefix), so other tests' namespaces are not touched."""
+    password_file = tmp_path / "root-password"
+    password_file.write_text(ROOT_PASSWORD + "\n")
+    tls = tmp_path / "worker-tls"
+    tls.mkdir()
+    for key, text in (("ca.crt", "CA"), ("tls.crt", "CERT"), ("tls.key", "KEY")):
+        (tls / key).write_text(f"worker {text}\n")
+    op = TenantOperator(crds_installed, base_config, namespace, tmp_path / "operator.log",
+                        password_file, JOBLEASE_TENANT_NAMESPACE_LABEL=INJECT_LABEL,
+                        JOBLEASE_TENANT_TLS_DIR=str(tls))
+    async with running_operator(op, request, log_lines=250) as running:
+        yield running
+
+
+INJECT_LABEL = "joblease.io/inject=enabled"
+
+
+@pytest.mark.kube
+async def test_tenants_follow_the_injection_label(
+        crds_installed: ControlPlane, namespace: str, label_operator: TenantOperator,
+        base_config: EtcdConfig, admin: JobLeaseClient) -> None:
+    """Labelling the namespace is the only step: its Secret (credentials and the
+    workers' TLS files) appears without any JobLease; removing the label deletes the
+    etcd users, the role and the Secret, and the credentials stop working."""
+    kube = Kube(crds_installed, namespace)
+    auth = EtcdAuthAdmin(admin.store)  # type: ignore[arg-type]
+    assert await get_secret(kube) is None
+    labelled = time.monotonic()
+    r = await kube.run("label", "namespace", namespace, INJECT_LABEL, "--overwrite")
+    assert r.returncode == 0, r.stderr
+    secret = await wait_for("the tenant Secret after labelling", lambda: get_secret(kube))
+    provisioned = time.monotonic() - labelled
+    data = secret_data(secret)
+    assert data["username"] == f"joblease-ns-{namespace}"
+    assert (data["ca.crt"], data["tls.crt"], data["tls.key"]) == (
+        "worker CA\n", "worker CERT\n", "worker KEY\n")
+    tenant = base_config.with_(username=data["username"], password=data["password"])
+    job = JobRef(namespace, "labelled")
+    await admin.register(job, JobSpec(lease_duration_seconds=5))
+    async with JobLeaseClient(tenant) as worker:
+        lease = await worker.claim(job, "w")
+        await lease.complete({"ok": True})
+    print(f"\nlabel -> tenant Secret: {provisioned:.2f} s")
+
+    unlabelled = time.monotonic()
+    r = await kube.run("label", "namespace", namespace, INJECT_LABEL.split("=")[0] + "-")
+    assert r.returncode == 0, r.stderr
+
+    async def removed() -> bool:
+        return await get_secret(kube) is None and not await auth.authenticate(
+            data["username"], data["password"])
+    await wait_for("the tenant removed after unlabelling", removed)
+    print(f"unlabel -> credentials refused: {time.monotonic() - unlabelled:.2f} s")
+    status = await tenant_status(admin.store, namespace)  # type: ignore[arg-type]
+    assert not status.user_exists and not status.role_exists
+    with pytest.raises(PermissionDeniedError):
+        async with JobLeaseClient(tenant) as gone:
+            await gone.get(job)
 
 
 @pytest.mark.kube

@@ -30,6 +30,10 @@ from tests.support.webhook_tls import post_review, write_cert
 
 pytestmark = pytest.mark.kube
 
+#: The unisolated setup's settings (the copied client certificate, no tenants): the
+#: Secret these tests create or leave out is that one.
+CLIENT_CERT = SidecarSettings(etcd_tls_secret="joblease-etcd-client", tenant_credentials=False)
+
 
 @pytest.fixture
 def kubeconfig_env(crds_installed: ControlPlane) -> Iterator[None]:
@@ -59,7 +63,7 @@ async def test_a_namespace_without_the_etcd_client_secret_gets_a_warning_not_a_h
     write_cert(tmp_path, "webhook")
     kube = KubeApi(login)
     config = WebhookConfig(port=0, host="127.0.0.1", cert_file=str(tmp_path / "tls.crt"),
-                           key_file=str(tmp_path / "tls.key"), settings=SidecarSettings())
+                           key_file=str(tmp_path / "tls.key"), settings=CLIENT_CERT)
     srv = WebhookServer(config, kube_lookup(kube.get), kube_secret_lookup(kube.get_secret))
     await srv.start()
     try:
@@ -100,7 +104,7 @@ async def test_a_queue_pod_whose_jobqueue_is_missing_gets_a_warning(
     write_cert(tmp_path, "webhook")
     kube = KubeApi(login)
     config = WebhookConfig(port=0, host="127.0.0.1", cert_file=str(tmp_path / "tls.crt"),
-                           key_file=str(tmp_path / "tls.key"), settings=SidecarSettings())
+                           key_file=str(tmp_path / "tls.key"), settings=CLIENT_CERT)
     srv = WebhookServer(config, kube_lookup(kube.get), kube_secret_lookup(kube.get_secret),
                         queue_lookup=kube_queue_lookup(kube.get_queue))
     review = _review(namespace)

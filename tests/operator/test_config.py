@@ -53,6 +53,17 @@ def _cases(tmp: Path) -> dict[str, tuple[dict[str, str], Check]]:
                                         lambda c: c.tenant_credentials is True),
         "JOBLEASE_TENANT_RESYNC_INTERVAL": ({"JOBLEASE_TENANT_RESYNC_INTERVAL": "2.5"},
                                             lambda c: c.tenant_resync_interval == 2.5),
+        "JOBLEASE_TENANT_NAMESPACE_LABEL": (
+            {"JOBLEASE_TENANT_NAMESPACE_LABEL": "joblease.io/inject=enabled"},
+            lambda c: c.tenant_namespace_label == "joblease.io/inject=enabled"),
+        "JOBLEASE_TENANT_TLS_DIR": ({"JOBLEASE_TENANT_TLS_DIR": "/etc/worker-tls"},
+                                    lambda c: c.tenant_tls_dir == "/etc/worker-tls"),
+        "JOBLEASE_TENANT_ROTATION_GRACE": ({"JOBLEASE_TENANT_ROTATION_GRACE": "30"},
+                                           lambda c: c.tenant_rotation_grace == 30.0),
+        "JOBLEASE_ETCD_ENABLE_AUTH": (
+            {"JOBLEASE_ETCD_ENABLE_AUTH": "1", "JOBLEASE_ETCD_USERNAME": "root",
+             "JOBLEASE_ETCD_PASSWORD_FILE": str(password)},
+            lambda c: c.etcd_enable_auth is True),
         "JOBLEASE_QUEUE_INTERVAL": ({"JOBLEASE_QUEUE_INTERVAL": "1.5"},
                                     lambda c: c.queue_interval == 1.5),
         "JOBLEASE_LEADER_ELECTION": ({"JOBLEASE_LEADER_ELECTION": "False"},
@@ -98,6 +109,8 @@ def _cases(tmp: Path) -> dict[str, tuple[dict[str, str], Check]]:
 OPERATOR_VARIABLES = {
     "JOBLEASE_NAMESPACES", "JOBLEASE_METRICS_PORT", "JOBLEASE_METRICS_HOST",
     "JOBLEASE_TENANT_CREDENTIALS", "JOBLEASE_TENANT_RESYNC_INTERVAL", "JOBLEASE_QUEUE_INTERVAL",
+    "JOBLEASE_TENANT_NAMESPACE_LABEL", "JOBLEASE_TENANT_TLS_DIR",
+    "JOBLEASE_TENANT_ROTATION_GRACE", "JOBLEASE_ETCD_ENABLE_AUTH",
     "JOBLEASE_LEADER_ELECTION", "JOBLEASE_LEADER_ELECTION_TTL",
     "JOBLEASE_LEADER_ELECTION_NAME", "JOBLEASE_WEBHOOK_PORT", "JOBLEASE_WEBHOOK_CERT_DIR",
     "JOBLEASE_WEBHOOK_SETTINGS", "JOBLEASE_LOG_LEVEL",

@@ -31,6 +31,9 @@ from tests.support.binaries import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "examples" / "worker-pod.yaml"
 SETTINGS = SidecarSettings()  # the chart's defaults for release joblease in joblease-system
+#: The unisolated setup (etcd.bundledAuth=false, tenantCredentials.enabled=false): the
+#: copied client certificate, no credentials.
+CLIENT_CERT = SidecarSettings(etcd_tls_secret="joblease-etcd-client", tenant_credentials=False)
 NS = "team-a"
 
 
@@ -112,7 +115,11 @@ def test_injected_pod_has_the_example_sidecar_and_wiring() -> None:
     assert spec["shareProcessNamespace"] is True
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["joblease-run"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Mi"}
-    assert volumes["joblease-etcd-tls"]["secret"]["secretName"] == "joblease-etcd-client"
+    # one volume for the tenant Secret, TLS files and credentials as the example has them
+    assert volumes["joblease-etcd-tls"]["secret"]["secretName"] == "joblease-etcd-credentials"
+    assert [i["key"] for i in volumes["joblease-etcd-tls"]["secret"]["items"]] == [
+        "ca.crt", "tls.crt", "tls.key", "username", "password"]
+    assert "joblease-etcd-auth" not in volumes
     assert "worker-script" in volumes
     assert pod["metadata"]["annotations"][INJECTED_ANNOTATION] == "true"
     assert warnings == []  # the pod runs as 65532, the sidecar's user
@@ -200,17 +207,23 @@ def test_annotations_choose_on_loss_ports_token_and_process_name() -> None:
 
 
 def test_tenant_credentials_mount_the_namespace_secret() -> None:
-    settings = SidecarSettings(tenant_credentials=True, etcd_cert_key="", etcd_key_key="")
+    # your own etcd: its TLS Secret (CA only here) beside the tenant Secret
+    settings = SidecarSettings(tenant_credentials=True, etcd_tls_secret="joblease-etcd-client",
+                               etcd_cert_key="", etcd_key_key="")
     patched, _ = _inject(_bare_pod(), settings)
     sidecar = patched["spec"]["initContainers"][0]
     env = _env(sidecar)
-    assert env["JOBLEASE_ETCD_USERNAME"] == {"secretKeyRef": {
-        "name": "joblease-etcd-credentials", "key": "username"}}
+    # files, not variables: a rotation changes both, and the sidecar re-reads them
+    assert env["JOBLEASE_ETCD_USERNAME_FILE"] == "/etc/joblease/etcd-auth/username"
+    assert "JOBLEASE_ETCD_USERNAME" not in env
     assert env["JOBLEASE_ETCD_PASSWORD_FILE"] == "/etc/joblease/etcd-auth/password"
     assert env["JOBLEASE_ETCD_CA_FILE"] == "/etc/joblease/etcd/ca.crt"
     assert "JOBLEASE_ETCD_CERT_FILE" not in env  # CA only: the client key stays out
     volumes = {v["name"]: v for v in patched["spec"]["volumes"]}
-    assert volumes["joblease-etcd-auth"]["secret"]["secretName"] == "joblease-etcd-credentials"
+    assert volumes["joblease-etcd-auth"]["secret"] == {
+        "secretName": "joblease-etcd-credentials",
+        "items": [{"key": "username", "path": "username"},
+                  {"key": "password", "path": "password"}]}
     assert volumes["joblease-etcd-tls"]["secret"]["items"] == [{"key": "ca.crt",
                                                                 "path": "ca.crt"}]
 
@@ -366,7 +379,7 @@ def test_a_missing_etcd_client_secret_is_warned_about_naming_what_provides_it() 
     """The kubelet cannot mount a missing Secret: the pod would stay Pending
     (FailedMount) with nothing saying why. The warning names the Secret and the
     chart value that puts it in the namespace."""
-    result = plan(_bare_pod(), SETTINGS, namespace=NS, joblease_exists=True,
+    result = plan(_bare_pod(), CLIENT_CERT, namespace=NS, joblease_exists=True,
                   missing_secrets={"joblease-etcd-client"})
     assert result.patch
     (warning,) = result.warnings
@@ -374,17 +387,25 @@ def test_a_missing_etcd_client_secret_is_warned_about_naming_what_provides_it() 
                               "cannot start (Pending, FailedMount) until it does")
     assert "--set 'etcd.workerSecret.namespaces[0]=team-a'" in warning
     assert "webhook.sidecar.etcdClientSecret" in warning
-    tenant = SidecarSettings(tenant_credentials=True)
+    tenant = SidecarSettings(tenant_credentials=True, etcd_tls_secret="joblease-etcd-client")
     (warning,) = plan(_bare_pod(), tenant, namespace=NS, joblease_exists=True,
                       missing_secrets={"joblease-etcd-credentials"}).warnings
     assert warning.startswith("Secret team-a/joblease-etcd-credentials does not exist")
-    assert "the operator creates it when the namespace's first JobLease" in warning
+    assert "once the namespace is labelled for injection" in warning
     # only the installation's Secrets are looked up, and only missing ones warned about
-    assert injection.installation_secrets(SETTINGS) == ["joblease-etcd-client"]
+    assert injection.installation_secrets(CLIENT_CERT) == ["joblease-etcd-client"]
     assert injection.installation_secrets(tenant) == ["joblease-etcd-client",
                                                       "joblease-etcd-credentials"]
-    assert not plan(_bare_pod(), SETTINGS, namespace=NS, joblease_exists=True,
+    assert not plan(_bare_pod(), CLIENT_CERT, namespace=NS, joblease_exists=True,
                     missing_secrets={"joblease-etcd-credentials"}).warnings
+    # the chart's default (bundled etcd, tenants): one Secret carries TLS and credentials,
+    # looked up (and warned about) once
+    bundled = SidecarSettings(tenant_credentials=True,
+                              etcd_tls_secret="joblease-etcd-credentials")
+    assert injection.installation_secrets(bundled) == ["joblease-etcd-credentials"]
+    (warning,) = plan(_bare_pod(), bundled, namespace=NS, joblease_exists=True,
+                      missing_secrets={"joblease-etcd-credentials"}).warnings
+    assert "once the namespace is labelled for injection" in warning
 
 
 def _docs_job() -> dict[str, Any]:

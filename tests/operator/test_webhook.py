@@ -155,7 +155,9 @@ async def test_a_failing_lookup_only_adds_a_warning(tmp_path: Path, misbehaviour
         kube = KubeApi(lambda: kopf.ConnectionInfo(server=f"http://127.0.0.1:{port}"))
         config = WebhookConfig(port=0, host="127.0.0.1", cert_file=str(tmp_path / "tls.crt"),
                                key_file=str(tmp_path / "tls.key"),
-                               settings=SidecarSettings(tenant_credentials=True))
+                               settings=SidecarSettings(
+                                   tenant_credentials=True,
+                                   etcd_tls_secret="joblease-etcd-client"))
         srv = WebhookServer(config, kube_lookup(kube.get), kube_secret_lookup(kube.get_secret))
         await srv.start()
         try:

@@ -5,6 +5,7 @@ permission error on another namespace's job, and never logs a secret."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,12 @@ import pytest
 
 from joblease import JobLeaseClient, JobRef, JobSpec
 from joblease.errors import PermissionDeniedError
-from joblease.tenancy import TenantCredentials
+from joblease.tenancy import (
+    EtcdAuthAdmin,
+    TenantCredentials,
+    revoke_tenant_user,
+    rotate_to_other_user,
+)
 from tests.support.etcd_keys import snapshot, writes
 from tests.support.failure_logs import attach_on_failure
 from tests.support.secure_etcd import Tenants
@@ -140,3 +146,95 @@ async def test_sidecar_rate_limit(sidecars: Sidecars, tenants: Tenants) -> None:
     assert body["error"] == "rate_limited" and "2 requests per second" in body["message"]
     assert int(limited[0].headers["retry-after"]) >= 1
     assert all(r.status_code in (200, 429) for r in codes)
+
+
+def _swap(path: Path, text: str) -> None:
+    """Replace a file the way the kubelet updates a mounted Secret: atomically."""
+    tmp = path.with_suffix(".new")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, path)
+
+
+async def test_a_running_sidecar_moves_to_rotated_credentials_without_losing_its_lease(
+        sidecars: Sidecars, tenants: Tenants) -> None:
+    """Rotation without downtime (operator.tenants): the Secret moves to the namespace's
+    other etcd user while the first still works, then the first is deleted. The sidecar
+    reads username and password from files; when etcd refuses its old token it reads
+    them again and carries on with the same claim: its completion is accepted with the
+    token it held from the start, and the old credential is refused afterwards."""
+    t = tenants
+    job = JobRef(t.ns_a, "rotating")
+    admin = EtcdAuthAdmin(t.admin)
+    async with JobLeaseClient(t.root_config) as root:
+        await root.register(job, JobSpec(lease_duration_seconds=3))
+        workdir = sidecars.tmp / "creds"
+        workdir.mkdir()
+        user_file, password_file = workdir / "username", workdir / "password"
+        _swap(user_file, t.a.username)
+        _swap(password_file, t.a.password)
+        s = sidecars.start("r", job, None, JOBLEASE_ETCD_USERNAME_FILE=str(user_file),
+                           JOBLEASE_ETCD_PASSWORD_FILE=str(password_file))
+        await s.started()
+        lease = await s.held()
+
+        new = await rotate_to_other_user(t.admin, t.root, t.ns_a, t.a.username)
+        assert new.username != t.a.username
+        assert await admin.authenticate(t.a.username, t.a.password)  # both work meanwhile
+        _swap(user_file, new.username)
+        _swap(password_file, new.password)
+        assert await revoke_tenant_user(t.admin, t.ns_a, t.a.username)
+
+        revoked = time.monotonic()
+
+        # two TTLs (3 s) of renewals and holder re-checks on the new credentials: the
+        # sidecar answers with its lease throughout (it would stop at its safety
+        # deadline if its re-checks were refused)
+        async def held_past_two_ttls() -> bool:
+            r = await s.request("GET", "/v1/lease")
+            assert r.status_code == 200 and r.json()["token"] == lease["token"], r.text
+            return time.monotonic() - revoked > 6.5
+        await poll(held_past_two_ttls, timeout=20, what="the lease held for two TTLs",
+                   interval=0.5)
+        r = await s.request("POST", "/v1/complete",
+                            json={"token": lease["token"], "result": {"rotated": True}})
+        assert r.status_code == 200, r.text
+        state = await root.get(job)
+        assert state.result is not None and state.result.token == lease["token"]
+        assert state.generation == 1  # never re-claimed
+        assert not await admin.authenticate(t.a.username, t.a.password)
+        assert new.password not in s.output() and t.a.password not in s.output()
+
+
+async def test_a_sidecar_whose_credentials_are_revoked_stops_and_says_why(
+        sidecars: Sidecars, tenants: Tenants) -> None:
+    """Its user deleted and nothing new to read: the sidecar's renewals are refused, it
+    stops answering with its token (never acts on the stale claim) and says why."""
+    t = tenants
+    job = JobRef(t.ns_a, "revoked")
+    async with JobLeaseClient(t.root_config) as root:
+        await root.register(job, JobSpec(lease_duration_seconds=3))
+        workdir = sidecars.tmp / "revoked-creds"
+        workdir.mkdir()
+        _swap(workdir / "username", t.a.username)
+        _swap(workdir / "password", t.a.password)
+        s = sidecars.start("x", job, None,
+                           JOBLEASE_ETCD_USERNAME_FILE=str(workdir / "username"),
+                           JOBLEASE_ETCD_PASSWORD_FILE=str(workdir / "password"))
+        await s.started()
+        lease = await s.held()
+        assert await revoke_tenant_user(t.admin, t.ns_a, t.a.username)
+
+        async def lost() -> httpx.Response | None:
+            r = await s.request("GET", "/v1/lease")
+            return r if r.status_code != 200 else None
+        r = await poll(lost, timeout=20, what="the sidecar giving up its lease")
+        # the keep-alive is refused at once: lost, with etcd's reason in the body ...
+        assert r.status_code == 409 and r.json()["state"] == "lost", r.text
+        assert "authentication failed" in r.json()["message"], r.text
+        c = await s.request("POST", "/v1/complete",
+                            json={"token": lease["token"], "result": {"stale": True}})
+        assert c.status_code == 409, c.text  # the stale token is refused
+        assert (await root.get(job)).result is None
+        # ... and in the log
+        lost_lines = [x for x in s.log_records() if x.get("msg") == "lease lost"]
+        assert lost_lines and "authentication failed" in lost_lines[0]["reason"], s.output()

@@ -16,6 +16,10 @@ from tests.support.binaries import REPO_ROOT, helm_binary
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
 
+#: The namespace label injection and tenants follow, and the tenant Secret's name.
+INJECT_LABEL = "joblease.io/inject=enabled"
+TENANT_SECRET = "joblease-etcd-credentials"
+
 CHART = REPO_ROOT / "charts" / "joblease-operator"
 # The members' data in an emptyDir: the test cluster has a default StorageClass,
 # but its pool of local volumes is finite (tests/support/cluster/) and a volume is
@@ -117,11 +121,13 @@ class Release:
             self.cluster.kubectl("patch", "jobleases", "--all", "-n", ns, "--type=merge",
                                  "-p", '{"metadata":{"finalizers":null}}')
 
-    def copy_worker_secret(self, namespace: str) -> None:
-        """Copy the etcd client Secret into ``namespace`` under the name the example
-        worker mounts, as ``etcd.workerSecret.namespaces`` does at install time."""
-        secret = self.get("secret", f"{self.etcd}-client")
-        self.cluster.apply(json.dumps({
-            "apiVersion": "v1", "kind": "Secret", "type": secret.get("type", "Opaque"),
-            "metadata": {"name": "joblease-etcd-client", "namespace": namespace},
-            "data": secret["data"]}))
+    def opt_in(self, namespace: str, timeout: float = 120) -> None:
+        """Label ``namespace`` for injection (the chart's default opt-in) and wait for
+        the tenant Secret the operator makes there: the namespace's own etcd user and
+        the workers' TLS files, what examples/worker-pod.yaml mounts. Nothing else
+        is needed (no copy of the release's certificate)."""
+        self.cluster.kubectl("label", "namespace", namespace, INJECT_LABEL, "--overwrite",
+                             check=True)
+        wait_until(lambda: self.cluster.kubectl("get", "secret", TENANT_SECRET, "-n",
+                                                namespace).returncode == 0,
+                   timeout=timeout, what=f"the tenant Secret in {namespace}", interval=0.5)

@@ -21,6 +21,33 @@ pod and revision names.
 {{- default (printf "%s-client" (include "joblease-operator.etcd.name" .)) .Values.etcd.certificates.clientSecretName }}
 {{- end }}
 
+{{/* The root user's Secret (username, password) of the bundled etcd with auth on. */}}
+{{- define "joblease-operator.etcd.rootSecret" -}}
+{{- default (printf "%s-root" (include "joblease-operator.etcd.name" .)) .Values.etcd.auth.secretName }}
+{{- end }}
+
+{{/* The workers' client certificate (CN joblease-worker: no etcd user), copied by the
+operator into each tenant Secret. */}}
+{{- define "joblease-operator.etcd.workerTlsSecret" -}}
+{{- default (printf "%s-worker-tls" (include "joblease-operator.etcd.name" .)) .Values.etcd.certificates.workerSecretName }}
+{{- end }}
+
+{{/* Whether the operator gives namespaces tenants, against an etcd with auth. */}}
+{{- define "joblease-operator.tenants" -}}
+{{- if .Values.tenantCredentials.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The namespace label tenants follow (the webhook's opt-in), or empty: JobLeases. */}}
+{{- define "joblease-operator.tenantLabel" -}}
+{{- if and .Values.tenantCredentials.enabled .Values.webhook.enabled }}
+{{- $labels := .Values.webhook.namespaceSelector.matchLabels | default dict }}
+{{- if ne (len $labels) 1 }}
+{{- fail "tenantCredentials.enabled=true with the webhook follows the injection label: webhook.namespaceSelector.matchLabels needs exactly one label (or set tenantCredentials.enabled=false)" }}
+{{- end }}
+{{- range $k, $v := $labels }}{{ printf "%s=%s" $k $v }}{{ end }}
+{{- end }}
+{{- end }}
+
 {{/* Selector labels of the etcd members: a name of their own, so that the operator's
 Deployment and metrics Service never select them. */}}
 {{- define "joblease-operator.etcd.selectorLabels" -}}
@@ -85,9 +112,30 @@ without the schema could get wrong. */}}
 {{- if ne (empty .Values.etcd.certificates.serverSecretName) (empty .Values.etcd.certificates.clientSecretName) }}
 {{- fail "etcd.certificates: set both serverSecretName and clientSecretName, or neither (the chart generates both)" }}
 {{- end }}
+{{- if and .Values.etcd.bundledAuth .Values.etcd.workerSecret.namespaces }}
+{{- fail "etcd.workerSecret.namespaces copies the operator's client certificate into worker namespaces; with etcd.bundledAuth=true each namespace labelled for injection gets its own credentials instead (tenantCredentials): remove etcd.workerSecret.namespaces, or set etcd.bundledAuth=false and tenantCredentials.enabled=false to keep the unisolated setup" }}
+{{- end }}
+{{- if and .Values.tenantCredentials.enabled (not .Values.etcd.bundledAuth) }}
+{{- fail "tenantCredentials.enabled=true needs etcd auth: set etcd.bundledAuth=true (the default), or tenantCredentials.enabled=false" }}
+{{- end }}
+{{- if and .Values.tenantCredentials.enabled .Values.etcd.certificates.serverSecretName (not .Values.etcd.certificates.workerSecretName) }}
+{{- fail "tenantCredentials.enabled=true with your own etcd.certificates needs etcd.certificates.workerSecretName: a client certificate for the workers whose CN is no etcd user (the operator's clientSecretName never leaves the release namespace)" }}
+{{- end }}
 {{- include "joblease-operator.etcd.keepMembers" . }}
 {{- else if not .Values.etcd.endpoints }}
 {{- fail "etcd.enabled=false needs etcd.endpoints: at least one endpoint of your etcd" }}
+{{- else }}
+{{- if and .Values.tenantCredentials.enabled (not .Values.etcd.auth.secretName) }}
+{{- fail "tenantCredentials.enabled=true with your own etcd (etcd.enabled=false) needs etcd auth on and the operator as root: set etcd.auth.secretName to a Secret with the root username and password (docs/security.md, \"Your own etcd\"), or tenantCredentials.enabled=false" }}
+{{- end }}
+{{- end }}
+{{- with .Values.etcd.auth.secretName }}
+{{- /* lookup answers only against a cluster (install, upgrade, --dry-run=server) */}}
+{{- if (lookup "v1" "Namespace" "" $.Release.Namespace) }}
+{{- if not (lookup "v1" "Secret" $.Release.Namespace .) }}
+{{- fail (printf "etcd.auth.secretName: Secret %s does not exist in namespace %s (the etcd root credentials the operator connects with); create it first" . $.Release.Namespace) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
 

@@ -121,7 +121,7 @@ RBAC rules on JobLeases, shared by the ClusterRole (scope cluster) and each Role
   verbs: ["get", "update", "delete"]
 {{- end }}
 {{- $workerSecret := include "joblease-operator.sidecarEtcdSecret" . }}
-{{- if and .Values.webhook.enabled $workerSecret }}
+{{- if and .Values.webhook.enabled $workerSecret (ne $workerSecret "joblease-etcd-credentials") }}
 # The injection webhook warns at admission when the etcd client Secret an injected
 # pod mounts is missing (the pod would stay Pending): get on that one name only.
 - apiGroups: [""]
@@ -140,7 +140,9 @@ RBAC rules on JobLeases, shared by the ClusterRole (scope cluster) and each Role
 
 {{/* The etcd client Secret injected sidecars mount from their namespace (may be empty). */}}
 {{- define "joblease-operator.sidecarEtcdSecret" -}}
-{{- if .Values.etcd.enabled }}
+{{- if and .Values.etcd.enabled .Values.tenantCredentials.enabled }}
+{{- default "joblease-etcd-credentials" .Values.webhook.sidecar.etcdClientSecret }}
+{{- else if .Values.etcd.enabled }}
 {{- default .Values.etcd.workerSecret.name .Values.webhook.sidecar.etcdClientSecret }}
 {{- else }}
 {{- default .Values.etcd.tls.secretName .Values.webhook.sidecar.etcdClientSecret }}

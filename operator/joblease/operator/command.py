@@ -57,6 +57,22 @@ def _help(text: str, attr: str, default: object) -> str:
                          "performs rotations requested with joblease.io/rotate=true; "
                          "0 disables).", "tenant_resync_interval",
                          f"{_DEFAULTS.tenant_resync_interval:g}"))
+@click.option("--tenant-namespace-label",
+              help=_help("key=value: give tenants to the namespaces with this label (the "
+                         "injection webhook's opt-in) and remove them when it goes, instead "
+                         "of following JobLeases.", "tenant_namespace_label",
+                         "JobLeases"))
+@click.option("--tenant-tls-dir",
+              help=_help("Directory whose ca.crt, tls.crt and tls.key (a client "
+                         "certificate that names no etcd user) are copied into each tenant "
+                         "Secret.", "tenant_tls_dir", "none"))
+@click.option("--tenant-rotation-grace", type=float,
+              help=_help("Seconds both etcd users of a tenant rotation stay valid.",
+                         "tenant_rotation_grace", f"{_DEFAULTS.tenant_rotation_grace:g}"))
+@click.option("--etcd-enable-auth/--no-etcd-enable-auth", default=None,
+              help=_help("Turn etcd auth on (the configured user, root, with its password) "
+                         "if it is off, before connecting.", "etcd_enable_auth",
+                         str(_DEFAULTS.etcd_enable_auth).lower()))
 @click.option("--queue-interval", type=float,
               help=_help("Seconds between two reads of each JobQueue's counts and each "
                          "JobSemaphore's state from etcd (their metrics and at most one "
@@ -120,6 +136,10 @@ def _config(opts: dict[str, Any]) -> OperatorConfig:
         metrics_host=opts["metrics_host"], server_timeout=opts["watch_timeout"],
         result_limit=opts["result_limit"], tenant_credentials=opts["tenant_credentials"],
         tenant_resync_interval=opts["tenant_resync_interval"],
+        tenant_namespace_label=opts["tenant_namespace_label"],
+        tenant_tls_dir=opts["tenant_tls_dir"],
+        tenant_rotation_grace=opts["tenant_rotation_grace"],
+        etcd_enable_auth=opts["etcd_enable_auth"],
         queue_interval=opts["queue_interval"],
         leader_election=opts["leader_election"],
         leader_election_ttl=opts["leader_election_ttl"],

@@ -122,7 +122,7 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
             fenced(exc)
             raise _kopf_error(exc) from exc
         logger.info("removed %s/%s from etcd (revision %d)", namespace, name, revision)
-        if tenants is not None and namespace:
+        if tenants is not None and tenants.namespace_label is None and namespace:
             # After the keys are gone: if this was the namespace's last JobLease, its
             # etcd user, role and Secret go too (the finalizer waits for that).
             try:
@@ -137,7 +137,26 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
     if semaphore_mirror is not None:
         _mirrored_handlers(registry, SEMAPHORES, client, semaphore_mirror, guard, fenced)
 
-    if tenants is not None:
+    if tenants is not None and tenants.namespace_label is not None:
+        follower = tenants
+
+        @kopf.on.event("", "v1", "namespaces", id="tenant-namespace", registry=registry)
+        async def tenant_follows_namespace(name: str, type: str | None, labels: Any,
+                                           meta: Any, logger: Any, **_: Any) -> None:
+            """The label on or off (or the namespace gone): the tenant follows at once;
+            failures are left to the resync, which lists the labelled namespaces."""
+            deleted = type == "DELETED" or bool(meta.get("deletionTimestamp"))
+            try:
+                outcome = await follower.follow_namespace(name, dict(labels or {}),
+                                                          deleted=deleted)
+            except (JobLeaseError, KubeApiError, ForeignSecretError) as exc:
+                logger.warning("etcd tenant credentials of namespace %s: %s (retried by the "
+                               "resync)", name, exc)
+                return
+            if outcome not in ("absent", "unchanged", "not served"):
+                logger.info("etcd tenant credentials of namespace %s: %s", name, outcome)
+
+    elif tenants is not None:
         manager = tenants
 
         async def _ensure_tenant(namespace: str | None, logger: Any) -> None:

@@ -131,11 +131,11 @@ class SidecarSettings:
     etcd_endpoints: str = "https://joblease-etcd.joblease-system.svc:2379"
     etcd_root: str = "/joblease/v1"
     etcd_server_name: str = ""
-    etcd_tls_secret: str = "joblease-etcd-client"
+    etcd_tls_secret: str = TENANT_SECRET  # the chart's: the tenant Secret carries TLS too
     etcd_ca_key: str = "ca.crt"
     etcd_cert_key: str = "tls.crt"
     etcd_key_key: str = "tls.key"
-    tenant_credentials: bool = False
+    tenant_credentials: bool = True
     run_as_user: int = 65532
     run_as_group: int = 65532
     resources: Mapping[str, Any] = field(default_factory=lambda: {
@@ -455,21 +455,23 @@ def installation_secrets(settings: SidecarSettings) -> list[str]:
     the webhook read these names, and only these (a pod's own
     ``joblease.io/api-token-secret`` is not looked up)."""
     names = [settings.etcd_tls_secret] if settings.etcd_tls_secret else []
-    if settings.tenant_credentials:
+    if settings.tenant_credentials and TENANT_SECRET not in names:
         names.append(TENANT_SECRET)
     return names
 
 
 def _missing_secret_warning(name: str, namespace: str, settings: SidecarSettings) -> str:
-    if name == settings.etcd_tls_secret:
+    if name == TENANT_SECRET and settings.tenant_credentials:
+        provider = ("the operator creates it, with the namespace's own etcd user, once the "
+                    "namespace is labelled for injection (tenantCredentials; usually within "
+                    "seconds: the pod starts when it appears; if it does not, see the "
+                    "operator's log)")
+    elif name == settings.etcd_tls_secret:
         provider = (
             "with the chart's bundled etcd, list the namespace in etcd.workerSecret.namespaces "
             f"(helm upgrade ... --set 'etcd.workerSecret.namespaces[0]={namespace}', keeping "
             "the namespaces listed before); with your own etcd, copy its client Secret there "
             "under that name (webhook.sidecar.etcdClientSecret)")
-    elif name == TENANT_SECRET:
-        provider = ("the operator creates it when the namespace's first JobLease is "
-                    "registered (tenantCredentials.enabled)")
     else:
         provider = "create it"
     return (f"Secret {namespace}/{name} does not exist: the pod cannot start (Pending, "
@@ -569,10 +571,15 @@ def _sidecar(settings: SidecarSettings, options: PodOptions, namespace: str, *,
                      "value": f"{ETCD_TLS_DIR}/{settings.etcd_key_key}"}]
         mounts.append({"name": ETCD_TLS_VOLUME, "mountPath": ETCD_TLS_DIR, "readOnly": True})
     if settings.tenant_credentials:
-        env += [{"name": "JOBLEASE_ETCD_USERNAME", "valueFrom": {"secretKeyRef": {
-                    "name": TENANT_SECRET, "key": "username"}}},
-                {"name": "JOBLEASE_ETCD_PASSWORD_FILE", "value": f"{ETCD_AUTH_DIR}/password"}]
-        mounts.append({"name": ETCD_AUTH_VOLUME, "mountPath": ETCD_AUTH_DIR, "readOnly": True})
+        # Both as files, never variables: a rotation moves the Secret to the namespace's
+        # other etcd user, and the sidecar re-reads them when etcd refuses its token. One
+        # Secret for TLS and credentials (the chart's bundled etcd): one volume.
+        auth_dir = ETCD_TLS_DIR if _one_secret(settings) else ETCD_AUTH_DIR
+        env += [{"name": "JOBLEASE_ETCD_USERNAME_FILE", "value": f"{auth_dir}/username"},
+                {"name": "JOBLEASE_ETCD_PASSWORD_FILE", "value": f"{auth_dir}/password"}]
+        if not _one_secret(settings):
+            mounts.append({"name": ETCD_AUTH_VOLUME, "mountPath": ETCD_AUTH_DIR,
+                           "readOnly": True})
     env += [
         {"name": "JOBLEASE_TOKEN_FILE", "value": TOKEN_FILE},
         {"name": "JOBLEASE_SIDECAR_ON_LOSS", "value": options.on_loss},
@@ -642,16 +649,25 @@ def _volumes(settings: SidecarSettings, options: PodOptions) -> list[dict[str, A
     if settings.etcd_tls_secret:
         items = [{"key": k, "path": k} for k in (settings.etcd_ca_key, settings.etcd_cert_key,
                                                  settings.etcd_key_key) if k]
+        if _one_secret(settings):
+            items += [{"key": "username", "path": "username"},
+                      {"key": "password", "path": "password"}]
         volumes.append({"name": ETCD_TLS_VOLUME, "secret": {
             "secretName": settings.etcd_tls_secret, "items": items}})
-    if settings.tenant_credentials:
+    if settings.tenant_credentials and not _one_secret(settings):
         volumes.append({"name": ETCD_AUTH_VOLUME, "secret": {
-            "secretName": TENANT_SECRET, "items": [{"key": "password", "path": "password"}]}})
+            "secretName": TENANT_SECRET, "items": [{"key": "username", "path": "username"},
+                                                   {"key": "password", "path": "password"}]}})
     if options.api_token_secret:
         volumes.append({"name": API_TOKEN_VOLUME, "secret": {
             "secretName": options.api_token_secret,
             "items": [{"key": API_TOKEN_KEY, "path": API_TOKEN_KEY}]}})
     return volumes
+
+
+def _one_secret(settings: SidecarSettings) -> bool:
+    """The tenant Secret is also the TLS Secret (the chart's bundled etcd)."""
+    return settings.tenant_credentials and settings.etcd_tls_secret == TENANT_SECRET
 
 
 def escape_pointer(key: str) -> str:

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import socket
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -169,6 +170,14 @@ class KubeApi:
                                           f"{PLURAL}")
         items: list[dict[str, Any]] = data.get("items") or []
         return items
+
+    async def list_namespaces(self, label_selector: str) -> list[str]:
+        """Names of the namespaces matching ``label_selector`` (``key=value``) that are
+        not being deleted."""
+        data = await self._request("GET", "/api/v1/namespaces?labelSelector="
+                                   + urllib.parse.quote(label_selector, safe=""))
+        return sorted(o["metadata"]["name"] for o in data.get("items") or []
+                      if not o["metadata"].get("deletionTimestamp"))
 
     @staticmethod
     def _secret_path(namespace: str, name: str = "") -> str:

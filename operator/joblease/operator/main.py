@@ -32,9 +32,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fnmatch
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import time
@@ -66,8 +68,11 @@ from joblease.operator.semaphore_mirror import SemaphoreMirror
 from joblease.operator.status import DEFAULT_RESULT_LIMIT
 from joblease.operator.tenants import (
     DEFAULT_RESYNC_INTERVAL,
+    DEFAULT_ROTATION_GRACE,
     TenantManager,
+    read_tls_dir,
     supervise,
+    turn_auth_on,
     warn_if_auth_disabled,
 )
 from joblease.operator.webhook import (
@@ -90,6 +95,10 @@ ENV = {
     "metrics_port": "JOBLEASE_METRICS_PORT",
     "tenant_credentials": "JOBLEASE_TENANT_CREDENTIALS",
     "tenant_resync_interval": "JOBLEASE_TENANT_RESYNC_INTERVAL",
+    "tenant_namespace_label": "JOBLEASE_TENANT_NAMESPACE_LABEL",
+    "tenant_tls_dir": "JOBLEASE_TENANT_TLS_DIR",
+    "tenant_rotation_grace": "JOBLEASE_TENANT_ROTATION_GRACE",
+    "etcd_enable_auth": "JOBLEASE_ETCD_ENABLE_AUTH",
     "queue_interval": "JOBLEASE_QUEUE_INTERVAL",
     "leader_election": "JOBLEASE_LEADER_ELECTION",
     "leader_election_ttl": "JOBLEASE_LEADER_ELECTION_TTL",
@@ -128,6 +137,17 @@ class OperatorConfig:
     #: Per-namespace etcd users + Secret ``joblease-etcd-credentials`` (operator.tenants).
     tenant_credentials: bool = False
     tenant_resync_interval: float = DEFAULT_RESYNC_INTERVAL  # <= 0: no periodic resync
+    #: ``key=value``: tenants follow this namespace label (the webhook's opt-in), not
+    #: JobLeases; None: a tenant per namespace with JobLeases.
+    tenant_namespace_label: str | None = None
+    #: A directory whose ca.crt, tls.crt, tls.key are copied into each tenant Secret
+    #: (the workers' transport certificate, naming no etcd user); None: none.
+    tenant_tls_dir: str | None = None
+    #: Seconds both users of a rotation stay valid (operator.tenants).
+    tenant_rotation_grace: float = DEFAULT_ROTATION_GRACE
+    #: Before connecting as the configured user (``root``), turn etcd auth on with its
+    #: password if it is off (the chart's bundled etcd: tenancy.enable_auth).
+    etcd_enable_auth: bool = False
     #: Elect one active replica through etcd (:mod:`joblease.operator.election`). False:
     #: this process is active whatever others do (tests that force overlapping operators).
     leader_election: bool = True
@@ -159,6 +179,19 @@ class OperatorConfig:
             raise InvalidInputError(
                 f"invalid tenant resync interval {self.tenant_resync_interval!r} "
                 f"({_setting('tenant_resync_interval')}): seconds, 0 disables")
+        if not (math.isfinite(self.tenant_rotation_grace) and self.tenant_rotation_grace >= 0):
+            raise InvalidInputError(
+                f"invalid tenant rotation grace {self.tenant_rotation_grace!r} "
+                f"({_setting('tenant_rotation_grace')}): seconds >= 0")
+        label = self.tenant_namespace_label
+        if label is not None and not re.fullmatch(r"[A-Za-z0-9./_-]+=[A-Za-z0-9._-]*", label):
+            raise InvalidInputError(
+                f"invalid tenant namespace label {label!r} "
+                f"({_setting('tenant_namespace_label')}): key=value")
+        if self.etcd_enable_auth and not (self.etcd.username and self.etcd.password):
+            raise InvalidInputError(
+                f"{_setting('etcd_enable_auth')} needs the etcd user and password to enable "
+                "auth with (JOBLEASE_ETCD_USERNAME, JOBLEASE_ETCD_PASSWORD_FILE)")
         if not (math.isfinite(self.queue_interval) and 0.1 <= self.queue_interval <= 3600):
             raise InvalidInputError(
                 f"invalid queue interval {self.queue_interval!r} ({_setting('queue_interval')}):"
@@ -199,6 +232,10 @@ class OperatorConfig:
             "metrics_port": read_int(env, ENV["metrics_port"]),
             "tenant_credentials": read_bool(env, ENV["tenant_credentials"]),
             "tenant_resync_interval": read_float(env, ENV["tenant_resync_interval"]),
+            "tenant_namespace_label": read_str(env, ENV["tenant_namespace_label"]),
+            "tenant_tls_dir": read_str(env, ENV["tenant_tls_dir"]),
+            "tenant_rotation_grace": read_float(env, ENV["tenant_rotation_grace"]),
+            "etcd_enable_auth": read_bool(env, ENV["etcd_enable_auth"]),
             "queue_interval": read_float(env, ENV["queue_interval"]),
             "leader_election": read_bool(env, ENV["leader_election"]),
             "leader_election_ttl": read_int(env, ENV["leader_election_ttl"]),
@@ -346,6 +383,8 @@ async def run_operator(config: OperatorConfig) -> None:
     # Start each always-on part here (the probes just below) and stop it on the way out.
     # The operator builds the etcd store itself (typed: the tenant manager needs its
     # Auth API) and lends it to the client, which closes it.
+    if config.etcd_enable_auth:
+        await turn_auth_on(etcd)
     store = EtcdStore(etcd)
     async with serve_webhook(config.webhook, kube_lookup(kube.get),
                              kube_secret_lookup(kube.get_secret),
@@ -437,8 +476,13 @@ async def _run_active(config: OperatorConfig, settings: kopf.OperatorSettings,
     tenants = None
     tasks: list[asyncio.Task[Any]] = []
     if config.tenant_credentials:
-        tenants = TenantManager(store, etcd.root, kube,
-                                resync_interval=config.tenant_resync_interval)
+        tenants = TenantManager(
+            store, etcd.root, kube, resync_interval=config.tenant_resync_interval,
+            namespace_label=config.tenant_namespace_label,
+            tls_files=read_tls_dir(config.tenant_tls_dir) if config.tenant_tls_dir else None,
+            rotation_grace=config.tenant_rotation_grace,
+            served=lambda ns: config.clusterwide or any(
+                fnmatch.fnmatchcase(ns, pattern) for pattern in config.namespaces))
         await warn_if_auth_disabled(store)
         tasks.append(asyncio.create_task(supervise(tenants), name="joblease-tenants"))
     queue_mirror = QueueMirror(client, kube, metrics, interval=config.queue_interval)

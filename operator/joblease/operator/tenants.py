@@ -22,6 +22,27 @@ seconds) sets a new random password, writes it into the Secret and removes
 the annotation. Running pods keep the old one until they are restarted
 (docs/security.md, "Password rotation").
 
+**Following a namespace label** (``namespace_label``, the chart's default: the
+injection webhook's ``joblease.io/inject=enabled``): the namespaces carrying the
+label have tenants, whether or not they have JobLeases yet; removing the label
+or deleting the namespace removes the tenant (at once on the namespace's watch
+event, at the latest on the next resync, which also removes the tenant users of
+namespaces that lost the label while no operator ran).
+
+**Rotation without downtime**: each namespace has two etcd users
+(:func:`joblease.tenancy.tenant_users`). A rotation gives the *other* user a new
+password and points the Secret at it, annotating the Secret with the user left
+behind and when it is revoked (``joblease.io/retiring-user``,
+``joblease.io/retire-after``: now + ``rotation_grace``, longer than the kubelet
+takes to refresh a mounted Secret). Sidecars re-read the mounted username and
+password when etcd refuses their token, so they move over within that grace;
+the first resync after it deletes the retiring user.
+
+**Transport material**: ``tls_files`` (the chart's worker client certificate, one
+that names no etcd user) is copied into each Secret next to the credentials, so
+a sidecar mounts one Secret; the operator's own full-access certificate never
+leaves the release namespace.
+
 Only ``get``/``update``/``delete`` of this one Secret name (and ``create`` of
 Secrets) are needed: the operator never lists or watches Secrets.
 
@@ -36,11 +57,13 @@ import base64
 import binascii
 import datetime as dt
 import logging
+import os
+from collections.abc import Callable
 from typing import Any
 
 from joblease import tenancy
-from joblease.errors import JobLeaseError
-from joblease.etcd_store import EtcdStore
+from joblease.errors import InvalidInputError, JobLeaseError
+from joblease.etcd_store import EtcdConfig, EtcdStore
 from joblease.operator.kube import ConflictError, KubeApi
 
 log = logging.getLogger(__name__)
@@ -54,6 +77,12 @@ LABELS = {MANAGED_BY_LABEL: MANAGED_BY, TENANT_LABEL: "true"}
 ROTATE_ANNOTATION = "joblease.io/rotate"
 #: Written by the operator when it rotated the password (RFC 3339, UTC).
 ROTATED_AT_ANNOTATION = "joblease.io/rotated-at"
+#: During a rotation: the user the Secret named before, and when it is deleted.
+RETIRING_USER_ANNOTATION = "joblease.io/retiring-user"
+RETIRE_AFTER_ANNOTATION = "joblease.io/retire-after"
+#: Seconds both users of a rotation work: longer than the kubelet's refresh of a
+#: mounted Secret (its sync period plus its cache TTL, one minute each by default).
+DEFAULT_ROTATION_GRACE = 150.0
 DEFAULT_RESYNC_INTERVAL = 60.0
 #: Attempts at a Secret write that lost a race (409) before giving up for this round.
 WRITE_ATTEMPTS = 4
@@ -104,11 +133,20 @@ class TenantManager:
     """
 
     def __init__(self, store: EtcdStore, root_prefix: str, kube: KubeApi, *,
-                 resync_interval: float = DEFAULT_RESYNC_INTERVAL) -> None:
+                 resync_interval: float = DEFAULT_RESYNC_INTERVAL,
+                 namespace_label: str | None = None,
+                 tls_files: dict[str, str] | None = None,
+                 rotation_grace: float = DEFAULT_ROTATION_GRACE,
+                 served: Callable[[str], bool] = lambda _: True) -> None:
         self.store = store
         self.root_prefix = root_prefix
         self.kube = kube
         self.resync_interval = resync_interval
+        #: ``key=value``: tenants follow this namespace label (None: JobLeases).
+        self.namespace_label = namespace_label
+        self.tls_files = dict(tls_files or {})
+        self.rotation_grace = rotation_grace
+        self.served = served
         self.known: set[str] = set()  # namespaces this process ensured and did not remove
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -148,9 +186,39 @@ class TenantManager:
         async with self._lock(namespace):
             await self._remove(namespace)
 
+    def labelled(self, labels: dict[str, str] | None) -> bool:
+        """Whether a namespace with ``labels`` opted in (label mode only)."""
+        if self.namespace_label is None:
+            return False
+        key, _, value = self.namespace_label.partition("=")
+        return (labels or {}).get(key) == value
+
+    async def follow_namespace(self, namespace: str, labels: dict[str, str] | None, *,
+                               deleted: bool) -> str:
+        """Label mode: ensure or remove the tenant of ``namespace`` as its labels say."""
+        if not self.served(namespace):
+            return "not served"
+        if deleted or not self.labelled(labels):
+            async with self._lock(namespace):
+                if namespace not in self.known:
+                    # (a tenant left from before this process is the resync's: it
+                    # compares etcd's tenant users with the labelled namespaces)
+                    return "absent"
+                await self._remove(namespace)
+            return "removed"
+        return await self.ensure(namespace)
+
     async def resync(self) -> None:
         """Re-ensure every namespace this process manages (heals a deleted or edited
-        Secret, performs requested rotations); errors are logged, not raised."""
+        Secret, performs requested rotations and due revocations); in label mode,
+        first the labelled namespaces are listed and tenants of any other namespace
+        removed. Errors are logged, not raised."""
+        if self.namespace_label is not None:
+            try:
+                await self._follow_labels()
+            except Exception as exc:
+                log.warning("tenant credentials: listing namespaces labelled %s failed: %s",
+                            self.namespace_label, _safe(exc))
         for namespace in sorted(self.known):
             try:
                 async with self._lock(namespace):
@@ -160,8 +228,25 @@ class TenantManager:
                 log.warning("tenant credentials of namespace %s: resync failed: %s",
                             namespace, _safe(exc))
 
+    async def _follow_labels(self) -> None:
+        assert self.namespace_label is not None
+        wanted = {ns for ns in await self.kube.list_namespaces(self.namespace_label)
+                  if self.served(ns)}
+        present = {ns for ns in await tenancy.tenant_namespaces(self.store) if self.served(ns)}
+        for namespace in sorted(wanted - self.known):
+            self.known.add(namespace)  # ensured by the loop over known that follows
+        for namespace in sorted((present | self.known) - wanted):
+            try:
+                async with self._lock(namespace):
+                    await self._remove(namespace)
+            except Exception as exc:
+                log.warning("tenant credentials of namespace %s: removal failed: %s",
+                            namespace, _safe(exc))
+
     async def run(self) -> None:
         """Call :meth:`resync` every ``resync_interval`` seconds, forever."""
+        if self.namespace_label is not None:
+            await self.resync()  # at once: namespaces that opted in or out meanwhile
         if self.resync_interval <= 0:
             await asyncio.Event().wait()
         while True:
@@ -177,11 +262,40 @@ class TenantManager:
                 raise ForeignSecretError(
                     f"Secret {namespace}/{SECRET_NAME} exists but is not labelled "
                     f"{MANAGED_BY_LABEL}={MANAGED_BY}, {TENANT_LABEL}=true; not overwriting it")
-            rotating = rotate or rotation_requested(secret)
-            stored = decode_data(secret).get("password") or None
-            creds = await self._etcd_ensure(namespace, stored, rotating)
+            data = decode_data(secret)
+            stored = data.get("password") or None
+            user = data.get("username")
+            if user not in tenancy.tenant_users(namespace):
+                user = None
+            notes = dict(((secret or {}).get("metadata") or {}).get("annotations") or {})
+            retiring = notes.get(RETIRING_USER_ANNOTATION)
+            if retiring not in tenancy.tenant_users(namespace) or retiring == user:
+                retiring = None
+            # one rotation at a time: a request during one waits for its revocation
+            rotating = (rotate or rotation_requested(secret)) and retiring is None
+            creds = await tenancy.ensure_namespace_tenant(
+                self.store, self.root_prefix, namespace, password=stored, username=user)
+            retire: tuple[str, str] | None = None
+            if rotating and secret is not None and creds.password == stored:
+                new = await tenancy.rotate_to_other_user(self.store, self.root_prefix,
+                                                         namespace, creds.username)
+                retire = (creds.username, _now(self.rotation_grace))
+                creds = new
+            elif retiring is not None:
+                if _due(notes.get(RETIRE_AFTER_ANNOTATION)):
+                    await tenancy.revoke_tenant_user(self.store, namespace, retiring)
+                    log.info("tenant credentials of namespace %s: retired etcd user %s",
+                             namespace, retiring)
+                else:
+                    retire = (retiring, str(notes.get(RETIRE_AFTER_ANNOTATION)))
+            else:
+                # no rotation under way: the namespace's other user must not exist
+                other = [u for u in tenancy.tenant_users(namespace) if u != creds.username]
+                await tenancy.revoke_tenant_user(self.store, namespace, other[0])
             try:
-                wrote = await self._write_secret(namespace, secret, creds, rotated=rotating)
+                wrote = await self._write_secret(namespace, secret, creds,
+                                                 rotated=rotating,
+                                                 retire=retire)
             except ConflictError:
                 # Someone else wrote (or created) the Secret since we read it: start
                 # over from its new content; etcd keeps the password if the Secret has it.
@@ -198,36 +312,28 @@ class TenantManager:
             return outcome
         raise AssertionError("unreachable")
 
-    async def _etcd_ensure(self, namespace: str, stored: str | None, rotate: bool
-                           ) -> tenancy.TenantCredentials:
-        if rotate:
-            creds = await tenancy.ensure_namespace_tenant(self.store, self.root_prefix,
-                                                          namespace, password=stored)
-            if creds.password == stored:  # kept the old one: now replace it
-                creds = await tenancy.rotate_tenant_password(self.store, self.root_prefix,
-                                                             namespace)
-            return creds
-        return await tenancy.ensure_namespace_tenant(self.store, self.root_prefix, namespace,
-                                                     password=stored)
-
     async def _write_secret(self, namespace: str, secret: dict[str, Any] | None,
-                            creds: tenancy.TenantCredentials, *, rotated: bool) -> bool:
-        """Create or replace the Secret if its content differs; True if written."""
-        data = creds.secret_data()
+                            creds: tenancy.TenantCredentials, *, rotated: bool,
+                            retire: tuple[str, str] | None) -> bool:
+        """Create or replace the Secret if its content differs; True if written.
+        ``retire``: (user, when) of a rotation under way, kept in annotations."""
+        data = {**creds.secret_data(), **self.tls_files}
         if secret is None:
             body: dict[str, Any] = {
                 "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                 "metadata": {"name": SECRET_NAME, "namespace": namespace,
                              "labels": dict(LABELS)},
                 "data": encode_data(data)}
-            if rotated:
-                body["metadata"]["annotations"] = {ROTATED_AT_ANNOTATION: _now()}
             await self.kube.create_secret(namespace, body)
             return True
         meta = dict(secret.get("metadata") or {})
         labels = {**(meta.get("labels") or {}), **LABELS}
         annotations = dict(meta.get("annotations") or {})
         annotations.pop(ROTATE_ANNOTATION, None)
+        annotations.pop(RETIRING_USER_ANNOTATION, None)
+        annotations.pop(RETIRE_AFTER_ANNOTATION, None)
+        if retire is not None:
+            annotations[RETIRING_USER_ANNOTATION], annotations[RETIRE_AFTER_ANNOTATION] = retire
         if rotated:
             annotations[ROTATED_AT_ANNOTATION] = _now()
         if (decode_data(secret) == data and labels == (meta.get("labels") or {})
@@ -257,6 +363,53 @@ class TenantManager:
                  "deleted" if removed else "was absent", SECRET_NAME, kept)
 
 
+#: The transport files a tenant Secret carries for its sidecars (the chart's worker
+#: client certificate: it names no etcd user, so it grants nothing with auth on).
+TLS_KEYS = ("ca.crt", "tls.crt", "tls.key")
+
+
+def read_tls_dir(directory: str) -> dict[str, str]:
+    """``TLS_KEYS`` read from ``directory`` (a mounted Secret), for the tenant Secrets."""
+    files: dict[str, str] = {}
+    for key in TLS_KEYS:
+        try:
+            with open(os.path.join(directory, key), encoding="utf-8") as f:
+                files[key] = f.read()
+        except OSError as exc:
+            raise InvalidInputError(f"tenant TLS directory {directory}: cannot read {key}: "
+                                    f"{exc.strerror}") from None
+    return files
+
+
+async def turn_auth_on(config: EtcdConfig) -> None:
+    """Turn etcd auth on, with ``config``'s user as ``root`` and its password, if it is
+    off (the chart's bundled etcd starts without auth; etcd has no flag for it).
+
+    The status is read as ``root`` first: once auth is on, a request without a token
+    over mutual TLS is the certificate's CN user, which does not exist (the chart's
+    certificates name no etcd user), so only root can ask. etcd answers root's
+    authentication with "authentication is not enabled" while it is off; then the
+    switch goes over a connection without credentials, which etcd allows only then.
+    A wrong root password while auth is on raises ``PermissionDeniedError``.
+    """
+    assert config.username and config.password
+    if config.username != tenancy.ROOT_USER:
+        raise InvalidInputError(f"enabling etcd auth needs the user {tenancy.ROOT_USER!r}, "
+                                f"not {config.username!r}")
+    try:
+        async with EtcdStore(config) as as_root:
+            if await tenancy.EtcdAuthAdmin(as_root).auth_enabled():
+                return
+    except JobLeaseError as exc:
+        if "authentication is not enabled" not in str(exc):
+            raise
+    async with EtcdStore(config.with_(username=None, password=None)) as plain:
+        if await tenancy.EtcdAuthAdmin(plain).auth_enabled():
+            return  # another replica was quicker
+        await tenancy.enable_auth(plain, config.password)
+    log.info("etcd auth turned on (user %s)", config.username)
+
+
 async def warn_if_auth_disabled(store: EtcdStore) -> None:
     """Tenant users only isolate anything when etcd auth is on: say so if it is not."""
     try:
@@ -282,8 +435,19 @@ async def supervise(manager: TenantManager) -> None:
             await asyncio.sleep(max(manager.resync_interval, 1.0))
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _now(later: float = 0.0) -> str:
+    """Now (plus ``later`` seconds), RFC 3339 UTC to the second."""
+    at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=later)
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _due(when: str | None) -> bool:
+    """Whether the RFC 3339 time ``when`` has passed (an unreadable one has)."""
+    try:
+        at = dt.datetime.strptime(str(when), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return True
+    return dt.datetime.now(dt.UTC) >= at
 
 
 def _safe(exc: BaseException) -> str:

@@ -195,6 +195,18 @@ func etcdFromEnv(env map[string]string) (etcd.Config, error) {
 		}
 		password = strings.TrimSpace(string(data))
 	}
+	username := env["JOBLEASE_ETCD_USERNAME"]
+	if f := env["JOBLEASE_ETCD_USERNAME_FILE"]; f != "" {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return etcd.Config{}, errs.Invalid(fmt.Sprintf("cannot read %s: %v", f, err))
+		}
+		username = strings.TrimSpace(string(data))
+	}
+	passwordFile := ""
+	if env["JOBLEASE_ETCD_PASSWORD"] == "" {
+		passwordFile = env["JOBLEASE_ETCD_PASSWORD_FILE"]
+	}
 	endpoints := []string{}
 	raw, ok := env["JOBLEASE_ETCD_ENDPOINTS"]
 	if !ok {
@@ -211,7 +223,8 @@ func etcdFromEnv(env map[string]string) (etcd.Config, error) {
 	}
 	return etcd.Config{Endpoints: endpoints, CAFile: env["JOBLEASE_ETCD_CA_FILE"], CertFile: env["JOBLEASE_ETCD_CERT_FILE"],
 		KeyFile: env["JOBLEASE_ETCD_KEY_FILE"], ServerName: env["JOBLEASE_ETCD_SERVER_NAME"],
-		Username: env["JOBLEASE_ETCD_USERNAME"], Password: password, Root: root}, nil
+		Username: username, Password: password, Root: root,
+		UsernameFile: env["JOBLEASE_ETCD_USERNAME_FILE"], PasswordFile: passwordFile}, nil
 }
 
 // Usage is the flag list, as `joblease sidecar --help` documents it.

@@ -38,8 +38,13 @@ type Config struct {
 	CAFile, CertFile, KeyFile string
 	ServerName                string
 	Username, Password        string
-	RequestTimeout            time.Duration
-	Root                      string
+	// UsernameFile, PasswordFile: mounted Secret files that Username and Password were
+	// read from. They are read again before every authentication, so a rotated
+	// credential (the operator moves the Secret to the namespace's other etcd user,
+	// then revokes the old one) is picked up when etcd refuses the old token.
+	UsernameFile, PasswordFile string
+	RequestTimeout             time.Duration
+	Root                       string
 	// Interceptors are extra gRPC client interceptors. Only tests set them
 	// (etcdtest.Faults: an answer of the real etcd delayed or lost, a stream
 	// open that hangs); the sidecar never does.
@@ -194,8 +199,10 @@ func (s *Store) authContext(ctx context.Context) (context.Context, string, error
 	s.authMu.Lock()
 	defer s.authMu.Unlock()
 	if s.token == "" {
+		s.rereadCredentials()
+		name, password := s.cfg.Username, s.cfg.Password
 		resp, err := call(s, ctx, false, false, func(ctx context.Context, c *grpc.ClientConn) (*pb.AuthenticateResponse, error) {
-			return pb.NewAuthClient(c).Authenticate(ctx, &pb.AuthenticateRequest{Name: s.cfg.Username, Password: s.cfg.Password})
+			return pb.NewAuthClient(c).Authenticate(ctx, &pb.AuthenticateRequest{Name: name, Password: password})
 		})
 		if err != nil {
 			return ctx, "", err
@@ -203,6 +210,32 @@ func (s *Store) authContext(ctx context.Context) (context.Context, string, error
 		s.token = resp.Token
 	}
 	return metadata.AppendToOutgoingContext(ctx, "token", s.token), s.token, nil
+}
+
+// rereadCredentials loads UsernameFile and PasswordFile again (called with authMu
+// held). A file that cannot be read (the kubelet swapping the Secret's files)
+// leaves the value read before.
+func (s *Store) rereadCredentials() {
+	for _, f := range []struct {
+		path string
+		into *string
+	}{{s.cfg.UsernameFile, &s.cfg.Username}, {s.cfg.PasswordFile, &s.cfg.Password}} {
+		if f.path == "" {
+			continue
+		}
+		if data, err := os.ReadFile(f.path); err == nil {
+			if v := strings.TrimSpace(string(data)); v != "" {
+				*f.into = v
+			}
+		}
+	}
+}
+
+// AuthUser is the etcd user the store authenticates as now (empty: no auth).
+func (s *Store) AuthUser() string {
+	s.authMu.Lock()
+	defer s.authMu.Unlock()
+	return s.cfg.Username
 }
 
 func (s *Store) tokenRejected(used string) {
@@ -282,7 +315,9 @@ func MapError(err error) error {
 	switch {
 	case code == codes.PermissionDenied || code == codes.Unauthenticated:
 		return errs.Forbidden("etcd refused the request: " + details)
-	case strings.Contains(details, "authentication failed") || strings.Contains(details, "user name is empty"):
+	case strings.Contains(details, "authentication failed") || strings.Contains(details, "user name is empty") ||
+		// a client certificate whose CN is no etcd user (mutual TLS, no token)
+		strings.Contains(details, "user name not found"):
 		return errs.Forbidden("etcd refused the credentials: " + details)
 	case strings.Contains(details, "lease not found"):
 		return errs.LeaseNotFound(details)

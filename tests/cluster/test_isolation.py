@@ -1,0 +1,282 @@
+"""Isolation by default (issue 28), on the real cluster with the chart's defaults.
+
+The shared ``joblease_release`` is installed with the chart's defaults: the bundled
+etcd with auth on (the operator turned it on as root), tenants following the
+injection label. Real pods, the real operator, the real etcd; nothing faked.
+
+- A worker pod in namespace A, with everything a worker pod gets mounted (the tenant
+  Secret: the namespace's etcd user and password and the workers' client
+  certificate), is refused by etcd -- permission denied -- reading, claiming,
+  completing, releasing, checkpointing a job of namespace B, writing the operator's
+  leader key and listing other prefixes; its own namespace's job works, and B's job
+  is unchanged. The certificate alone (no password) reaches nothing.
+- Labelling a new namespace is the only step: its first injected pod holds its lease
+  (timed); removing the label makes its credentials refused within a bound, while
+  another namespace's credentials keep working.
+- The etcd process restarts (its data kept): the operator and a running sidecar
+  authenticate again (simple tokens die with the process) and carry on.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import pytest
+
+from tests.support.cluster import Cluster, image_ref, kill_containers
+from tests.support.pods import container_id, etcd_state, wait_phase
+from tests.support.release import INJECT_LABEL, TENANT_SECRET, Release
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+
+#: A worker pod's attempts, as a Python program in the project image (it has the
+#: library): every outcome is printed as one JSON object.
+PROBE = r'''
+import asyncio, json, os
+from joblease import EtcdConfig, JobLeaseClient, JobRef
+from joblease.errors import JobLeaseError
+from joblease.keys import KeySpace
+from joblease.operator.election import election_key
+from joblease.store import Delete, Put
+
+D = "/etc/joblease/etcd"
+def read(name):
+    with open(f"{D}/{name}") as f:
+        return f.read().strip()
+
+base = EtcdConfig.from_env(os.environ)
+tenant = base.with_(username=read("username"), password=read("password"))
+A, B, TOKEN = os.environ["NS_A"], os.environ["NS_B"], int(os.environ["TOKEN_B"])
+out = {}
+
+async def attempt(name, make):
+    try:
+        await make()
+        out[name] = "ok"
+    except JobLeaseError as exc:
+        out[name] = f"{type(exc).__name__}: {exc}"[:300]
+
+async def main():
+    theirs, ours = JobRef(B, "theirs"), JobRef(A, "ours")
+    async with JobLeaseClient(tenant) as c:
+        k = c.keys.job(theirs)
+        await attempt("read", lambda: c.get(theirs))
+        await attempt("claim", lambda: c.claim(theirs, "intruder"))
+        await attempt("complete-handle", lambda: c.lease_for(theirs, "b-worker", TOKEN))
+        await attempt("complete", lambda: c.store.put(k.result, b'{"forged": true}'))
+        await attempt("release", lambda: c.store.txn([], [Delete(k.holder)]))
+        await attempt("checkpoint", lambda: c.store.put(k.checkpoint, b"{}"))
+        await attempt("unregister", lambda: c.unregister(theirs))
+        await attempt("operator-key", lambda: c.store.put(
+            election_key(base.root, "all-namespaces"), b"intruder"))
+        await attempt("list-all", lambda: c.list())
+        await attempt("list-b", lambda: c.list(B))
+        await attempt("list-root", lambda: c.store.get(b"/", prefix=True, keys_only=True))
+        lease = await c.claim(ours, "a-worker")
+        await lease.checkpoint({"step": 1})
+        await lease.complete({"ok": True})
+        out["own"] = "ok"
+    async with JobLeaseClient(base) as bare:  # the certificate, no password
+        await attempt("certificate-only", lambda: bare.get(ours))
+    print("PROBE " + json.dumps(out))
+
+asyncio.run(main())
+'''
+
+
+def opt_in_second(cluster: Cluster, release: Release, namespace: str) -> str:
+    other = f"{namespace[:50]}-b"
+    cluster.kubectl("create", "namespace", other, check=True)
+    release.opt_in(other)
+    return other
+
+
+def apply_joblease(cluster: Cluster, namespace: str, name: str, ttl: int) -> None:
+    cluster.apply(json.dumps({
+        "apiVersion": "joblease.io/v1alpha1", "kind": "JobLease",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"leaseDurationSeconds": ttl, "maxAttempts": 3}}))
+
+
+def operator_exec(release: Release, *argv: str) -> str:
+    pod = release.operator_pod()["metadata"]["name"]
+    r = release.cluster.kubectl("exec", "-n", release.namespace, pod, "-c", "operator", "--",
+                                *argv, timeout=60)
+    assert r.returncode == 0, f"{argv}: {r.returncode} {r.stdout} {r.stderr}"
+    return r.stdout
+
+
+def tenant_credentials(cluster: Cluster, namespace: str) -> tuple[str, str]:
+    secret = json.loads(cluster.kubectl("get", "secret", TENANT_SECRET, "-n", namespace,
+                                        "-o", "json", check=True).stdout)
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    return data["username"], data["password"]
+
+
+AUTHENTICATE = r'''
+import asyncio, os, sys
+from joblease.etcd_store import EtcdConfig, EtcdStore
+from joblease.tenancy import EtcdAuthAdmin
+
+async def main():
+    async with EtcdStore(EtcdConfig.from_env(os.environ)) as store:
+        print("ACCEPTED" if await EtcdAuthAdmin(store).authenticate(sys.argv[1], sys.argv[2])
+              else "REFUSED")
+
+asyncio.run(main())
+'''
+
+
+def etcd_accepts(release: Release, username: str, password: str) -> bool:
+    """Whether etcd authenticates ``username`` (asked from the operator's container,
+    which has the library and reaches etcd)."""
+    out = operator_exec(release, "python", "-c", AUTHENTICATE, username, password)
+    assert out.strip() in ("ACCEPTED", "REFUSED"), out
+    return out.strip() == "ACCEPTED"
+
+
+def test_a_worker_pod_reaches_only_its_own_namespace(
+        cluster: Cluster, joblease_release: Release, worker_namespace: str) -> None:
+    rel, a = joblease_release, worker_namespace
+    b = opt_in_second(cluster, rel, a)
+    try:
+        apply_joblease(cluster, b, "theirs", ttl=300)
+        apply_joblease(cluster, a, "ours", ttl=30)
+        wait_phase(cluster, b, "theirs", "Pending")
+        wait_phase(cluster, a, "ours", "Pending")
+        claimed = json.loads(operator_exec(rel, "joblease", "claim", "theirs", "-n", b,
+                                           "--owner", "b-worker", "-o", "json"))
+        before = etcd_state(rel, b, "theirs")
+        pod = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "intruder", "namespace": a},
+            "spec": {
+                "restartPolicy": "Never",
+                "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                "containers": [{
+                    "name": "probe", "image": image_ref("ghcr.io/joblease/joblease:"),
+                    "imagePullPolicy": "Never", "command": ["python", "-c", PROBE],
+                    "env": [
+                        {"name": "NS_A", "value": a}, {"name": "NS_B", "value": b},
+                        {"name": "TOKEN_B", "value": str(claimed["token"])},
+                        {"name": "JOBLEASE_ETCD_ENDPOINTS",
+                         "value": f"https://{rel.etcd}.{rel.namespace}.svc:2379"},
+                        {"name": "JOBLEASE_ETCD_CA_FILE", "value": "/etc/joblease/etcd/ca.crt"},
+                        {"name": "JOBLEASE_ETCD_CERT_FILE",
+                         "value": "/etc/joblease/etcd/tls.crt"},
+                        {"name": "JOBLEASE_ETCD_KEY_FILE",
+                         "value": "/etc/joblease/etcd/tls.key"}],
+                    "volumeMounts": [{"name": "etcd", "mountPath": "/etc/joblease/etcd",
+                                      "readOnly": True}]}],
+                "volumes": [{"name": "etcd", "secret": {"secretName": TENANT_SECRET}}]}}
+        cluster.apply(json.dumps(pod))
+        phase = cluster.wait_pod_done("intruder", a, timeout=300)
+        logs = cluster.kubectl("logs", "intruder", "-n", a).stdout
+        assert phase == "Succeeded", logs
+        (line,) = [x for x in logs.splitlines() if x.startswith("PROBE ")]
+        out = json.loads(line.removeprefix("PROBE "))
+        assert out.pop("own") == "ok"
+        certificate_only = out.pop("certificate-only")
+        assert certificate_only.startswith("PermissionDeniedError"), certificate_only
+        for name, outcome in out.items():
+            assert outcome.startswith("PermissionDeniedError") and (
+                "permission denied" in outcome), (name, outcome)
+        assert set(out) == {"read", "claim", "complete-handle", "complete", "release",
+                            "checkpoint", "unregister", "operator-key", "list-all", "list-b",
+                            "list-root"}
+        after = etcd_state(rel, b, "theirs")
+        assert before is not None and after is not None
+        before.pop("revision"), after.pop("revision")  # the read's, not the job's
+        assert after == before  # held by b-worker, no result, no checkpoint
+        assert after["holder"]["owner"] == "b-worker" and after["result"] is None
+        ours = etcd_state(rel, a, "ours")
+        assert ours is not None and ours["result"]["result"] == {"ok": True}
+    finally:
+        cluster.kubectl("delete", "namespace", b, "--wait=false")
+
+
+def test_opting_a_namespace_in_and_out_follows_its_label(
+        cluster: Cluster, joblease_release: Release, namespace: str) -> None:
+    rel, ns = joblease_release, namespace
+    apply_joblease(cluster, ns, "first", ttl=10)
+    wait_phase(cluster, ns, "first", "Pending")
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "first-worker", "namespace": ns,
+                        "annotations": {"joblease.io/job": "first"}},
+           "spec": {"restartPolicy": "Never",
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                    "containers": [{"name": "w", "image": image_ref("docker.io/curlimages/curl"),
+                                    "imagePullPolicy": "Never",
+                                    "command": ["sh", "-c", "sleep 600"]}]}}
+    labelled = time.monotonic()
+    cluster.kubectl("label", "namespace", ns, INJECT_LABEL, check=True)
+    created = cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
+    assert created.returncode == 0, created.stderr
+    if "Warning:" in created.stderr:  # the Secret was not there yet at admission
+        assert f"Secret {ns}/{TENANT_SECRET} does not exist" in created.stderr
+        assert "once the namespace is labelled for injection" in created.stderr
+    status = wait_phase(cluster, ns, "first", "Claimed", timeout=300)
+    to_lease = time.monotonic() - labelled
+    assert status["holderIdentity"]
+    print(f"\nlabel -> first pod holds its lease: {to_lease:.1f} s "
+          f"(admission warning: {'Warning:' in created.stderr})")
+
+    user, password = tenant_credentials(cluster, ns)
+    other_user, other_password = tenant_credentials(cluster, "default")
+    assert etcd_accepts(rel, user, password)
+    unlabelled = time.monotonic()
+    cluster.kubectl("label", "namespace", ns, INJECT_LABEL.split("=")[0] + "-", check=True)
+    wait_until(lambda: not etcd_accepts(rel, user, password), timeout=90,
+               what="the opted-out namespace's credentials refused", interval=1)
+    refused_after = time.monotonic() - unlabelled
+    wait_until(lambda: cluster.kubectl("get", "secret", TENANT_SECRET, "-n",
+                                       ns).returncode != 0,
+               timeout=30, what="the opted-out namespace's Secret deleted", interval=0.5)
+    print(f"unlabel -> credentials refused: {refused_after:.1f} s")
+    assert etcd_accepts(rel, other_user, other_password)  # other namespaces unaffected
+    cluster.kubectl("delete", "pod", "first-worker", "-n", ns, "--wait=false")
+
+
+def test_an_etcd_restart_with_auth_on_is_survived_by_operator_and_sidecars(
+        cluster: Cluster, joblease_release: Release, worker_namespace: str) -> None:
+    """Simple auth tokens die with the etcd process: the operator and a holding sidecar
+    authenticate again (watch and keep-alive streams included) and carry on."""
+    rel, ns = joblease_release, worker_namespace
+    apply_joblease(cluster, ns, "survivor", ttl=15)
+    wait_phase(cluster, ns, "survivor", "Pending")
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "survivor", "namespace": ns,
+                        "annotations": {"joblease.io/job": "survivor"}},
+           "spec": {"restartPolicy": "Never",
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                    "containers": [{"name": "w", "image": image_ref("docker.io/curlimages/curl"),
+                                    "imagePullPolicy": "Never", "command": ["sh", "-c", (
+                                        "until [ -f /run/joblease/go ]; do sleep 1; done; "
+                                        "curl -fsS -X POST -d \"{\\\"token\\\": "
+                                        "$(cat $JOBLEASE_TOKEN_FILE), \\\"result\\\": "
+                                        "{\\\"after\\\": \\\"restart\\\"}}\" "
+                                        "$JOBLEASE_SIDECAR_URL/v1/complete")]}]}}
+    cluster.apply(json.dumps(pod))
+    held = wait_phase(cluster, ns, "survivor", "Claimed", timeout=300)
+    member = json.loads(cluster.kubectl("get", "pod", f"{rel.etcd}-0", "-n", rel.namespace,
+                                        "-o", "json", check=True).stdout)
+    restarts = member["status"]["containerStatuses"][0]["restartCount"]
+    kill_containers(cluster, [container_id(member, "etcd")])
+
+    def restarted() -> bool:
+        p = json.loads(cluster.kubectl("get", "pod", f"{rel.etcd}-0", "-n", rel.namespace,
+                                       "-o", "json", check=True).stdout)
+        s = p["status"]["containerStatuses"][0]
+        return bool(s["restartCount"] > restarts and s.get("ready"))
+    wait_until(restarted, timeout=180, what="the etcd member restarted and ready", interval=1)
+    # the sidecar renews across the restart (a lease outlives it: TTL restarts), then
+    # completes with the token it held; the operator's mirror reports it
+    r = cluster.kubectl("exec", "survivor", "-n", ns, "-c", "w", "--", "touch",
+                        "/run/joblease/go")
+    assert r.returncode == 0, r.stderr
+    done = wait_phase(cluster, ns, "survivor", "Completed", timeout=120)
+    assert done["fencingToken"] == held["fencingToken"]
+    assert done["result"] == {"after": "restart"}
