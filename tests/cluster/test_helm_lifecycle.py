@@ -10,7 +10,8 @@ of the cluster), and "tools" pods of the project image that complete a job with
 the real client (tests/support/claim_driver.py) and read etcd with the
 ``joblease`` CLI. What the docs promise, checked one by one: the uninstall
 removes every object of the release (Deployment, ServiceAccount, RBAC, Services,
-the etcd StatefulSet, PodDisruptionBudget and certificate Secrets), keeps the
+the etcd StatefulSet, PodDisruptionBudget and certificate Secrets) but the etcd
+root password's Secret (kept: the etcd claim stays, with auth on), keeps the
 CRD, every JobLease (with its status) and the etcd claim; while no operator
 runs, deleting a JobLease hangs on its finalizer; a new install with the same
 release name finds the job data again, with new certificates, and its operator
@@ -82,9 +83,14 @@ def test_uninstall_keeps_crd_joblease_and_claims_and_a_reinstall_finds_the_jobs(
 
     rel.helm("uninstall", rel.name, "--wait", "--timeout", "300s")
 
-    # every object of the release is gone, cluster-scoped ones too ...
-    wait_until(lambda: not release_objects(rel, NAMESPACED_KINDS, True), timeout=180,
-               what="the release's objects deleted", interval=1)
+    # every object of the release is gone, cluster-scoped ones too, but the etcd root
+    # password (helm.sh/resource-policy: keep: the kept etcd has auth on with it) ...
+    root_secret = f"secret/{rel.etcd}-root"
+    assert root_secret in installed, installed
+    root_before = rel.get("secret", f"{rel.etcd}-root")["data"]["password"]
+    wait_until(lambda: release_objects(rel, NAMESPACED_KINDS, True) == [root_secret],
+               timeout=180, what="the release's objects deleted but its root Secret",
+               interval=1)
     assert release_objects(rel, CLUSTER_KINDS, False) == []
     # ... but the CRD, the JobLeases with their status, and the etcd claim stay
     assert cluster.kubectl("get", "crd", "jobleases.joblease.io").returncode == 0
@@ -106,6 +112,8 @@ def test_uninstall_keeps_crd_joblease_and_claims_and_a_reinstall_finds_the_jobs(
     tools = start_tools_pod(rel, "tools-again")  # starts while etcd and the operator do
     rel.wait_ready()
     assert rel.get("secret", f"{rel.etcd}-server-tls")["data"]["ca.crt"] != ca_before
+    # the same root password: the new operator authenticates to the kept etcd with it
+    assert rel.get("secret", f"{rel.etcd}-root")["data"]["password"] == root_before
     assert rel.get("pvc", f"data-{rel.etcd}-0")["metadata"]["uid"] == claim["metadata"]["uid"]
     # the new operator finishes the deletion that was waiting (keys, then finalizer) ...
     gone = rel.cluster.kubectl("wait", "--for=delete", "joblease/waiting", "-n", rel.namespace,
