@@ -124,8 +124,9 @@ class EtcdConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> EtcdConfig:
         """``JOBLEASE_ETCD_ENDPOINTS`` (comma separated), ``JOBLEASE_ETCD_CA_FILE``,
-        ``..._CERT_FILE``, ``..._KEY_FILE``, ``..._SERVER_NAME``, ``..._USERNAME``,
-        ``..._PASSWORD`` or ``..._PASSWORD_FILE`` (a mounted Secret), ``JOBLEASE_ROOT``.
+        ``..._CERT_FILE``, ``..._KEY_FILE``, ``..._SERVER_NAME``, ``..._USERNAME`` or
+        ``..._USERNAME_FILE``, ``..._PASSWORD`` or ``..._PASSWORD_FILE`` (mounted Secrets),
+        ``JOBLEASE_ROOT``.
 
         ``overrides`` (flags) win over the environment when not ``None``; what
         neither sets keeps the dataclass default."""
@@ -139,6 +140,13 @@ class EtcdConfig:
             text = read_str(env, variable)
             if text is not None:
                 values[attr] = text
+        # a mounted Secret's username (the injected sidecar's tenant credentials), as
+        # the Go sidecar reads it; JOBLEASE_ETCD_USERNAME wins when both are set
+        username_file = read_str(env, "JOBLEASE_ETCD_USERNAME_FILE")
+        if "username" not in values and username_file is not None:
+            username = read_password_file(username_file)
+            if username:
+                values["username"] = username
         password = read_str(env, "JOBLEASE_ETCD_PASSWORD")
         password_file = read_str(env, "JOBLEASE_ETCD_PASSWORD_FILE")
         if password is None and password_file is not None:

@@ -41,6 +41,8 @@ def _cases(tmp: Path) -> dict[str, tuple[dict[str, str], Check]]:
     needs beside it) and what the config must then say."""
     password = tmp / "etcd-password"
     password.write_text("s3cret\n")
+    username = tmp / "etcd-username"
+    username.write_text("joblease-ns-a\n")
     webhook = {"JOBLEASE_WEBHOOK_PORT": "9443"}
     return {
         "JOBLEASE_NAMESPACES": ({"JOBLEASE_NAMESPACES": " team-a, team-b*,,"},
@@ -98,6 +100,8 @@ def _cases(tmp: Path) -> dict[str, tuple[dict[str, str], Check]]:
                                    lambda c: c.etcd.key_file == "/tls/tls.key"),
         "JOBLEASE_ETCD_USERNAME": ({"JOBLEASE_ETCD_USERNAME": "operator"},
                                    lambda c: c.etcd.username == "operator"),
+        "JOBLEASE_ETCD_USERNAME_FILE": ({"JOBLEASE_ETCD_USERNAME_FILE": str(username)},
+                                        lambda c: c.etcd.username == "joblease-ns-a"),
         "JOBLEASE_ETCD_PASSWORD": ({"JOBLEASE_ETCD_PASSWORD": "pw"},
                                    lambda c: c.etcd.password == "pw"),
         "JOBLEASE_ETCD_PASSWORD_FILE": ({"JOBLEASE_ETCD_PASSWORD_FILE": str(password)},
@@ -119,7 +123,8 @@ OPERATOR_VARIABLES = {
 ETCD_VARIABLES = {
     "JOBLEASE_ETCD_ENDPOINTS", "JOBLEASE_ROOT", "JOBLEASE_ETCD_SERVER_NAME",
     "JOBLEASE_ETCD_CA_FILE", "JOBLEASE_ETCD_CERT_FILE", "JOBLEASE_ETCD_KEY_FILE",
-    "JOBLEASE_ETCD_USERNAME", "JOBLEASE_ETCD_PASSWORD", "JOBLEASE_ETCD_PASSWORD_FILE",
+    "JOBLEASE_ETCD_USERNAME", "JOBLEASE_ETCD_USERNAME_FILE", "JOBLEASE_ETCD_PASSWORD",
+    "JOBLEASE_ETCD_PASSWORD_FILE",
 }
 VARIABLES = sorted(OPERATOR_VARIABLES | ETCD_VARIABLES)
 
