@@ -25,6 +25,8 @@ from tests.support.waiting import wait_until
 
 DRIVER = Path(__file__).with_name("claim_driver.py")
 TLS_DIR = "/etc/joblease/etcd-tls"
+#: where the operator's Deployment mounts the etcd root credentials (etcd auth on)
+AUTH_DIR = "/etc/joblease/etcd-auth"
 
 
 def joblease(namespace: str, name: str, *, ttl: int = 10, attempts: int = 10) -> dict[str, Any]:
@@ -59,11 +61,17 @@ def wait_registered(rel: Release, names: list[str], timeout: float = 300) -> Non
 
 def start_tools_pod(rel: Release, name: str = "tools") -> str:
     """A pod of the project image that idles, with the operator's etcd connection
-    settings (endpoints, CA, client certificate) and the client Secret mounted where
-    those settings point. Returns its name once it runs."""
-    container = rel.get("deployment", rel.fullname)["spec"]["template"]["spec"]["containers"][0]
+    settings (endpoints, CA, client certificate, and with etcd auth on its root
+    credentials: the bundled etcd's default) and the operator's etcd Secrets mounted
+    where those settings point. Returns its name once it runs."""
+    template = rel.get("deployment", rel.fullname)["spec"]["template"]["spec"]
+    container = template["containers"][0]
     env = [e for e in container["env"]
-           if e["name"].startswith(("JOBLEASE_ETCD_", "JOBLEASE_ROOT")) and "value" in e]
+           if e["name"].startswith(("JOBLEASE_ETCD_", "JOBLEASE_ROOT"))
+           and e["name"] != "JOBLEASE_ETCD_ENABLE_AUTH"]
+    mounts = [m for m in container["volumeMounts"]
+              if m["mountPath"] in (TLS_DIR, AUTH_DIR)]
+    volumes = [v for v in template["volumes"] if v["name"] in {m["name"] for m in mounts}]
     rel.cluster.apply(json.dumps({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": rel.namespace},
@@ -76,9 +84,8 @@ def start_tools_pod(rel: Release, name: str = "tools") -> str:
                 "imagePullPolicy": "Never", "command": ["sleep", "3600"], "env": env,
                 "securityContext": {"allowPrivilegeEscalation": False,
                                     "capabilities": {"drop": ["ALL"]}},
-                "volumeMounts": [{"name": "etcd-tls", "mountPath": TLS_DIR,
-                                  "readOnly": True}]}],
-            "volumes": [{"name": "etcd-tls", "secret": {"secretName": f"{rel.etcd}-client"}}],
+                "volumeMounts": [{**m, "readOnly": True} for m in mounts]}],
+            "volumes": volumes,
         }}))
     result = rel.cluster.kubectl("wait", "--for=condition=Ready", f"pod/{name}", "-n",
                                  rel.namespace, "--timeout=300s", timeout=330)
