@@ -133,4 +133,5 @@ def test_demo_runs_the_seed_example_from_the_installed_wheel(image_venv: Path) -
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     verdicts = json.loads(result.stdout)["verdicts"]
     assert verdicts == {"resultIsWorkerB": True, "staleCompletionRejectedByStore": True,
-                        "staleWriteRejectedByDestination": True}, result.stdout
+                        "staleWriteRejectedByDestination": True, "historyTellsIt": True
+                        }, result.stdout
