@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import Cluster, image_ref
+from tests.support.load import operator_etcd_access
 from tests.support.release import Release
 from tests.support.status_history import StatusWatch, regressions
 from tests.support.waiting import wait_until
@@ -92,14 +93,12 @@ def leader_line(release: Release, pod: str) -> tuple[float, str] | None:
 
 
 def load_pod(release: Release) -> str:
-    """The load pod: the operator's etcd env and client certificate, the project image."""
+    """The load pod: the operator's etcd access (env, certificate, credentials), the
+    project image."""
     deployment = release.get("deployment", release.fullname)
     spec = deployment["spec"]["template"]["spec"]
     (operator,) = spec["containers"]
-    env = [e for e in operator["env"] if e["name"].startswith("JOBLEASE_ETCD")
-           or e["name"] == "JOBLEASE_ROOT"]
-    volumes = [v for v in spec["volumes"] if v["name"] == "etcd-tls"]
-    mounts = [m for m in operator["volumeMounts"] if m["name"] == "etcd-tls"]
+    env, mounts, volumes = operator_etcd_access(release)
     release.cluster.apply(json.dumps({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "load", "namespace": release.namespace},
@@ -110,9 +109,17 @@ def load_pod(release: Release) -> str:
                      "command": ["python", "-c", LOAD, release.namespace, str(JOBS)],
                      "env": env, "volumeMounts": mounts,
                      "securityContext": operator["securityContext"]}]}}))
-    wait_until(lambda: "load up" in release.cluster.kubectl(
-        "logs", "load", "-n", release.namespace).stdout, timeout=300, interval=1,
-        what="the load pod connected to etcd")
+
+    def up() -> bool:
+        logs = release.cluster.kubectl("logs", "load", "-n", release.namespace).stdout
+        if "load up" in logs:
+            return True
+        phase = release.cluster.kubectl("get", "pod", "load", "-n", release.namespace, "-o",
+                                        "jsonpath={.status.phase}").stdout
+        assert phase != "Failed", f"the load pod failed:\n{logs[-3000:]}"
+        return False
+
+    wait_until(up, timeout=300, interval=1, what="the load pod connected to etcd")
     return "load"
 
 

@@ -59,19 +59,28 @@ def wait_registered(rel: Release, names: list[str], timeout: float = 300) -> Non
         raise AssertionError(f"{exc}: {missing()} not\n{rel.diagnostics()}") from exc
 
 
-def start_tools_pod(rel: Release, name: str = "tools") -> str:
-    """A pod of the project image that idles, with the operator's etcd connection
-    settings (endpoints, CA, client certificate, and with etcd auth on its root
-    credentials: the bundled etcd's default) and the operator's etcd Secrets mounted
-    where those settings point. Returns its name once it runs."""
+def operator_etcd_access(rel: Release) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                list[dict[str, Any]]]:
+    """``(env, volumeMounts, volumes)`` giving a container the operator's etcd access as
+    the operator's Deployment has it: endpoints, root, TLS files and, with etcd auth on
+    (the bundled etcd's default), the root Secret's username and password file."""
     template = rel.get("deployment", rel.fullname)["spec"]["template"]["spec"]
     container = template["containers"][0]
     env = [e for e in container["env"]
            if e["name"].startswith(("JOBLEASE_ETCD_", "JOBLEASE_ROOT"))
            and e["name"] != "JOBLEASE_ETCD_ENABLE_AUTH"]
-    mounts = [m for m in container["volumeMounts"]
+    mounts = [{**m, "readOnly": True} for m in container["volumeMounts"]
               if m["mountPath"] in (TLS_DIR, AUTH_DIR)]
     volumes = [v for v in template["volumes"] if v["name"] in {m["name"] for m in mounts}]
+    return env, mounts, volumes
+
+
+def start_tools_pod(rel: Release, name: str = "tools") -> str:
+    """A pod of the project image that idles, with the operator's etcd connection
+    settings (endpoints, CA, client certificate, and with etcd auth on its root
+    credentials: the bundled etcd's default) and the operator's etcd Secrets mounted
+    where those settings point. Returns its name once it runs."""
+    env, mounts, volumes = operator_etcd_access(rel)
     rel.cluster.apply(json.dumps({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": rel.namespace},
@@ -84,7 +93,7 @@ def start_tools_pod(rel: Release, name: str = "tools") -> str:
                 "imagePullPolicy": "Never", "command": ["sleep", "3600"], "env": env,
                 "securityContext": {"allowPrivilegeEscalation": False,
                                     "capabilities": {"drop": ["ALL"]}},
-                "volumeMounts": [{**m, "readOnly": True} for m in mounts]}],
+                "volumeMounts": mounts}],
             "volumes": volumes,
         }}))
     result = rel.cluster.kubectl("wait", "--for=condition=Ready", f"pod/{name}", "-n",
@@ -183,21 +192,31 @@ import json, os, ssl, sys, urllib.request
 tls = os.environ["JOBLEASE_ETCD_CA_FILE"].rsplit("/", 1)[0]
 ctx = ssl.create_default_context(cafile=tls + "/ca.crt")
 ctx.load_cert_chain(tls + "/tls.crt", tls + "/tls.key")
-def call(endpoint, path):
-    req = urllib.request.Request(endpoint + path, data=b"{}", method="POST")
+def call(endpoint, path, token=None, body=b"{}"):
+    req = urllib.request.Request(endpoint + path, data=body, method="POST")
+    if token:
+        req.add_header("Authorization", token)
     with urllib.request.urlopen(req, timeout=5, context=ctx) as r:
         return json.loads(r.read())
+def login(endpoint):  # etcd auth on: the operator's user (root), a token from this member
+    password_file = os.environ.get("JOBLEASE_ETCD_PASSWORD_FILE")
+    if not password_file:
+        return None
+    with open(password_file) as f:
+        body = {"name": os.environ["JOBLEASE_ETCD_USERNAME"], "password": f.read().strip()}
+    return call(endpoint, "/v3/auth/authenticate", body=json.dumps(body).encode())["token"]
 out = {"members": None, "status": {}}
 for endpoint in os.environ["JOBLEASE_ETCD_ENDPOINTS"].split(","):
     try:
-        st = call(endpoint, "/v3/maintenance/status")
+        token = login(endpoint)
+        st = call(endpoint, "/v3/maintenance/status", token)
         out["status"][endpoint] = {"id": st["header"]["member_id"], "leader": st["leader"],
                                    "cluster": st["header"]["cluster_id"],
                                    "revision": int(st["header"]["revision"]),
                                    "raftIndex": int(st["raftIndex"])}
         if out["members"] is None:
             out["members"] = [{"id": m["ID"], "name": m["name"]}
-                              for m in call(endpoint, "/v3/cluster/member/list")["members"]]
+                              for m in call(endpoint, "/v3/cluster/member/list", token)["members"]]
     except Exception as exc:
         out["status"][endpoint] = {"error": repr(exc)}
 print(json.dumps(out))
