@@ -188,37 +188,41 @@ def tokens_by_job(records: list[dict[str, Any]]) -> dict[str, list[int]]:
 # (JSON over HTTPS with the client certificate), from inside the tools pod: the
 # etcd image has no shell or etcdctl, and the test process cannot reach pod IPs.
 _MEMBERS_SCRIPT = r"""
-import json, os, ssl, sys, urllib.request
+import json, os
+import grpc
+from joblease._etcdpb import rpc_pb2, rpc_pb2_grpc
+# gRPC, not etcd's HTTP gateway: with auth on, the gateway refuses any request made with a
+# client certificate ("CommonName of client sending a request against gateway will be
+# ignored"), and the members require one (--client-cert-auth)
 tls = os.environ["JOBLEASE_ETCD_CA_FILE"].rsplit("/", 1)[0]
-ctx = ssl.create_default_context(cafile=tls + "/ca.crt")
-ctx.load_cert_chain(tls + "/tls.crt", tls + "/tls.key")
-def call(endpoint, path, token=None, body=b"{}"):
-    req = urllib.request.Request(endpoint + path, data=body, method="POST")
-    if token:
-        req.add_header("Authorization", token)
-    with urllib.request.urlopen(req, timeout=5, context=ctx) as r:
-        return json.loads(r.read())
-def login(endpoint):  # etcd auth on: the operator's user (root), a token from this member
-    password_file = os.environ.get("JOBLEASE_ETCD_PASSWORD_FILE")
-    if not password_file:
-        return None
-    with open(password_file) as f:
-        body = {"name": os.environ["JOBLEASE_ETCD_USERNAME"], "password": f.read().strip()}
-    return call(endpoint, "/v3/auth/authenticate", body=json.dumps(body).encode())["token"]
+read = lambda name: open(tls + "/" + name, "rb").read()
+creds = grpc.ssl_channel_credentials(read("ca.crt"), read("tls.key"), read("tls.crt"))
+server_name = os.environ.get("JOBLEASE_ETCD_SERVER_NAME")
+options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+password_file = os.environ.get("JOBLEASE_ETCD_PASSWORD_FILE")
 out = {"members": None, "status": {}}
 for endpoint in os.environ["JOBLEASE_ETCD_ENDPOINTS"].split(","):
     try:
-        token = login(endpoint)
-        st = call(endpoint, "/v3/maintenance/status", token)
-        out["status"][endpoint] = {"id": st["header"]["member_id"], "leader": st["leader"],
-                                   "cluster": st["header"]["cluster_id"],
-                                   "revision": int(st["header"]["revision"]),
-                                   "raftIndex": int(st["raftIndex"])}
-        if out["members"] is None:
-            out["members"] = [{"id": m["ID"], "name": m["name"]}
-                              for m in call(endpoint, "/v3/cluster/member/list", token)["members"]]
+        with grpc.secure_channel(endpoint.split("://")[-1], creds, options) as channel:
+            metadata = []
+            if password_file:  # etcd auth on: the operator's user (root), a token per member
+                login = rpc_pb2.AuthenticateRequest(
+                    name=os.environ["JOBLEASE_ETCD_USERNAME"],
+                    password=open(password_file).read().strip())
+                token = rpc_pb2_grpc.AuthStub(channel).Authenticate(login, timeout=5).token
+                metadata = [("token", token)]
+            st = rpc_pb2_grpc.MaintenanceStub(channel).Status(
+                rpc_pb2.StatusRequest(), timeout=5, metadata=metadata)
+            out["status"][endpoint] = {"id": str(st.header.member_id), "leader": str(st.leader),
+                                       "cluster": str(st.header.cluster_id),
+                                       "revision": st.header.revision,
+                                       "raftIndex": st.raftIndex}
+            if out["members"] is None:
+                listed = rpc_pb2_grpc.ClusterStub(channel).MemberList(
+                    rpc_pb2.MemberListRequest(), timeout=5, metadata=metadata)
+                out["members"] = [{"id": str(m.ID), "name": m.name} for m in listed.members]
     except Exception as exc:
-        out["status"][endpoint] = {"error": repr(exc)}
+        out["status"][endpoint] = {"error": repr(exc)[:500]}
 print(json.dumps(out))
 """
 
