@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from joblease.embedded import free_port
+from tests.support.waiting import wait_until
 
 
 @dataclass(frozen=True)
@@ -153,11 +153,17 @@ class OtlpReceiver:
                  str(self.out)], cwd=root, stdout=log, stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(
                     [str(root / "operator"), str(root), os.environ.get("PYTHONPATH", "")])})
-        deadline = time.monotonic() + 20
-        while not self.out.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+
+        def started() -> bool:
+            if self.proc.poll() is not None:
                 raise RuntimeError(f"OTLP receiver did not start: {self.log.read_text()}")
-            time.sleep(0.02)  # polling interval under a deadline
+            return self.out.exists()
+
+        try:
+            wait_until(started, timeout=20, what="the OTLP receiver's spans file")
+        except AssertionError as exc:
+            raise RuntimeError(f"OTLP receiver did not start ({exc}): "
+                               f"{self.log.read_text()}") from None
 
     def env(self, service: str) -> dict[str, str]:
         return {"OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoint, "OTEL_SERVICE_NAME": service}
@@ -171,14 +177,17 @@ class OtlpReceiver:
     def wait_for(self, what: str, predicate: Callable[[list[ReceivedSpan]], bool],
                  service: str, timeout: float = 15.0) -> list[ReceivedSpan]:
         """The service's spans once ``predicate`` holds for them."""
-        deadline = time.monotonic() + timeout
-        while True:
-            spans = list(self.spans_of(service))
-            if predicate(spans):
-                return spans
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; got {spans}")
-            time.sleep(0.05)  # polling interval under a deadline
+        spans: list[ReceivedSpan] = []
+
+        def holds() -> bool:
+            spans[:] = self.spans_of(service)
+            return predicate(spans)
+
+        try:
+            wait_until(holds, timeout=timeout, what=what, interval=0.05)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; got {spans}") from None
+        return spans
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from joblease import EtcdConfig, JobLeaseClient, tracing
+from joblease.embedded import free_port
 from tests.support.openapi_conformance import Conformance
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.sidecar_process import Env
@@ -89,7 +90,8 @@ async def test_untraced_sidecar_serves_no_trace_context(
 ) -> None:
     await env.register(client, ttl=5)
     sidecar = await env.sidecar("s1", OTEL_TRACES_EXPORTER="none",
-                                OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9").started()
+                                OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}"
+                                ).started()
     lease = await sidecar.held()
     assert "traceparent" not in lease
     assert "joblease_sidecar_spans_dropped_total" not in await sidecar.metrics()
