@@ -119,7 +119,8 @@ class ItemClaim:
     pending_revision: int
 
 
-def assemble(job: JobRef, fields: dict[str, KeyValue], revision: int) -> JobState:
+def assemble(job: JobRef, fields: dict[str, KeyValue], revision: int, *,
+             history_revision: int = 0) -> JobState:
     """Build a :class:`JobState` from a job's keys (``spec``/``holder``/``claims``/``result``/
     ``checkpoint``).
 
@@ -175,6 +176,7 @@ def assemble(job: JobRef, fields: dict[str, KeyValue], revision: int) -> JobStat
         mod_revision=max((kv.mod_revision for kv in fields.values()), default=0),
         corrupt="; ".join(problems) or None,
         checkpoint=checkpoint,
+        history_revision=history_revision,
     )
 
 
@@ -1251,7 +1253,8 @@ class JobLeaseClient:
                 grouped[parsed[0]][parsed[1]] = kv
         return revision, grouped
 
-    async def watch(self, namespace: str | None = None) -> AsyncIterator[JobState]:
+    async def watch(self, namespace: str | None = None, *, history: bool = False
+                    ) -> AsyncIterator[JobState]:
         """Every job's state from a consistent snapshot, then each change in
         revision order, one state per job per revision (etcd packs several
         revisions into one watch response; each is applied and reported on its
@@ -1264,8 +1267,16 @@ class JobLeaseClient:
         states may be skipped then; none is ever reported out of order).
         Errors that retrying cannot fix (e.g. ``PermissionDeniedError``) are
         raised.
+
+        ``history``: a change of a known job's tenure history (which lives
+        outside its prefix: a refused completion counted, a ``revoked`` mark)
+        is reported too, as the job's state at that revision with
+        ``history_revision`` set; every state carries the newest such revision
+        seen. Not for changes made while this watch was resyncing: a snapshot
+        does not read the histories.
         """
         previous: set[JobRef] = set()
+        history_seen: dict[JobRef, int] = {}
         delay = 0.1
         while True:
             try:
@@ -1288,6 +1299,10 @@ class JobLeaseClient:
                         for event in events:
                             parsed = self.keys.parse(event.kv.key)
                             if parsed is None:
+                                owner = self.keys.parse_history(event.kv.key) if history else None
+                                if owner is not None and owner in grouped:
+                                    touched.add(owner)
+                                    history_seen[owner] = rev
                                 continue
                             job, field = parsed
                             touched.add(job)
@@ -1297,9 +1312,11 @@ class JobLeaseClient:
                                 grouped[job].pop(field, None)
                         for job in sorted(touched):
                             fields = grouped.get(job, {})
-                            yield assemble(job, fields, rev)
+                            yield assemble(job, fields, rev,
+                                           history_revision=history_seen.get(job, 0))
                             if not fields:
                                 grouped.pop(job, None)
+                                history_seen.pop(job, None)
             except CompactedError as exc:
                 log.warning("watch fell behind a compaction (%s); resyncing", exc)
                 previous = set(grouped)

@@ -29,6 +29,7 @@ from joblease.keys import HistoryKeys, JobKeys, JobRef
 from joblease.records import (
     History,
     JobSpec,
+    JobState,
     ResultRecord,
     Tenure,
     TenureEnd,
@@ -36,7 +37,7 @@ from joblease.records import (
     encode_tenure_mark,
     encode_tenure_start,
 )
-from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, TxnOp
+from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, TxnOp, prefix_end
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +120,6 @@ def assemble_history(job: JobRef, keys: JobKeys, revision: int, spec_kv: KeyValu
                      kvs: list[KeyValue]) -> History:
     """The job's history from one read (:func:`history_reads`). Never raises for
     stored data: a tenure that cannot be decoded is named in ``corrupt``."""
-    parts: dict[int, dict[str, KeyValue]] = {}
-    for kv in kvs:
-        parsed = keys.history.parse(kv.key)
-        if parsed is not None:
-            parts.setdefault(parsed[0], {})[parsed[1]] = kv
     limit = 0
     corrupt: list[tuple[int, str]] = []
     if spec_kv is not None:
@@ -138,6 +134,25 @@ def assemble_history(job: JobRef, keys: JobKeys, revision: int, spec_kv: KeyValu
             result = ResultRecord.decode(result_kv.value, result_kv.mod_revision)
         except CorruptRecordError as exc:
             corrupt.append((0, str(exc)))
+    tenures, bad = tenures_from(keys.history, kvs, holder_token, result)
+    return History(job=job, revision=revision, registered=spec_kv is not None,
+                   history_limit=limit, tenures=tenures, corrupt=(*corrupt, *bad))
+
+
+def tenures_from(history: HistoryKeys, kvs: list[KeyValue], holder_token: int,
+                 result: ResultRecord | None
+                 ) -> tuple[tuple[Tenure, ...], tuple[tuple[int, str], ...]]:
+    """The tenures in ``kvs`` (history keys, all read at one revision), oldest
+    first, and the ones that cannot be decoded; ``holder_token`` (0: none) and
+    ``result`` are the job's at that revision: they tell open, expired and
+    completed apart. The one interpretation of the history: ``joblease
+    history`` and the JobLease status's short form both go through it."""
+    parts: dict[int, dict[str, KeyValue]] = {}
+    for kv in kvs:
+        parsed = history.parse(kv.key)
+        if parsed is not None:
+            parts.setdefault(parsed[0], {})[parsed[1]] = kv
+    corrupt: list[tuple[int, str]] = []
     tenures = []
     for generation in sorted(parts):
         fields = parts[generation]
@@ -150,5 +165,21 @@ def assemble_history(job: JobRef, keys: JobKeys, revision: int, spec_kv: KeyValu
                                          holder_token, result))
         except CorruptRecordError as exc:
             corrupt.append((generation, str(exc)))
-    return History(job=job, revision=revision, registered=spec_kv is not None,
-                   history_limit=limit, tenures=tuple(tenures), corrupt=tuple(corrupt))
+    return tuple(tenures), tuple(corrupt)
+
+
+async def recent_tenures(store: Store, keys: JobKeys, state: JobState, count: int
+                         ) -> tuple[tuple[Tenure, ...], tuple[tuple[int, str], ...]]:
+    """The last ``count`` tenures of the job as of ``state.revision``: one range
+    read at that revision of the newest ``count`` generations' keys (at most
+    four keys each), decoded with the state's holder and result, so the answer
+    is exactly what :meth:`JobLeaseClient.history` said at that revision.
+    Raises :class:`~joblease.errors.CompactedError` once that revision is
+    compacted."""
+    if count <= 0 or state.generation <= 0:
+        return (), ()
+    first = max(1, state.generation - count + 1)
+    _, kvs = await store.get(keys.history.tenure(first), end=prefix_end(keys.history.prefix),
+                             revision=state.revision, limit=4 * count)
+    holder_token = state.holder.token if state.holder is not None else 0
+    return tenures_from(keys.history, kvs, holder_token, state.result)

@@ -335,3 +335,14 @@ class KeySpace:
         if len(parts) != 3:
             return None
         return JobRef(parts[0], parts[1]), parts[2]
+
+    def parse_history(self, key: bytes) -> JobRef | None:
+        """The job whose tenure history ``key`` belongs to
+        (``<root>/<ns>/_history/<name>/<generation>[/<field>]``), else ``None``."""
+        text = key.decode(errors="replace")
+        if not text.startswith(self.root + "/"):
+            return None
+        parts = text[len(self.root) + 1 :].split("/")
+        if len(parts) not in (4, 5) or parts[1] != HISTORY_SEGMENT:
+            return None
+        return JobRef(parts[0], parts[2])

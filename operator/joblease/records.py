@@ -286,6 +286,11 @@ class JobState:
     corrupt: str | None = None
     #: The last checkpoint (kept after completion), or None.
     checkpoint: CheckpointRecord | None = None
+    #: The newest revision at which the watch that produced this state saw the
+    #: job's tenure history change (0: none seen, or not from a watch): the
+    #: history lives outside the job's prefix, so a change of it alone (a refused
+    #: completion counted) leaves every other field as it was.
+    history_revision: int = 0
 
     @property
     def registered(self) -> bool:

@@ -18,6 +18,7 @@ import pytest
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec, StaleTokenError
 from joblease.errors import InvalidInputError, OutcomeUnknownError
 from joblease.etcd_store import EtcdStore
+from joblease.history import recent_tenures
 from joblease.records import TenureEnd
 from joblease.store import Compare, Put, TxnOp, TxnResult
 from tests.support.faulty_store import FaultyStore, is_claim
@@ -245,3 +246,66 @@ async def test_a_history_limit_out_of_range_is_refused_and_changes_nothing(
         with pytest.raises(InvalidInputError, match="historyLimit"):
             await client.register(job, JobSpec(10, 0, history_limit=bad))  # type: ignore[arg-type]
     assert not (await client.get(job)).registered
+
+
+async def test_the_recent_tenures_are_the_historys_last_ones_read_at_the_states_revision(
+    client: JobLeaseClient,
+) -> None:
+    """``recent_tenures`` (the operator's short form) is the tail of what
+    ``history`` says, read at the state's revision: a later change (a refusal, a
+    newer claim) does not show in a read at an older state, and the read touches
+    only the newest generations' keys."""
+    job = JobRef("default", "history-recent")
+    await client.register(job, JobSpec(10, 0, history_limit=10))
+    keys = client.keys.job(job)
+    for _ in range(4):
+        lease = await client.claim(job, "w")
+        await lease.checkpoint({"p": 1})
+        await lease.release()
+    held = await client.claim(job, "last")
+    at_claim = await client.get(job)
+    tenures, corrupt = await recent_tenures(client.store, keys, at_claim, 3)
+    assert corrupt == ()
+    assert tenures == (await client.history(job)).tenures[-3:]
+    assert [(t.generation, t.end) for t in tenures] == [
+        (3, TenureEnd.RELEASED), (4, TenureEnd.RELEASED), (5, TenureEnd.OPEN)]
+    await held.release()
+    with pytest.raises(StaleTokenError):
+        await client.complete_for(job, "last", held.token)
+    again, _ = await recent_tenures(client.store, keys, at_claim, 3)
+    assert again == tenures  # as of the claim's revision: open, nothing refused yet
+    now, _ = await recent_tenures(client.store, keys, await client.get(job), 3)
+    assert (now[-1].end, now[-1].refused_completions) == (TenureEnd.RELEASED, 1)
+    assert await recent_tenures(client.store, keys, await client.get(job), 0) == ((), ())
+
+
+async def test_a_watch_with_history_reports_a_change_of_the_history_alone(
+    client: JobLeaseClient,
+) -> None:
+    """A refused completion writes only to the history, outside the job's
+    prefix: ``watch(history=True)`` reports the job at that revision, with
+    ``history_revision`` set; a plain watch reports nothing for it."""
+    job = JobRef("default", "history-watched")
+    await client.register(job, JobSpec(10, 0, history_limit=3))
+    first = await client.claim(job, "a")
+    await first.release()
+    lease = await client.claim(job, "b")
+    await lease.complete(None)
+    with_history, plain = client.watch("default", history=True), client.watch("default")
+    try:
+        for states in (with_history, plain):  # the snapshots: up to the completion
+            while (await anext(states)).job != job:
+                pass
+        with pytest.raises(StaleTokenError):
+            await client.complete_for(job, "a", first.token)  # counted against a's tenure
+        assert (await client.history(job)).tenures[0].refused_completions == 1
+        state = await asyncio.wait_for(anext(with_history), 10)
+        assert state.job == job and state.history_revision == state.revision > 0
+        assert state.result is not None and state.result.token == lease.token
+        marker = JobRef("default", "history-watched-marker")
+        await client.register(marker, JobSpec(10, 0))
+        following = await asyncio.wait_for(anext(plain), 10)
+        assert following.job == marker  # the history change came before, unreported
+    finally:
+        await with_history.aclose()
+        await plain.aclose()

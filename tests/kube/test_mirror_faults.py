@@ -26,6 +26,7 @@ from joblease.operator.metrics import OperatorMetrics
 from joblease.operator.mirror import CONFLICT_RETRIES, Mirror
 from joblease.store import KeyValue, WatchBatch
 from tests.support.controlplane import ControlPlane
+from tests.support.mirror_fakes import settle
 from tests.support.operator import Kube, wait_for
 from tests.support.status_history import StatusWatch, regressions
 
@@ -233,3 +234,65 @@ async def test_a_completed_joblease_being_deleted_keeps_its_completed_status(
                        json.dumps({"metadata": {"finalizers": None}}))
         watch.stop()
     assert regressions(watch.snapshot()) == []
+
+
+class HeldHistoryStore:
+    """The real etcd store; reads at a past revision (the mirror's read of a
+    job's recent tenures) wait until ``go`` is set, so a test decides when such
+    a read's answer arrives."""
+
+    def __init__(self, inner: EtcdStore) -> None:
+        self.inner = inner
+        self.waiting, self.go = asyncio.Event(), asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def get(self, key: bytes, **kw: Any) -> tuple[int, list[KeyValue]]:
+        if kw.get("revision"):
+            self.waiting.set()
+            await self.go.wait()
+        return await self.inner.get(key, **kw)
+
+
+async def test_a_late_read_of_older_tenures_never_replaces_newer_ones(
+        crds_installed: ControlPlane, namespace: str, etcd_config: EtcdConfig,
+        client: JobLeaseClient, kubeconfig_env: None) -> None:
+    """Two mirrors (an old and a new operator during a rollout): the old one's
+    read of the recent tenures at the first claim's revision is answered only
+    after the new one wrote the status of a later claim. The old write then
+    meets a real 409, is re-decided on the fresh object and refused as stale:
+    the status keeps the newer short form."""
+    kube = Kube(crds_installed, namespace)
+    job = JobRef(namespace, "rollout")
+    await kube.apply(job.name, SPEC)
+    await client.register(job, JobSpec(30, max_attempts=3))
+    first = await client.claim(job, "w1")
+    old_state = await client.get(job)
+    store = HeldHistoryStore(EtcdStore(etcd_config))
+    slow_client = JobLeaseClient(etcd_config, store=store)  # type: ignore[arg-type]
+    slow_metrics = OperatorMetrics()
+    slow = Mirror(slow_client, KubeApi(login), slow_metrics, namespaces=(namespace,))
+    fast = Mirror(client, KubeApi(login), OperatorMetrics(), namespaces=(namespace,))
+    try:
+        slow.offer(old_state, [])
+        await asyncio.wait_for(store.waiting.wait(), 30)
+        await first.release()
+        second = await client.claim(job, "w2")
+        fast.offer(await client.get(job), [])
+        await settle(fast)
+        newer = [(t["holder"], t["end"]) for t in (await kube.status(job.name))["recentTenures"]]
+        assert newer == [("w2", "open"), ("w1", "released")]
+        store.go.set()
+        await settle(slow)
+        s = await kube.status(job.name)
+        assert [(t["holder"], t["end"]) for t in s["recentTenures"]] == newer
+        assert s["fencingToken"] == second.token
+        assert slow_metrics.status_patches.labels("conflict")._value.get() == 1
+        assert slow_metrics.status_patches.labels("stale")._value.get() == 1
+        await second.release()
+    finally:
+        for mirror in (slow, fast):
+            await mirror.close()
+            await mirror.kube.close()
+        await slow_client.close()

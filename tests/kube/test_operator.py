@@ -21,7 +21,7 @@ import pytest
 from joblease import EtcdConfig, JobLeaseClient, JobRef, StaleTokenError
 from joblease.errors import NotRegisteredError
 from joblease.lease import LeaseState
-from joblease.records import TenureEnd
+from joblease.records import Tenure, TenureEnd
 from tests.support.controlplane import ControlPlane
 from tests.support.operator import (
     Kube,
@@ -327,3 +327,89 @@ async def test_invalid_joblease_is_refused_by_the_server_with_a_clear_message(
         r = await kube.run("apply", "-f", "-", input=joblease("bad", spec))
         assert r.returncode != 0 and message in r.stderr, (spec, r.stderr)
         assert await kube.get("bad") is None
+
+
+def _short(tenure: Tenure) -> tuple[Any, ...]:
+    """What ``status.recentTenures`` says of a tenure of ``joblease history``."""
+    return (tenure.generation, tenure.token, tenure.owner, tenure.end.value,
+            tenure.refused_completions)
+
+
+def _recent(status: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return [(t["generation"], t["token"], t["holder"], t["end"], t["refusedCompletions"])
+            for t in status.get("recentTenures") or []]
+
+
+async def test_status_shows_the_recent_tenures_of_the_seed_as_the_history_tells_them(
+        kube: Kube, operator: OperatorProcess, etcd_config: EtcdConfig,
+        client: JobLeaseClient) -> None:
+    """The seed in the order of docs/history.md: A claims and stops renewing
+    (its client closes without revoking: no keep-alive reaches etcd), B claims
+    once etcd expired A's lease and completes, then A's late completion is
+    refused. That refusal changes only the history (outside the job's prefix):
+    the status still follows it. The short form is the history's own reading
+    (``JobLeaseClient.history``), newest first, with A's Expired Warning Event
+    naming its generation, token and holder."""
+    job = JobRef(kube.ns, "story")
+    await kube.apply("story", {"leaseDurationSeconds": 2, "maxAttempts": 3})
+    await kube.status_where("story", "Pending, no tenure yet", lambda s: (
+        s["phase"] == "Pending" and s.get("recentTenures") == []))
+    async with JobLeaseClient(etcd_config) as worker_a:
+        a = await worker_a.claim(job, "worker-a")
+        s = await kube.status_where("story", "A open", lambda s: _recent(s) == [
+            (1, a.token, "worker-a", "open", 0)])
+        await worker_a.close(revoke=False)  # A stalls: nothing renews its lease
+    b = await claim_when_free(client, job, "worker-b", timeout=20, interval=0.2)
+    await b.complete({"rows": 1})
+    await kube.status_where("story", "Completed", lambda s: s["phase"] == "Completed")
+    with pytest.raises(StaleTokenError):
+        await client.complete_for(job, "worker-a", a.token, {"rows": 1})
+    history = await client.history(job)
+    assert [_short(t) for t in history.tenures] == [
+        (1, a.token, "worker-a", "expired", 1), (2, b.token, "worker-b", "completed", 0)]
+    s = await kube.status_where("story", "A expired with its refusal counted", lambda s: (
+        _recent(s) == [_short(t) for t in reversed(history.tenures)]))
+    a_line, b_line = s["recentTenures"][1], s["recentTenures"][0]
+    assert "endedAt" not in a_line and a_line["claimedAt"] and b_line["endedAt"]
+    r = await kube.run("get", "jl", "story", "-o", "yaml")
+    assert r.returncode == 0, r.stderr
+    assert "recentTenures:" in r.stdout and "refusedCompletions: 1" in r.stdout
+
+    async def expired_event() -> dict[str, Any] | None:
+        return next((e for e in await kube.events("story") if e["reason"] == "Expired"), None)
+    event = await wait_for("A's Expired Event", expired_event)
+    assert event["type"] == "Warning"
+    assert f"holder worker-a (generation 1, token {a.token}) lost the job" in event["message"]
+
+
+async def test_a_release_is_a_normal_released_event_and_no_history_keeps_no_short_form(
+        kube: Kube, operator: OperatorProcess, client: JobLeaseClient) -> None:
+    """With a history, the history tells a release from an expiry: a Normal
+    ``Released`` Event, no ``Expired`` Warning. With ``historyLimit: 0`` there is
+    nothing to tell them apart by (etcd's watch shows the holder key deleted
+    either way): ``status.recentTenures`` is absent and the Event stays the
+    ``Expired`` Warning that says it may have been a release."""
+    kept, plain = JobRef(kube.ns, "kept"), JobRef(kube.ns, "plain")
+    await kube.apply("kept", {"leaseDurationSeconds": 30})
+    await kube.apply("plain", {"leaseDurationSeconds": 30, "historyLimit": 0})
+    for name in ("kept", "plain"):
+        await kube.status_where(name, "Pending", lambda s: s["phase"] == "Pending")
+    for job in (kept, plain):
+        lease = await client.claim(job, "worker")
+        await kube.status_where(job.name, "Claimed", lambda s: s["phase"] == "Claimed")
+        await lease.release()
+        await kube.status_where(job.name, "Pending again", lambda s: (
+            s["phase"] == "Pending" and s["attempts"] == 1))
+    s = await kube.status_where("kept", "released in the short form", lambda s: (
+        [t["end"] for t in s.get("recentTenures") or []] == ["released"]))
+    assert s["recentTenures"][0]["holder"] == "worker"
+    assert "recentTenures" not in await kube.status("plain")
+
+    async def released() -> list[dict[str, Any]] | None:
+        events = await kube.events("kept")
+        return events if any(e["reason"] == "Released" for e in events) else None
+    events = await wait_for("a Released Event", released)
+    assert [e["type"] for e in events if e["reason"] == "Released"] == ["Normal"]
+    assert "Expired" not in [e["reason"] for e in events]
+    await wait_for("the Expired Event of the job without history",
+                   lambda: _reasons(kube, "plain", {"Claimed", "Expired"}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from typing import Any, cast
@@ -9,17 +10,19 @@ from typing import Any, cast
 import pytest
 
 from joblease.errors import InvalidInputError
-from joblease.operator.events import derive_events
+from joblease.operator.events import derive_events, refine_ends
 from joblease.operator.metrics import OperatorMetrics
 from joblease.operator.mirror import Mirror
 from joblease.operator.registration import spec_from_resource, spec_matches
 from joblease.operator.status import (
     bounded_result,
+    history_changed,
+    recent_tenures_status,
     same_facts,
     should_apply,
     status_from_state,
 )
-from joblease.records import SemaphoreUse
+from joblease.records import SemaphoreUse, Tenure, TenureEnd
 from tests.support.mirror_fakes import SPEC, T0, FakeClient, FakeKube, settle, state
 
 
@@ -211,3 +214,51 @@ async def test_mirror_rereads_on_conflict_and_keeps_a_newer_status() -> None:
     assert kube.writes == [5]
     assert kube.obj["status"]["etcdRevision"] == 20
     assert kube.obj["status"]["holderIdentity"] == "b"
+
+
+def _tenure(generation: int, token: int, end: TenureEnd, owner: str = "a",
+            ended_at: float | None = None, refused: int = 0) -> Tenure:
+    return Tenure(generation=generation, token=token, owner=owner, claim_id="c",
+                  claimed_at=T0.timestamp(), end=end, ended_at=ended_at,
+                  refused_completions=refused)
+
+
+def test_the_short_form_is_the_last_three_tenures_newest_first_with_a_capped_holder() -> None:
+    tenures = (_tenure(1, 10, TenureEnd.RELEASED, ended_at=T0.timestamp() + 1),
+               _tenure(2, 20, TenureEnd.EXPIRED, refused=2),
+               _tenure(3, 30, TenureEnd.COMPLETED, "b" * 300, ended_at=T0.timestamp() + 9),
+               _tenure(4, 40, TenureEnd.OPEN, "c"))
+    short = recent_tenures_status(tenures)
+    assert [(t["generation"], t["token"], t["end"], t["refusedCompletions"]) for t in short] == [
+        (4, 40, "open", 0), (3, 30, "completed", 0), (2, 20, "expired", 2)]
+    assert short[1]["holder"] == "b" * 253 and short[1]["endedAt"] == "2025-01-01T12:00:09Z"
+    assert "endedAt" not in short[2] and short[2]["claimedAt"] == "2025-01-01T12:00:00Z"
+    assert recent_tenures_status(()) == []
+
+
+def test_the_short_form_is_read_again_only_for_a_change() -> None:
+    held = state(9, generation=1, holder=("a", 9))
+    written = {**status_from_state(held, 1, None, T0), "recentTenures": []}
+    later = state(12, generation=1, holder=("a", 9))  # a resync: the same facts
+    assert not history_changed(written, status_from_state(later, 1, written, T0), later)
+    refused = dataclasses.replace(later, history_revision=12)  # the history alone changed
+    assert history_changed(written, status_from_state(refused, 1, written, T0), refused)
+    gone = state(12, generation=1)  # the holder vanished
+    assert history_changed(written, status_from_state(gone, 1, written, T0), gone)
+    without = {k: v for k, v in written.items() if k != "recentTenures"}
+    assert history_changed(without, status_from_state(later, 1, without, T0), later)
+
+
+def test_the_history_tells_an_expired_event_from_a_release_or_a_revoke() -> None:
+    expired = derive_events(state(9, generation=1, holder=("a", 9)), state(15, generation=1))
+    assert [(e.type, e.reason, e.token) for e in expired] == [("Warning", "Expired", 9)]
+    told = {end: [(e.type, e.reason) for e in refine_ends(expired, (_tenure(1, 9, end),))]
+            for end in (TenureEnd.EXPIRED, TenureEnd.RELEASED, TenureEnd.REVOKED)}
+    assert told == {TenureEnd.EXPIRED: [("Warning", "Expired")],
+                    TenureEnd.RELEASED: [("Normal", "Released")],
+                    TenureEnd.REVOKED: [("Warning", "Revoked")]}
+    [lost] = refine_ends(expired, (_tenure(1, 9, TenureEnd.EXPIRED),))
+    assert lost.message.startswith("holder a (generation 1, token 9) lost the job")
+    # no history (historyLimit 0), or another token's: the watch's own wording
+    assert refine_ends(expired, ()) == expired
+    assert refine_ends(expired, (_tenure(2, 20, TenureEnd.RELEASED),)) == expired

@@ -16,7 +16,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from joblease.keys import JobRef
+from joblease.keys import JobRef, KeySpace
 from joblease.records import Holder, JobSpec, JobState, ResultRecord
 
 JOB = JobRef("ns", "job")
@@ -85,9 +85,13 @@ class FakeStore:
     async def time_to_live(self, lease_id: int) -> int:
         return 5
 
+    async def get(self, key: bytes, **kw: Any) -> tuple[int, list[Any]]:
+        return 0, []  # the job's history: no tenure recorded
+
 
 class FakeClient:
     store = FakeStore()
+    keys = KeySpace()
 
 
 async def settle(mirror: Any) -> None:

@@ -92,11 +92,15 @@ class Kube:
             return s if s and check(s) else None
         return await wait_for(f"{self.ns}/{name} status {what}", probe, timeout)
 
-    async def event_reasons(self, name: str) -> list[str]:
+    async def events(self, name: str) -> list[dict[str, Any]]:
+        """The Events of the object ``name``, in the order of their names."""
         r = await self.run("get", "events", "-o", "json",
                            "--field-selector", f"involvedObject.name={name}")
-        items = json.loads(r.stdout)["items"] if r.returncode == 0 else []
-        return [e["reason"] for e in sorted(items, key=lambda e: e["metadata"]["name"])]
+        items: list[dict[str, Any]] = json.loads(r.stdout)["items"] if r.returncode == 0 else []
+        return sorted(items, key=lambda e: e["metadata"]["name"])
+
+    async def event_reasons(self, name: str) -> list[str]:
+        return [e["reason"] for e in await self.events(name)]
 
 
 class OperatorProcess:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from joblease.records import JobState, Phase
+from joblease.records import JobState, Phase, Tenure, TenureEnd
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class JobEvent:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+    #: for a tenure's end (``Expired``): the token of the tenure that ended
+    token: int | None = None
 
 
 def derive_events(before: JobState | None, after: JobState) -> list[JobEvent]:
@@ -60,7 +62,7 @@ def derive_events(before: JobState | None, after: JobState) -> list[JobEvent]:
         events.append(JobEvent(
             "Warning", "Expired",
             f"holder {old.owner} (generation {old.generation}, token {old.token}) vanished "
-            "without a result: its lease expired or it released the job"))
+            "without a result: its lease expired or it released the job", token=old.token))
     if new is not None and (old is None or new.token != old.token):
         events.append(JobEvent(
             "Normal", "Claimed",
@@ -80,3 +82,36 @@ def _failed(state: JobState) -> JobEvent:
     return JobEvent("Warning", "Failed",
                     f"all {max_attempts} attempts used without a result ({state.generation} "
                     "claims); every further claim is refused")
+
+
+def refine_ends(events: list[JobEvent], tenures: tuple[Tenure, ...]) -> list[JobEvent]:
+    """Each ``Expired`` Event told apart by the job's history (``tenures``, read
+    at or after the end): a tenure that reads ``released`` gives a Normal
+    ``Released`` Event instead (its holder gave the job back: nothing to look
+    at), ``revoked`` a Warning ``Revoked`` one, ``expired`` stays ``Expired``
+    with the history's wording. Without a history (``historyLimit`` 0, or the
+    tenure older than the ones read) the watch alone cannot tell a release from
+    an expiry, and the Event says so."""
+    by_token = {t.token: t for t in tenures}
+    refined = []
+    for event in events:
+        tenure = by_token.get(event.token) if event.token is not None else None
+        if event.reason != "Expired" or tenure is None or tenure.end is TenureEnd.OPEN:
+            refined.append(event)
+            continue
+        who = f"holder {tenure.owner} (generation {tenure.generation}, token {tenure.token})"
+        if tenure.end is TenureEnd.RELEASED:
+            refined.append(JobEvent("Normal", "Released", f"{who} released the job",
+                                    token=tenure.token))
+        elif tenure.end is TenureEnd.REVOKED:
+            refined.append(JobEvent(
+                "Warning", "Revoked", f"{who}: the claim committed while its outcome was "
+                "unknown and was revoked when it was settled; the attempt is used",
+                token=tenure.token))
+        elif tenure.end is TenureEnd.EXPIRED:
+            refined.append(JobEvent(
+                "Warning", "Expired", f"{who} lost the job: its etcd lease ended (its TTL ran "
+                "out or it was revoked) with no completion or release", token=tenure.token))
+        else:  # completed: not an end that needs attention (the Completed Event says it)
+            continue
+    return refined

@@ -50,6 +50,10 @@ class OperatorMetrics:
         self.watch_events = Counter(
             "joblease_operator_watch_events_total",
             "Job states received from the etcd watch (snapshot included).", registry=r)
+        self.history_reads = Counter(
+            "joblease_operator_history_reads_total",
+            "Bounded etcd reads of a job's last tenures for status.recentTenures (one per "
+            "status write of a change, none for a job keeping no history).", registry=r)
         self.resyncs = Counter(
             "joblease_operator_resyncs_total",
             "Times the mirror (re)started its etcd watch from a fresh snapshot.", registry=r)

@@ -44,10 +44,16 @@ import aiohttp
 from joblease import validation
 from joblease.background import BackgroundTasks
 from joblease.client import JobLeaseClient, assemble
-from joblease.errors import InvalidInputError, JobLeaseError, StoreUnavailableError
+from joblease.errors import (
+    CompactedError,
+    InvalidInputError,
+    JobLeaseError,
+    StoreUnavailableError,
+)
+from joblease.history import recent_tenures
 from joblease.keys import JobRef
 from joblease.operator.event_recorder import EventRecorder
-from joblease.operator.events import JobEvent, derive_events
+from joblease.operator.events import JobEvent, derive_events, refine_ends
 from joblease.operator.kube import (
     ConflictError,
     InvalidError,
@@ -59,12 +65,15 @@ from joblease.operator.metrics import OperatorMetrics
 from joblease.operator.registration import spec_matches
 from joblease.operator.status import (
     DEFAULT_RESULT_LIMIT,
+    RECENT_TENURES,
+    history_changed,
     observed_generation_for,
+    recent_tenures_status,
     same_facts,
     should_apply,
     status_from_state,
 )
-from joblease.records import JobState, Phase
+from joblease.records import JobState, Phase, Tenure
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +202,7 @@ class Mirror:
                 if gap:
                     await self._report_vanished(gap)
                     gap = set()
-                async for state in self.client.watch(self._watch_namespace()):
+                async for state in self.client.watch(self._watch_namespace(), history=True):
                     delay = 0.5
                     try:
                         self.observe(state)
@@ -344,8 +353,26 @@ class Mirror:
         except JobLeaseError:
             return None  # an estimate only; never worth failing the write
 
+    async def _recent_tenures(self, state: JobState) -> tuple[Tenure, ...] | None:
+        """The status's short form of the history, as of ``state.revision`` (one
+        bounded range read); None when that revision is compacted away (the
+        status keeps its previous short form: an older one is never written
+        over a newer, and a newer one cannot be had at this revision)."""
+        try:
+            tenures, _ = await recent_tenures(self.client.store, self.client.keys.job(state.job),
+                                              state, RECENT_TENURES)
+        except CompactedError as exc:
+            log.info("recent tenures of %s at revision %d not read: %s", state.job,
+                     state.revision, exc)
+            return None
+        if state.generation > 0:  # else nothing was read: no claim, no tenure
+            self.metrics.history_reads.inc()
+        return tenures
+
     async def _write(self, job: JobRef, entry: _Pending) -> None:
         state = entry.state
+        tenures: tuple[Tenure, ...] | None = None  # read at most once per write
+        read = False
         packed = self._objects.get(job)
         obj = _unpack(packed) if packed is not None else None
         try:
@@ -368,6 +395,14 @@ class Mirror:
                 status = status_from_state(state, observed, previous, self._clock(),
                                            lease_remaining=await self._lease_remaining(state),
                                            result_limit=self.result_limit)
+                if state.spec is not None and state.spec.history_limit > 0:
+                    if not read and history_changed(previous, status, state):
+                        tenures, read = await self._recent_tenures(state), True
+                    kept = previous.get("recentTenures")
+                    if tenures is not None:
+                        status["recentTenures"] = recent_tenures_status(tenures)
+                    elif isinstance(kept, list):
+                        status["recentTenures"] = kept
                 if same_facts(previous, status):
                     self.metrics.status_patches.labels("unchanged").inc()
                     break
@@ -402,7 +437,7 @@ class Mirror:
             self._objects[job] = _pack(obj)
         else:
             self._objects.pop(job, None)
-        for event in entry.events:
+        for event in refine_ends(entry.events, tenures or ()):
             # Informational, written in the background (aggregated: event_recorder).
             self.events.record(obj, event)
 

@@ -19,7 +19,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from joblease.records import JobState, Phase
+from joblease.records import JobState, Phase, Tenure
+from joblease.validation import MAX_OWNER_LENGTH
 
 #: Bytes of result (and of checkpoint) JSON copied into the status; the full
 #: values stay in etcd.
@@ -29,6 +30,10 @@ CONDITION_TYPES = ("Registered", "Claimed", "Completed", "Failed", "Corrupt")
 
 #: The API server's limit on a condition's message (metav1.Condition).
 CONDITION_MESSAGE_LIMIT = 32768
+
+#: Tenures in ``status.recentTenures``: the history's newest, a short form of
+#: ``joblease history`` (which stays the authority: every field, every tenure kept).
+RECENT_TENURES = 3
 
 #: Fields that are estimates computed when the status is written, not facts from etcd.
 ESTIMATED_FIELDS = ("renewTime", "leaseExpiryTime")
@@ -230,3 +235,38 @@ def observed_generation_for(resource_generation: int, resource_spec_matches: boo
     if resource_spec_matches:
         return resource_generation
     return int((previous_status or {}).get("observedGeneration") or 0)
+
+
+def recent_tenures_status(tenures: tuple[Tenure, ...]) -> list[dict[str, Any]]:
+    """``status.recentTenures``: the last :data:`RECENT_TENURES` of ``tenures``
+    (as :func:`joblease.history.tenures_from` read them), newest first, each
+    ``holder`` at most :data:`~joblease.validation.MAX_OWNER_LENGTH` characters
+    (a claim never has a longer owner; a value written into etcd by hand may)."""
+    entries = []
+    for t in reversed(tenures[-RECENT_TENURES:]):
+        entry: dict[str, Any] = {"generation": t.generation, "token": t.token,
+                                 "holder": t.owner[:MAX_OWNER_LENGTH], "end": t.end.value,
+                                 "checkpoints": t.checkpoints,
+                                 "refusedCompletions": t.refused_completions}
+        if t.claimed_at > 0:
+            entry["claimedAt"] = rfc3339(t.claimed_at)
+        if t.ended_at is not None and t.ended_at > 0:
+            entry["endedAt"] = rfc3339(t.ended_at)
+        entries.append(entry)
+    return entries
+
+
+def history_changed(previous_status: Mapping[str, Any], status: Mapping[str, Any],
+                    state: JobState) -> bool:
+    """Whether ``status.recentTenures`` must be read again for ``state``: the
+    job changed since ``previous_status`` (a claim, a completion, a release, an
+    expiry, a checkpoint: every tenure change but one comes with a change of the
+    job's own keys), its history changed alone since (``state.history_revision``:
+    a refused completion counted, a ``revoked`` mark), or the short form is
+    missing. Not for a resync or a refresh of an unchanged job."""
+    if not isinstance(previous_status.get("recentTenures"), list):
+        return True
+    if state.history_revision > int(previous_status.get("etcdRevision") or 0):
+        return True
+    rest = {k: v for k, v in previous_status.items() if k != "recentTenures"}
+    return not same_facts(rest, status)
