@@ -228,6 +228,17 @@ class Bench:
             text = (await http.get(f"{self.cp.server}/metrics")).text
         return count_writes(text)
 
+    async def etcd_requests(self) -> dict[str, float]:
+        """The joblease etcd's handled gRPC requests so far, by method (its
+        ``/metrics``): the operator's reads (Range: the history's short form;
+        LeaseTimeToLive: the lease estimate) and the load's claims and
+        completions (Txn), which are the same per cycle in every run."""
+        import httpx
+
+        async with httpx.AsyncClient(timeout=60) as http:
+            text = (await http.get(f"{self.etcd.endpoints[0]}/metrics")).text
+        return count_grpc(text)
+
     async def registered_in_etcd(self, client: JobLeaseClient) -> int:
         _, kvs = await client.store.get(client.keys.namespace_prefix(self.ns), prefix=True,
                                         keys_only=True)
@@ -307,6 +318,7 @@ class Bench:
                     errors += 1
 
         writes0 = await self.api_writes()
+        etcd0 = await self.etcd_requests()
         cpu0 = proc_cpu_seconds(self.pid)
         load_before = loadavg()
         start = time.monotonic()
@@ -333,6 +345,8 @@ class Bench:
         proc.join(5)
         await asyncio.sleep(2)  # Events are posted after the status write
         writes1 = await self.api_writes()
+        etcd1 = await self.etcd_requests()
+        cycles = max(1, len(jobs) - errors)
         writes = {k: v - writes0.get(k, 0) for k, v in writes1.items()
                   if v - writes0.get(k, 0) > 0}
         seen = parse_watch(out_path)
@@ -359,6 +373,9 @@ class Bench:
             "operator_metrics": operator_metrics(self.op.metrics()),
             "api_writes": writes,
             "api_writes_per_cycle": round(sum(writes.values()) / max(1, len(jobs) - errors), 2),
+            "etcd_requests_per_cycle": {
+                method: round((etcd1[method] - etcd0.get(method, 0)) / cycles, 2)
+                for method in sorted(etcd1)},
             "event_writes_per_cycle": round(
                 sum(v for k, v in writes.items() if k.split()[1] == "events")
                 / max(1, len(jobs) - errors), 2),
@@ -407,13 +424,26 @@ def count_writes(metrics_text: str) -> dict[str, float]:
     return out
 
 
+def count_grpc(metrics_text: str) -> dict[str, float]:
+    """Sum etcd's ``grpc_server_handled_total`` by ``grpc_method``."""
+    out: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        if not line.startswith("grpc_server_handled_total{"):
+            continue
+        labels_text, _, value = line.rpartition(" ")
+        method = labels_text.partition('grpc_method="')[2].partition('"')[0]
+        out[method] = out.get(method, 0) + float(value)
+    return out
+
+
 def operator_metrics(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith(("joblease_operator_status_patches_total{",
                             "joblease_operator_status_lag_seconds_sum",
                             "joblease_operator_status_lag_seconds_count",
-                            "joblease_operator_watch_events_total ")):
+                            "joblease_operator_watch_events_total ",
+                            "joblease_operator_history_reads_total ")):
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
@@ -501,6 +531,9 @@ def print_lag(lag: dict[str, Any]) -> None:
         print(f"API writes per cycle {lag['api_writes_per_cycle']} (Events "
               f"{lag['event_writes_per_cycle']}): " + ", ".join(
                   f"{k} {v:.0f}" for k, v in sorted(lag["api_writes"].items())), flush=True)
+    if "etcd_requests_per_cycle" in lag:
+        print("etcd requests per cycle (operator and load): " + ", ".join(
+            f"{k} {v}" for k, v in lag["etcd_requests_per_cycle"].items()), flush=True)
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -533,6 +566,9 @@ def figures(report: dict[str, Any]) -> dict[str, float]:
         if "api_writes_per_cycle" in lag:
             out[f"API writes/cycle at {n}"] = lag["api_writes_per_cycle"]
             out[f"Event writes/cycle at {n}"] = lag["event_writes_per_cycle"]
+        for method in ("Range", "LeaseTimeToLive"):
+            if method in lag.get("etcd_requests_per_cycle", {}):
+                out[f"etcd {method}/cycle at {n}"] = lag["etcd_requests_per_cycle"][method]
     return out
 
 
