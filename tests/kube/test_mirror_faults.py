@@ -266,7 +266,7 @@ async def test_a_late_read_of_older_tenures_never_replaces_newer_ones(
     kube = Kube(crds_installed, namespace)
     job = JobRef(namespace, "rollout")
     await kube.apply(job.name, SPEC)
-    await client.register(job, JobSpec(30, max_attempts=3))
+    await client.register(job, JobSpec(30, max_attempts=3, history_limit=10))
     first = await client.claim(job, "w1")
     old_state = await client.get(job)
     store = HeldHistoryStore(EtcdStore(etcd_config))
