@@ -181,6 +181,10 @@ class Bench:
         assert self.op.proc is not None
         return self.op.proc.pid
 
+    def without_history(self, name: str) -> bool:
+        """``--split-history``: the odd-numbered JobLeases keep no history."""
+        return bool(self.args.split_history) and int(name.rpartition("-")[2]) % 2 == 1
+
     async def create(self, upto: int) -> float:
         """POST JobLeases ``job-<created>`` .. ``job-<upto-1>``; return seconds taken."""
         import httpx
@@ -197,7 +201,9 @@ class Bench:
                             "apiVersion": "joblease.io/v1alpha1", "kind": "JobLease",
                             "metadata": {"name": name},
                             "spec": {"leaseDurationSeconds": 30,
-                                     "maxAttempts": 0 if self.args.reuse else 3}})
+                                     "maxAttempts": 0 if self.args.reuse else 3,
+                                     **({"historyLimit": 0} if self.without_history(name)
+                                        else {})}})
                         if r.status_code in (201, 409):
                             return
                         await asyncio.sleep(0.5 * (attempt + 1))
@@ -235,8 +241,11 @@ class Bench:
         completions (Txn), which are the same per cycle in every run."""
         import httpx
 
+        endpoint = self.etcd.endpoints[0]
+        if "://" not in endpoint:
+            endpoint = "http://" + endpoint  # the embedded etcd serves plain HTTP
         async with httpx.AsyncClient(timeout=60) as http:
-            text = (await http.get(f"{self.etcd.endpoints[0]}/metrics")).text
+            text = (await http.get(f"{endpoint}/metrics")).text
         return count_grpc(text)
 
     async def registered_in_etcd(self, client: JobLeaseClient) -> int:
@@ -360,12 +369,20 @@ class Bench:
             else:
                 lags[kind].append(visible - t)
         both = lags["claim"] + lags["complete"]
+        split: dict[str, Any] = {}
+        if self.args.split_history:
+            for label, off in (("history", False), ("no_history", True)):
+                split[f"lag_{label}_ms"] = summarize([
+                    visible - t for kind, name, rev, t in changes
+                    if self.without_history(name) == off
+                    and (visible := next((ts for ts, r in seen.get(name, []) if r >= rev),
+                                         None)) is not None])
         return {
             "jobleases": self.created, "reuse": reuse,
             "cycles": len(jobs) - errors, "errors": errors,
             "target_rate": rate, "achieved_rate": round((len(jobs) - errors) / elapsed, 1),
             "seconds": round(elapsed, 1), "changes": len(changes), "never_visible": missing,
-            "lag_ms": summarize(both), "claim_lag_ms": summarize(lags["claim"]),
+            "lag_ms": summarize(both), **split, "claim_lag_ms": summarize(lags["claim"]),
             "complete_lag_ms": summarize(lags["complete"]),
             "operator_cpu_s": round(cpu, 2),
             "operator_cpu_share": round(cpu / elapsed, 2),
@@ -375,7 +392,7 @@ class Bench:
             "api_writes_per_cycle": round(sum(writes.values()) / max(1, len(jobs) - errors), 2),
             "etcd_requests_per_cycle": {
                 method: round((etcd1[method] - etcd0.get(method, 0)) / cycles, 2)
-                for method in sorted(etcd1)},
+                for method in sorted(etcd1) if etcd1[method] > etcd0.get(method, 0)},
             "event_writes_per_cycle": round(
                 sum(v for k, v in writes.items() if k.split()[1] == "events")
                 / max(1, len(jobs) - errors), 2),
@@ -521,7 +538,10 @@ def print_lag(lag: dict[str, Any]) -> None:
           f"never visible {lag['never_visible']}, load {lag['loadavg_after']}")
     print(f"{'change':<10} {'count':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for label, key in (("claim", "claim_lag_ms"), ("complete", "complete_lag_ms"),
-                       ("all", "lag_ms")):
+                       ("all", "lag_ms"), ("history", "lag_history_ms"),
+                       ("no history", "lag_no_history_ms")):
+        if key not in lag:
+            continue
         s = lag[key]
         print(f"{label:<10} {s.get('count', 0):>6} {s.get('p50', '-'):>8} "
               f"{s.get('p99', '-'):>8} {s.get('max', '-'):>8}")
@@ -562,6 +582,10 @@ def figures(report: dict[str, Any]) -> dict[str, float]:
         if lag["lag_ms"].get("count"):
             out[f"lag p50 ms at {n}"] = lag["lag_ms"]["p50"]
             out[f"lag p99 ms at {n}"] = lag["lag_ms"]["p99"]
+        for label in ("history", "no_history"):
+            if lag.get(f"lag_{label}_ms", {}).get("count"):
+                out[f"lag p50 ms {label} at {n}"] = lag[f"lag_{label}_ms"]["p50"]
+                out[f"lag p99 ms {label} at {n}"] = lag[f"lag_{label}_ms"]["p99"]
         out[f"operator CPU core at {n}"] = lag["operator_cpu_share"]
         if "api_writes_per_cycle" in lag:
             out[f"API writes/cycle at {n}"] = lag["api_writes_per_cycle"]
@@ -600,6 +624,9 @@ def main() -> None:
     parser.add_argument("--tracemalloc", action="store_true",
                         help="run the operator under tracemalloc and report its live "
                              "allocations at each size (costs memory: RSS not comparable)")
+    parser.add_argument("--split-history", action="store_true",
+                        help="odd-numbered JobLeases keep no history (historyLimit 0): the "
+                             "lag of jobs with and without status.recentTenures, one run")
     parser.add_argument("--baseline", help="a previous run's JSON: print figures side by side")
     parser.add_argument("--json", default=str(HERE / "results" / "operator_lag.json"))
     args = parser.parse_args()

@@ -392,12 +392,21 @@ class Mirror:
                 observed = observed_generation_for(
                     int(meta.get("generation") or 0), spec_matches(obj.get("spec"), state.spec),
                     previous)
-                status = status_from_state(state, observed, previous, self._clock(),
-                                           lease_remaining=await self._lease_remaining(state),
+                keeps_history = state.spec is not None and state.spec.history_limit > 0
+                now = self._clock()
+                if keeps_history and not read and history_changed(
+                        previous, status_from_state(state, observed, previous, now,
+                                                    result_limit=self.result_limit), state):
+                    # the two reads at once: one round trip added to the write, not two
+                    remaining, tenures = await asyncio.gather(
+                        self._lease_remaining(state), self._recent_tenures(state))
+                    read = True
+                else:
+                    remaining = await self._lease_remaining(state)
+                status = status_from_state(state, observed, previous, now,
+                                           lease_remaining=remaining,
                                            result_limit=self.result_limit)
-                if state.spec is not None and state.spec.history_limit > 0:
-                    if not read and history_changed(previous, status, state):
-                        tenures, read = await self._recent_tenures(state), True
+                if keeps_history:
                     kept = previous.get("recentTenures")
                     if tenures is not None:
                         status["recentTenures"] = recent_tenures_status(tenures)
