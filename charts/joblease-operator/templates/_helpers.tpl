@@ -103,7 +103,7 @@ RBAC rules on JobLeases, shared by the ClusterRole (scope cluster) and each Role
 - apiGroups: ["joblease.io"]
   resources: ["jobsemaphores/status"]
   verbs: ["update"]
-# Events: Claimed/Expired/Completed/Failed from the mirror, handler failures from kopf.
+# Events: Claimed/Expired/Released/Revoked/Completed/Failed from the mirror, handler failures from kopf.
 # Both post core/v1 Events; neither uses events.k8s.io. patch: the mirror writes a
 # repeat of an Event as the existing one's count (operator/event_recorder.py).
 - apiGroups: [""]
