@@ -49,3 +49,26 @@ def test_each_step_backwards_is_reported(index: int, status: dict[str, Any],
     found = regressions({"a": history, "b": FORWARD})
     assert found and all(line.startswith(f"a #{index}: ") for line in found), found
     assert any(complaint in line for line in found), found
+
+
+def tenures(*rows: tuple[int, str, int]) -> list[dict[str, Any]]:
+    """``recentTenures`` from ``(token, end, refusedCompletions)``, newest first."""
+    return [{"generation": 1, "token": token, "holder": "w", "end": end, "checkpoints": 0,
+             "refusedCompletions": refused} for token, end, refused in rows]
+
+
+def test_recent_tenures_that_only_move_forward_pass_and_each_step_back_is_reported() -> None:
+    claimed = {**s("Claimed", 1, 7, 7), "recentTenures": tenures((7, "open", 0))}
+    expired = {**s("Pending", 1, 9, 7), "recentTenures": tenures((7, "expired", 0))}
+    refused = {**s("Pending", 1, 12, 7), "recentTenures": tenures((7, "expired", 1))}
+    again = {**s("Claimed", 2, 15, 15),
+             "recentTenures": tenures((15, "open", 0), (7, "expired", 1))}
+    assert regressions({"a": [claimed, expired, refused, again]}) == []
+    for bad, complaint in [
+            ({**refused, "recentTenures": tenures((7, "open", 0))}, "tenure 7 open after expired"),
+            ({**refused, "recentTenures": tenures((7, "expired", 0))},
+             "tenure 7 refusedCompletions 0 after 1"),
+            ({**again, "recentTenures": tenures((5, "open", 0))},
+             "recentTenures newest token 5 after 7")]:
+        found = regressions({"a": [claimed, expired, refused, bad]})
+        assert any(complaint in line for line in found), found

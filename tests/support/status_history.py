@@ -21,7 +21,10 @@ the spec and the registration do not change:
   (released or expired) or → ``Completed``/``Failed``, never back to ``Claimed``;
   ``NotRegistered`` and ``Pending`` at generation 0 are before every claim, in that
   order;
-* ``Completed`` and ``Failed`` are never left (nor swapped for each other).
+* ``Completed`` and ``Failed`` are never left (nor swapped for each other);
+* ``recentTenures``: its newest token never decreases, and a tenure shown in both
+  (same token) never reads ``open`` again once ended, nor counts fewer
+  checkpoints or refused completions.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ def _step_back(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
         x, y = a.get(field), b.get(field)
         if x is not None and y is not None and int(y) < int(x):
             why.append(f"{field} {y} after {x}")
+    why += _tenures_step_back(a.get("recentTenures"), b.get("recentTenures"))
     pa, pb = a.get("phase"), b.get("phase")
     if pb not in PHASE_RANK:
         why.append(f"unknown phase {pb!r}")
@@ -92,6 +96,25 @@ def _step_back(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
         if key_b < key_a:
             why.append(f"phase {pb} at generation {key_b[0]} after {pa} at "
                        f"generation {key_a[0]}")
+    return why
+
+
+def _tenures_step_back(a: Any, b: Any) -> list[str]:
+    if not isinstance(a, list) or not isinstance(b, list) or not a or not b:
+        return []
+    why = []
+    if int(b[0]["token"]) < int(a[0]["token"]):
+        why.append(f"recentTenures newest token {b[0]['token']} after {a[0]['token']}")
+    before = {int(t["token"]): t for t in a}
+    for t in b:
+        old = before.get(int(t["token"]))
+        if old is None:
+            continue
+        if t["end"] == "open" and old["end"] != "open":
+            why.append(f"tenure {t['token']} open after {old['end']}")
+        for count in ("checkpoints", "refusedCompletions"):
+            if int(t.get(count) or 0) < int(old.get(count) or 0):
+                why.append(f"tenure {t['token']} {count} {t.get(count)} after {old.get(count)}")
     return why
 
 
