@@ -98,3 +98,29 @@ async def test_a_deleted_joblease_keeps_its_last_status_when_its_keys_go() -> No
     await settle(mirror)
     assert kube.writes == [11]
     assert kube.obj["status"] == completed
+
+
+async def test_the_recent_tenures_are_read_once_per_change_not_per_resync(
+        client: JobLeaseClient) -> None:
+    """Real etcd, the fake API server: a claim is one bounded history read; the
+    same job seen again at a newer revision with nothing changed (a resync, a
+    refresh) reads nothing and writes nothing; its release reads again."""
+    job = JobRef("ns", "job")
+    await client.register(job, JobSpec(10, history_limit=5))
+    lease = await client.claim(job, "w")
+    kube, metrics = FakeKube(), OperatorMetrics()
+    mirror = Mirror(client, cast(Any, kube), metrics)
+    reads = metrics.history_reads._value.get
+    mirror.observe(await client.get(job))
+    await settle(mirror)
+    assert reads() == 1
+    assert [t["end"] for t in kube.obj["status"]["recentTenures"]] == ["open"]
+    await client.store.txn([], [Put(b"/elsewhere", b"x")], [])  # the revision moves on
+    mirror.observe(await client.get(job))
+    await settle(mirror)
+    assert reads() == 1 and len(kube.writes) == 1
+    await lease.release()
+    mirror.observe(await client.get(job))
+    await settle(mirror)
+    assert reads() == 2
+    assert [t["end"] for t in kube.obj["status"]["recentTenures"]] == ["released"]

@@ -14,6 +14,14 @@ compaction). The mirror:
    with 409 and is re-decided on a fresh read, so even two operator
    processes overlapping during a rollout cannot move a status backwards.
 
+A job that keeps a tenure history also gets ``status.recentTenures``: with
+each status write of a change of the job, or of its history alone (the watch
+reports those too), one bounded range read of its last tenures at the very
+revision of the state being written (:func:`joblease.history.recent_tenures`),
+so the short form moves forward with the rest of the status and never back.
+The same reading tells an ``Expired`` Event from a ``Released`` or ``Revoked``
+one (:func:`joblease.operator.events.refine_ends`).
+
 The cache of the last object read or written per job (its
 ``status.etcdRevision`` is the "last applied revision") is seeded from the API
 server on first use, so a restarted operator continues where the status is.
