@@ -6,14 +6,17 @@ on a pod's containers (a long GC pause, a descheduled VM), SIGKILL of a containe
 processes (OOM, a crash), ``kubectl delete pod`` (a drain, a scale-down), the pod's
 own network namespace refusing its etcd traffic (a partition between the pod and
 etcd: an iptables rule in the pod's namespace, which goes away with the pod),
-and the operator's or the bundled etcd's pod deleted (their controllers start new
-ones). Node access only: the fixture's own cluster, never a
+the operator's pod deleted (its Deployment starts a new one), and the bundled etcd
+member's processes SIGKILLed (the kubelet restarts the container in the same pod, on
+the same data: the test cluster's release keeps etcd on an emptyDir, which a deleted
+pod would take with it). Node access only: the fixture's own cluster, never a
 ``JOBLEASE_TEST_KUBECONFIG`` one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import subprocess
 import time
@@ -25,6 +28,7 @@ from typing import Any
 from tests.support import freezer
 from tests.support.cluster import Cluster, kill_containers
 from tests.support.cluster.access import container_pids
+from tests.support.cluster.settings import ClusterError
 from tests.support.pods import container_id
 from tests.support.queue_pods import pods_of
 from tests.support.worker_pods import operator_pod
@@ -34,7 +38,12 @@ ETCD_PORT = 2379
 
 #: fault -> weight (how often it is drawn): the pod faults most, the shared ones rarely
 FAULTS = {"freeze-short": 3, "freeze-long": 3, "kill-worker": 2, "kill-sidecar": 2,
-          "delete-pod": 2, "partition": 3, "restart-operator": 1, "restart-etcd": 1}
+          "delete-pod": 2, "partition": 3, "restart-operator": 1, "kill-etcd": 1}
+#: faults on what every pod shares, and the trials that must land between two of them:
+#: the kubelet restarts a container that keeps dying later each time (10 s, 20 s, 40 s,
+#: ... up to 5 min, reset after 10 min of running), so back-to-back kills of the one
+#: etcd member would stop the run for minutes instead of testing a crash
+SHARED, SHARED_SPACING = ("restart-operator", "kill-etcd"), 4
 
 
 @dataclass
@@ -74,16 +83,36 @@ class Nemesis:
                 if not p["metadata"].get("deletionTimestamp")
                 and running(p, SIDECAR) and running(p, WORKER)]
 
+    def draw(self) -> str:
+        """The next fault: every type once first (in a seeded order, so even a short run
+        injects each), then by weight; a shared fault only ``SHARED_SPACING`` landed
+        trials after the last one."""
+        landed = [t.fault for t in self.trials if not t.note]
+        untried = [f for f in FAULTS if f not in landed]
+        since_shared = next((n for n, f in enumerate(reversed(landed)) if f in SHARED),
+                            len(landed))
+        allowed = [f for f in (untried or FAULTS)
+                   if f not in SHARED or since_shared >= SHARED_SPACING or not landed]
+        if not allowed:  # only shared faults left untried, too soon for one
+            allowed = [f for f in FAULTS if f not in SHARED]
+        return self.rng.choices(allowed, weights=[FAULTS[f] for f in allowed])[0]
+
     def one(self) -> Trial | None:
-        """Inject one fault (drawn by weight); None when no pod was there to take it."""
-        fault = self.rng.choices(list(FAULTS), weights=list(FAULTS.values()))[0]
+        """Inject one fault (:meth:`draw`); None when no pod was there to take it."""
+        fault = self.draw()
         if fault == "restart-operator":
             ns, name = operator_pod(self.cluster)
             self._delete(ns, name)
             return self._record(Trial(fault, name))
-        if fault == "restart-etcd":
-            self._delete(*self.etcd_pod)
-            return self._record(Trial(fault, self.etcd_pod[1]))
+        if fault == "kill-etcd":
+            ns, name = self.etcd_pod
+            member = json.loads(self.cluster.kubectl("get", "pod", name, "-n", ns, "-o",
+                                                     "json", check=True).stdout)
+            try:
+                kill_containers(self.cluster, [container_id(member, "etcd")])
+            except (AssertionError, ClusterError) as exc:  # restarting from the last kill
+                return self._record(Trial(fault, name, note=f"did not land: {exc}"[:200]))
+            return self._record(Trial(fault, name))
         pods = self.running_pods()
         if not pods:
             return None
@@ -106,7 +135,8 @@ class Nemesis:
             with self._partitioned(pod):
                 hold(seconds)
             return self._record(Trial(fault, name, seconds))
-        except (AssertionError, FileNotFoundError, ProcessLookupError, IndexError) as exc:
+        except (AssertionError, ClusterError, FileNotFoundError, ProcessLookupError,
+                IndexError) as exc:
             # the pod went away under the fault (a container restarting, the pod
             # replaced): the fault did not land; draw again
             return self._record(Trial(fault, name, note=f"did not land: {exc}"[:200]))

@@ -37,8 +37,10 @@ def queue_cli(cluster: Cluster, namespace: str, *args: str, stdin: str | None = 
                             namespace, "-o", "json", input=stdin, timeout=120)
         if r.returncode == 0:
             return json.loads(r.stdout)
-        unreachable = r.returncode == 10 or (r.returncode == 1 and r.stderr.startswith(
-            ("error:", "Error from server")))  # kubectl's own failure, not the CLI's
+        # 10: etcd unreachable; 137/143: the CLI killed with its pod (being deleted);
+        # 1 with kubectl's own error message: kubectl could not exec at all
+        unreachable = r.returncode in (10, 137, 143) or (r.returncode == 1 and r.stderr.startswith(
+            ("error:", "Error from server")))
         if not unreachable or time.monotonic() > deadline:
             raise AssertionError(f"joblease {' '.join(args)} -> {r.returncode}: "
                                  f"{r.stdout[-2000:]}{r.stderr[-2000:]}")
