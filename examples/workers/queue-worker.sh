@@ -94,6 +94,8 @@ while :; do
                    while [ ! -e "$JOBLEASE_EXAMPLE_HOLD_FILE" ]; do sleep 0.1; done ;;
     esac
   fi
+  # (and JOBLEASE_EXAMPLE_WORK_SECONDS: pretend every attempt's work takes this long)
+  [ -z "${JOBLEASE_EXAMPLE_WORK_SECONDS:-}" ] || sleep "$JOBLEASE_EXAMPLE_WORK_SECONDS"
 
   # 2. the work: its one external effect carries the item's token (and its slots')
   if [ -n "$LEDGER" ]; then

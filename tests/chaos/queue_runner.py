@@ -50,9 +50,9 @@ from joblease import JobLeaseClient
 from joblease.errors import JobLeaseError, StoreUnavailableError
 from joblease.keys import KeySpace, QueueRef
 from joblease.queue import Queues
-from joblease.records import FailedRecord, QueueSpec, ResultRecord
+from joblease.records import QueueSpec
 from joblease.store import Get
-from tests.chaos import checker, history, queue_checker
+from tests.chaos import checker, history, queue_checker, queue_from_etcd
 from tests.chaos.history import History
 from tests.chaos.nemesis import FAULT_TYPES
 from tests.chaos.runner import NAMESPACE, ChaosConfig, ChaosRunner, Report, _retry
@@ -244,35 +244,16 @@ class QueueChaosRunner(ChaosRunner):
     async def _final_items(self, client: JobLeaseClient) -> dict[str, queue_checker.FinalItem]:
         """Every item's keys, read at one revision."""
         keys = KeySpace(self.root).queue(QUEUE)
-        fields = ("items", "claims", "results", "failed", "pending", "held")
+        fields = queue_from_etcd.FIELDS
         r = await _retry(lambda: client.store.txn([], [
             Get(keys.field_prefix(f), prefix=True, keys_only=f in ("items", "pending", "held"))
             for f in fields]))
-        by: dict[str, dict[str, Any]] = {f: {} for f in fields}
+        by: dict[str, dict[str, queue_from_etcd.Kv]] = {f: {} for f in fields}
         for n, f in enumerate(fields):
             for kv in r.kvs(n):
-                by[f][kv.key[len(keys.field_prefix(f)):].decode()] = kv
-        out = {}
-        for item_id in set().union(*(set(v) for v in by.values())):
-            result = by["results"].get(item_id)
-            failed = by["failed"].get(item_id)
-            claims = by["claims"].get(item_id)
-            rec = ResultRecord.decode(result.value) if result else None
-            state = queue_checker.FinalItem(
-                generation=claims.version if claims else 0,
-                result_token=rec.token if rec else None,
-                result_generation=rec.generation if rec else None,
-                result_version=result.version if result else 0,
-                failed_generation=FailedRecord.decode(failed.value).generation
-                if failed else None,
-                pending=item_id in by["pending"], held=item_id in by["held"],
-                item_revision=by["items"][item_id].create_revision
-                if item_id in by["items"] else 0,
-                result_revision=result.create_revision if result else 0,
-                failed_revision=failed.create_revision if failed else 0)
-            if item_id in by["items"] or state != queue_checker.FinalItem():
-                out[f"{QUEUE}/{item_id}"] = state
-        return out
+                by[f][kv.key[len(keys.field_prefix(f)):].decode()] = queue_from_etcd.Kv(
+                    kv.create_revision, kv.mod_revision, kv.version, kv.value)
+        return queue_from_etcd.final_items(str(QUEUE), by)
 
     async def _judge(self, client: JobLeaseClient, report: Report, stopped: float
                      ) -> tuple[list[history.Op], dict[str, list[checker.Entry]],

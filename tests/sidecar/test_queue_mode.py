@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import time
 import uuid
@@ -243,6 +244,56 @@ async def test_a_paused_item_holder_loses_and_its_completion_is_stale(
     await lease_b.complete({"by": "python"})
     state = await queues.item(ItemRef(q, "x"))
     assert state.result is not None and state.result.token == lease_b.token
+
+
+async def test_a_draining_sidecar_that_lost_an_item_signals_its_worker_and_drains_on(
+        env: Env, queues: Queues, client: JobLeaseClient, conformance: Conformance) -> None:
+    """On-loss ``signal`` while draining (docs/sidecar.md, "Queue mode"): A holds x
+    (TTL 2 s) and is SIGSTOPped past its TTL; Python claims x. Resumed, A sends its
+    worker SIGTERM and claims the next item, y, under a new token; its completion under
+    x's token is refused, nothing written. (It used to stay ``lost`` for good, so a
+    Deployment's pod whose item was lost once never worked again.)"""
+    q = queue_ref()
+    await queues.create(q, QueueSpec(lease_duration_seconds=2, max_attempts=0))
+    await queues.enqueue(q, [("x", {"part": 1})])
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    worker = env.spawn("dummy-worker", [sleep, "300"])
+    pid_file = env.tmp / "worker.pid"
+    pid_file.write_text(f"{worker.pid}\n")
+    a = await sidecar(env, "a", q, JOBLEASE_SIDECAR_ON_LOSS="signal",
+                      JOBLEASE_WORKER_PID_FILE=str(pid_file)).started()
+    lease_a = await a.held()
+    assert lease_a["item"] == "x"
+    a.signal(signal.SIGSTOP)
+
+    async def python_claims() -> Lease | None:
+        try:
+            return await queues.claim(ItemRef(q, "x"), "python-b")
+        except HeldError:
+            return None
+    lease_b: Lease = await poll(python_claims, 15, "Python to claim x after A's TTL")
+    await queues.enqueue(q, [("y", {"part": 2})])
+    a.signal(signal.SIGCONT)
+
+    await poll(lambda: worker.returncode() is not None, 15, "A's worker to be signalled")
+    assert worker.returncode() == -signal.SIGTERM
+    following = await next_answer(a, conformance, after_token=lease_a["token"])
+    assert following["status"] == 200 and following["item"] == "y", following
+    assert following["token"] > lease_b.token
+    prefix = queues.keys(q).prefix
+    before = await snapshot(client.store, prefix)
+    status, body = await post(a, conformance, "/v1/complete",
+                              {"token": lease_a["token"], "result": "late, from a"})
+    assert status == 409 and body["error"] in ("stale", "lost"), body
+    assert not writes(before, await snapshot(client.store, prefix))
+    status, body = await post(a, conformance, "/v1/complete",
+                              {"token": following["token"], "result": "y by a"})
+    assert status == 200, body
+    await lease_b.complete({"by": "python"})
+    x = await queues.item(ItemRef(q, "x"))
+    assert x.result is not None and x.result.token == lease_b.token
+    assert a.returncode() is None
 
 
 async def test_a_single_item_sidecar_on_a_completed_item_ends_without_work(

@@ -20,16 +20,28 @@ from tests.support.worker_pods import operator_pod
 def queue_cli(cluster: Cluster, namespace: str, *args: str, stdin: str | None = None,
          timeout: float = 180) -> Any:
     """``joblease ARGS -n NAMESPACE -o json`` in the operator pod (etcd's credentials are
-    there); retried while etcd or the pod is unreachable (exit 10), like joblease_cli."""
+    there); retried while etcd or the pod is unreachable (exit 10), like joblease_cli,
+    and while no operator pod runs or kubectl cannot exec into it (a restarted operator:
+    tests/cluster/test_pod_chaos.py deletes its pod)."""
     deadline = time.monotonic() + timeout
     while True:
-        op_ns, op_pod = operator_pod(cluster)
+        try:
+            op_ns, op_pod = operator_pod(cluster)
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)  # poll interval; the deadline bounds the wait
+            continue
         r = cluster.kubectl("exec", *(["-i"] if stdin is not None else []), op_pod, "-n",
                             op_ns, "-c", "operator", "--", "joblease", *args, "-n",
                             namespace, "-o", "json", input=stdin, timeout=120)
         if r.returncode == 0:
             return json.loads(r.stdout)
-        if r.returncode != 10 or time.monotonic() > deadline:
+        # 10: etcd unreachable; 137/143: the CLI killed with its pod (being deleted);
+        # 1 with kubectl's own error message: kubectl could not exec at all
+        unreachable = r.returncode in (10, 137, 143) or (r.returncode == 1 and r.stderr.startswith(
+            ("error:", "Error from server")))
+        if not unreachable or time.monotonic() > deadline:
             raise AssertionError(f"joblease {' '.join(args)} -> {r.returncode}: "
                                  f"{r.stdout[-2000:]}{r.stderr[-2000:]}")
         time.sleep(1)  # poll interval; the deadline bounds the wait

@@ -13,8 +13,8 @@ import (
 // A draining sidecar (JOBLEASE_QUEUE without JOBLEASE_ITEM; docs/sidecar.md,
 // "Queue mode") holds one item at a time, as a job sidecar holds its job:
 // the same token files, API answers and loss handling per item. When the
-// worker completes or releases the item (or its lease is lost with on-loss
-// "none"), the sidecar claims the next one; while none is claimable it waits
+// worker completes or releases the item (or its lease is lost, unless
+// on-loss is "exit"), the sidecar claims the next one; while none is claimable it waits
 // on a watch of the queue (phase "waiting"), never a poll. With
 // JOBLEASE_EXIT_WHEN_EMPTY the wait ends once no item is pending or held:
 // the final answer "completed" with exit code 0, as for a job completed
@@ -126,8 +126,13 @@ func (r *Runner) waitingFor(revision int64, wait func(context.Context) (bool, er
 }
 
 // nextItem: the held item ended; settle it and get ready to claim the next.
-// False when the sidecar must stay in its state (stopping; lost with an
-// on-loss action, whose worker was signalled or which exits).
+// False when the sidecar must stay in its state (stopping; lost with on-loss
+// "exit", which ends the sidecar). A lost item with on-loss "signal" ends that
+// item, not the draining: its worker was signalled (its late effects and its
+// completion are refused under the item's token), and the next item is
+// claimed. Staying lost instead left a Deployment's pod useless for good: the
+// restarted worker found 409 "lost", exited, and was restarted again, while
+// nothing restarts a sidecar that is alive (tests/cluster/test_pod_chaos.py).
 func (r *Runner) nextItem() bool {
 	// A completion whose outcome the lease's end left open is settled first:
 	// its answer is the worker's, and the next item must not hide it.
@@ -146,7 +151,7 @@ func (r *Runner) nextItem() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	phase := r.currentLocked()
-	if r.stopping() || (phase == Lost && r.cfg.OnLoss != "none") || phase == Completing {
+	if r.stopping() || (phase == Lost && r.cfg.OnLoss == "exit") || phase == Completing {
 		return false
 	}
 	if r.lease != nil {

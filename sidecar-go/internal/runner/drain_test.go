@@ -28,7 +28,11 @@ func createQueue(t *testing.T, s *etcd.Store, q protocol.QueueRef, spec protocol
 }
 
 func drainer(t *testing.T, ep string, q protocol.QueueRef, exitWhenEmpty bool) (*Runner, chan End) {
-	cfg := config.Config{Queue: &q, ExitWhenEmpty: exitWhenEmpty, Owner: "drainer", OnLoss: "none", OnFinal: "serve",
+	return drainerOnLoss(t, ep, q, exitWhenEmpty, "none")
+}
+
+func drainerOnLoss(t *testing.T, ep string, q protocol.QueueRef, exitWhenEmpty bool, onLoss string) (*Runner, chan End) {
+	cfg := config.Config{Queue: &q, ExitWhenEmpty: exitWhenEmpty, Owner: "drainer", OnLoss: onLoss, OnFinal: "serve",
 		Backoff: config.Backoff{Initial: 0.05, Maximum: 0.2, Multiplier: 2}, RegistrationWait: 5}
 	r := New(cfg, protocol.NewClient(etcdtest.NewStore(t, ep), protocol.DefaultRoot), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	t.Cleanup(func() { r.RequestStop(""); r.cancel() })
@@ -199,5 +203,40 @@ func TestALeaseWaitAnswersTheNextItemNotTheOneJustCompleted(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("a stop did not end the long poll")
+	}
+}
+
+// A lost item ends that item, not the draining (docs/sidecar.md, "Queue mode"):
+// with on-loss "signal" the runner claims the next item under a new token, and
+// the lost item's token is refused.
+func TestADrainingRunnerThatLostAnItemClaimsTheNextWithSignal(t *testing.T) {
+	ep, _ := etcdtest.Start(t)
+	admin := etcdtest.NewStore(t, ep)
+	q := protocol.QueueRef{Namespace: "default", Name: "lossy"}
+	createQueue(t, admin, q, protocol.QueueSpec{LeaseDurationSeconds: 3, MaxAttempts: 0})
+	producer := protocol.NewClient(etcdtest.NewStore(t, ep), protocol.DefaultRoot)
+	for _, id := range []string{"x", "y"} {
+		if _, err := producer.Enqueue(context.Background(), protocol.ItemRef{Queue: q, ID: id}, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, _ := drainerOnLoss(t, ep, q, false, "signal")
+	first, token, _ := heldView(t, r, 0)
+	r.mu.Lock()
+	leaseID := r.lease.Session().LeaseID
+	r.mu.Unlock()
+	// etcd ends the lease (as at expiry): the holder key goes with it
+	if err := admin.Revoke(context.Background(), leaseID); err != nil {
+		t.Fatal(err)
+	}
+	next, nextToken, _ := heldView(t, r, token)
+	if next == first || nextToken <= token {
+		t.Fatalf("after losing %s (token %d) the runner holds %s (token %d)", first, token, next, nextToken)
+	}
+	if o := r.Complete(token, "late"); o.Answer == Done {
+		t.Fatalf("completion under the lost item's token accepted: %+v", o)
+	}
+	if o := r.Complete(nextToken, next); o.Answer != Done {
+		t.Fatalf("complete %s: %+v", next, o)
 	}
 }
