@@ -22,6 +22,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.claims import bench_joblease
+from bench.etcd_binary import etcd_binary_or_none
 from bench.report import save
 from joblease import EtcdConfig
 from joblease.embedded import EtcdCluster
@@ -91,13 +92,7 @@ def main() -> None:
                         default=[1, 64])
     parser.add_argument("--json", help="write the report here")
     args = parser.parse_args()
-    binary = None
-    try:
-        from tests.support.binaries import etcd_binary
-
-        binary = etcd_binary()
-    except Exception:
-        pass
+    binary = etcd_binary_or_none()
     with EtcdCluster(1, binary=binary) as open_etcd, EtcdCluster(1, binary=binary) as auth_etcd:
         report = asyncio.run(main_async(args, open_etcd.endpoints, auth_etcd.endpoints))
         report["etcd_binary"] = open_etcd.binary

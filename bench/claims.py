@@ -39,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.etcd_binary import etcd_binary_or_none
 from bench.report import save
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from joblease.embedded import EtcdCluster
@@ -262,14 +263,7 @@ def main() -> None:
     if args.endpoints:
         report = asyncio.run(main_async(args, tuple(args.endpoints.split(","))))
     else:
-        binary = None
-        try:
-            from tests.support.binaries import etcd_binary
-
-            binary = etcd_binary()
-        except Exception:
-            pass
-        with EtcdCluster(1, binary=binary) as cluster:
+        with EtcdCluster(1, binary=etcd_binary_or_none()) as cluster:
             report = asyncio.run(main_async(args, cluster.endpoints))
             report["etcd_binary"] = cluster.binary
     print_table(report)

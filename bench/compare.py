@@ -40,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.claims import bench_joblease, bench_raw, pct  # noqa: E402
+from bench.etcd_binary import etcd_binary_or_none  # noqa: E402
 from joblease import EtcdConfig, HeldError, JobLeaseClient, JobRef, JobSpec  # noqa: E402
 from joblease.embedded import EtcdCluster  # noqa: E402
 from joblease.store import Compare, Delete, Get, Put  # noqa: E402
@@ -320,13 +321,7 @@ def main() -> None:
     if args.quick:
         args.cycles, args.failover_trials, args.failover_ttl = 200, 2, 2
         args.renew_leases, args.renew_window = 100, 3.0
-    try:
-        from tests.support.binaries import etcd_binary
-
-        binary: str | None = etcd_binary()
-    except Exception:
-        binary = None
-    with EtcdCluster(1, binary=binary) as cluster:
+    with EtcdCluster(1, binary=etcd_binary_or_none()) as cluster:
         report = asyncio.run(run(args, cluster))
         report["etcd_binary"] = cluster.binary
     report["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],

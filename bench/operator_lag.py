@@ -71,6 +71,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.claims import pct  # noqa: E402
+from bench.etcd_binary import etcd_binary_or_none  # noqa: E402
 from bench.report import save  # noqa: E402
 from joblease import EtcdConfig, JobLeaseClient, JobRef  # noqa: E402
 from joblease.embedded import EtcdCluster  # noqa: E402
@@ -147,13 +148,7 @@ class Bench:
         self.args = args
         self.tmp = Path(tempfile.mkdtemp(prefix="joblease-oplag-"))
         self.cp = ControlPlane().start()
-        try:
-            from tests.support.binaries import etcd_binary
-
-            binary: str | None = etcd_binary()
-        except Exception:
-            binary = None
-        self.etcd = EtcdCluster(1, binary=binary).start()
+        self.etcd = EtcdCluster(1, binary=etcd_binary_or_none()).start()
         self.ns = f"bench-{uuid.uuid4().hex[:6]}"
         self.config = EtcdConfig(endpoints=self.etcd.endpoints, root="/joblease/v1")
         self.cp.kubectl("apply", "-f", str(HERE.parent / "crds"), check=True)

@@ -51,6 +51,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.claims import bench_joblease, pct  # noqa: E402
+from bench.etcd_binary import etcd_binary_or_none  # noqa: E402
 from bench.report import save  # noqa: E402
 from joblease import EtcdConfig, JobLeaseClient  # noqa: E402
 from joblease.embedded import EtcdCluster  # noqa: E402
@@ -661,13 +662,7 @@ def main() -> None:
     if args.endpoints:
         report = asyncio.run(run(args, tuple(args.endpoints.split(","))))
     else:
-        try:
-            from tests.support.binaries import etcd_binary
-
-            binary: str | None = etcd_binary()
-        except Exception:
-            binary = None
-        with EtcdCluster(1, binary=binary) as cluster:
+        with EtcdCluster(1, binary=etcd_binary_or_none()) as cluster:
             report = asyncio.run(run(args, cluster.endpoints))
             report["etcd_binary"] = cluster.binary
     report["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],

@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.claims import pct, register_jobs  # noqa: E402
+from bench.etcd_binary import etcd_binary_or_none  # noqa: E402
 from bench.report import save  # noqa: E402
 from joblease import EtcdConfig, JobLeaseClient, JobRef  # noqa: E402
 from joblease.embedded import EtcdCluster  # noqa: E402
@@ -44,15 +45,6 @@ from joblease.embedded import EtcdCluster  # noqa: E402
 
 def loadavg() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-
-
-def etcd_binary_or_none() -> str | None:
-    try:
-        from tests.support.binaries import etcd_binary
-
-        return etcd_binary()
-    except Exception:
-        return None
 
 
 # --------------------------------------------------------------------------- worker process

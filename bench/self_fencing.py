@@ -38,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.claims import pct
+from bench.etcd_binary import etcd_binary_or_none
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from joblease.embedded import EtcdCluster
 from joblease.errors import StoreUnavailableError
@@ -105,13 +106,7 @@ async def trial(config: EtcdConfig, successor: JobLeaseClient, ttl: int, tmp: Pa
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    binary = None
-    try:
-        from tests.support.binaries import etcd_binary
-
-        binary = etcd_binary()
-    except Exception:
-        binary = None
+    binary = etcd_binary_or_none()
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"self-fencing-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     results: list[dict[str, Any]] = []

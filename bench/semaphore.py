@@ -13,9 +13,16 @@ All in one run, against one etcd the benchmark starts (docs/semaphores.md):
   loopback);
 - **fairness**: 64 waiters get in line one after another on a semaphore of
   limit 1; each holder releases at once: the order they are served in (must be
-  the order they came, 0 inversions) and the spread of their waits.
+  the order they came, 0 inversions) and the spread of their waits;
+- **Go sidecar grant latency**: the same hand-over between Go sidecar
+  processes: a waiter sidecar in phase ``waiting`` behind a holder sidecar, the
+  holder's ``POST /v1/complete`` answered -> the waiter's ``GET /v1/lease``
+  says held (polled every 2 ms), p50/p99 over ``--sidecar-grants``
+  hand-overs, for each binary ``--sidecar`` names (default: this checkout's
+  build), beside the library's figure above.
 
-    python bench/semaphore.py [--cycles 2000] [--concurrency 1,8,64] [--rounds 4] [--json out.json]
+    python bench/semaphore.py [--cycles 2000] [--concurrency 1,8,64] [--rounds 4]
+                              [--sidecar-grants 60] [--sidecar LABEL=BINARY ...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -25,10 +32,13 @@ import asyncio
 import itertools
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -39,6 +49,7 @@ from joblease.embedded import EtcdCluster
 from joblease.keys import SemaphoreRef
 from joblease.records import SemaphoreUse
 from joblease.semaphore import Semaphores
+from tests.support.sidecar_process import Env, Sidecar
 
 
 async def _register(client: JobLeaseClient, n: int, uses: tuple[SemaphoreUse, ...],
@@ -145,6 +156,71 @@ async def fairness(config: EtcdConfig, waiters: int) -> dict[str, Any]:
             "wait_stdev_ms": round(statistics.pstdev(waits) * 1000, 1)}
 
 
+SIDECAR_POLL_S = 0.002  # how often the waiter's GET /v1/lease is asked: the figures' resolution
+SETTLE_S = 0.02  # after the waiter says "waiting", as grant_latency's 10 ms: its wait begun
+
+
+async def _lease_view(http: httpx.AsyncClient, s: Sidecar) -> dict[str, Any]:
+    r = await http.get(f"{s.url}/v1/lease")
+    return {"status": r.status_code, **r.json()}
+
+
+async def _until(http: httpx.AsyncClient, s: Sidecar, ready: Any, what: str,
+                 timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        if s.returncode() is not None:
+            raise RuntimeError(f"{s.name} exited while waiting for {what}:\n{s.output()}")
+        view = await _lease_view(http, s)
+        if ready(view):
+            return view
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{s.name}: no {what} in {timeout} s (last {view}):\n{s.output()}")
+        await asyncio.sleep(SIDECAR_POLL_S)
+
+
+async def sidecar_grant_latency(config: EtcdConfig, grants: int, binary: str
+                                ) -> dict[str, Any]:
+    """Hand-overs on a limit-1 semaphore between Go sidecar processes: the holder
+    completes its job through its API, the sidecar waiting in line behind it
+    holds the slot (its GET /v1/lease answers 200)."""
+    config = config.with_(root=f"/bench/sem-{uuid.uuid4().hex[:6]}")
+    with tempfile.TemporaryDirectory(prefix="bench-sem-sidecar-") as tmp:
+        env = Env(Path(tmp), config, [binary])
+        try:
+            async with JobLeaseClient(config) as c, httpx.AsyncClient(timeout=10) as http:
+                await Semaphores(c).create(SemaphoreRef("default", "db"), 1)
+                jobs = [JobRef("default", f"job-{i}") for i in range(grants + 1)]
+                for job in jobs:
+                    await c.register(job, JobSpec(30, 3, semaphores=(SemaphoreUse("db"),)))
+
+                async def start(i: int) -> Sidecar:
+                    return await env.sidecar(f"s{i}", JOBLEASE_JOB_NAME=jobs[i].name).started()
+                holder = await start(0)
+                token = (await _until(http, holder, lambda v: v["status"] == 200, "lease"))["token"]
+                latencies = []
+                for i in range(1, grants + 1):
+                    waiter = await start(i)
+                    await _until(http, waiter, lambda v: v.get("state") == "waiting", "waiting")
+                    await asyncio.sleep(SETTLE_S)
+                    done = await http.post(f"{holder.url}/v1/complete",
+                                           json={"token": token, "result": None})
+                    completed = time.perf_counter()
+                    assert done.status_code == 200, done.text
+                    view = await _until(http, waiter, lambda v: v["status"] == 200, "lease")
+                    latencies.append(time.perf_counter() - completed)
+                    holder.stop()
+                    holder, token = waiter, view["token"]
+        finally:
+            env.stop()
+    return {"binary": binary, "grants": len(latencies),
+            "p50_ms": round(pct(latencies, 0.5) * 1000, 2),
+            "p90_ms": round(pct(latencies, 0.9) * 1000, 2),
+            "p99_ms": round(pct(latencies, 0.99) * 1000, 2),
+            "max_ms": round(max(latencies) * 1000, 2),
+            "latencies_ms": [round(x * 1000, 2) for x in latencies]}
+
+
 async def main_async(args: argparse.Namespace, endpoints: tuple[str, ...]) -> dict[str, Any]:
     config = EtcdConfig(endpoints=endpoints)
     rows = []
@@ -157,9 +233,15 @@ async def main_async(args: argparse.Namespace, endpoints: tuple[str, ...]) -> di
         without, with_ = _combine(runs[False]), _combine(runs[True])
         rows.append({"concurrency": conc, "without": without, "with": with_,
                      "ratio": round(with_["cycles_per_s"] / without["cycles_per_s"], 3)})
-    return {"benchmark": "semaphore", "rows": rows,
-            "grant_latency": await grant_latency(config, args.grants),
-            "fairness": await fairness(config, args.waiters)}
+    report: dict[str, Any] = {"benchmark": "semaphore", "rows": rows,
+                              "grant_latency": await grant_latency(config, args.grants),
+                              "fairness": await fairness(config, args.waiters),
+                              "sidecar_grant_latency": []}
+    if args.sidecar_grants:
+        for label, binary in args.sidecar:  # in the order given: repeat them to alternate
+            report["sidecar_grant_latency"].append({"label": label, **await sidecar_grant_latency(
+                config, args.sidecar_grants, binary)})
+    return report
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -174,6 +256,12 @@ def print_report(report: dict[str, Any]) -> None:
           f"p50 {g['p50_ms']} ms, p99 {g['p99_ms']} ms, max {g['max_ms']} ms")
     print(f"fairness, {f['waiters']} waiters on limit 1: {f['inversions']} inversions; waits "
           f"{f['wait_min_ms']}..{f['wait_max_ms']} ms (stdev {f['wait_stdev_ms']} ms)")
+    for s in report["sidecar_grant_latency"]:
+        print(f"Go sidecar grant latency ({s['label']}: {s['binary']}) complete->waiter held over "
+              f"{s['grants']} hand-overs: p50 {s['p50_ms']} ms, p90 {s['p90_ms']} ms, "
+              f"p99 {s['p99_ms']} ms, "
+              f"max {s['max_ms']} ms (library above: p50 {g['p50_ms']} ms, p99 {g['p99_ms']} ms)")
+    print(f"load average before {report['loadavg_before']}, after {report['loadavg_after']}")
 
 
 def main() -> None:
@@ -185,11 +273,23 @@ def main() -> None:
                         help="rounds of the cycles part per concurrency, order alternating")
     parser.add_argument("--grants", type=int, default=200)
     parser.add_argument("--waiters", type=int, default=64)
+    parser.add_argument("--sidecar-grants", type=int, default=60,
+                        help="hand-overs between Go sidecars (0: skip that part)")
+    parser.add_argument("--sidecar", action="append", default=[], metavar="LABEL=BINARY",
+                        help="a Go sidecar binary to measure (repeatable, measured in the order "
+                             "given; default: this checkout's build, hack/build-sidecar)")
     parser.add_argument("--json", help="write the report here")
     args = parser.parse_args()
+    args.sidecar = [tuple(x.split("=", 1)) for x in args.sidecar]
+    if args.sidecar_grants and not args.sidecar:
+        from tests.support.binaries import go_sidecar_binary
+        args.sidecar = [("this checkout", go_sidecar_binary())]
     from tests.support.binaries import etcd_binary
+    loadavg_before = Path("/proc/loadavg").read_text().split()[:3]
     with EtcdCluster(1, binary=etcd_binary()) as cluster:
         report = asyncio.run(main_async(args, cluster.endpoints))
+    report["loadavg_before"] = loadavg_before
+    report["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
     print_report(report)
     save(report, args.json)
 

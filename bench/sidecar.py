@@ -46,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.claims import pct  # noqa: E402
+from bench.etcd_binary import etcd_binary_or_none  # noqa: E402
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec  # noqa: E402
 from joblease.embedded import EtcdCluster  # noqa: E402
 from tests.support import sidecar_impls  # noqa: E402
@@ -324,13 +325,7 @@ def main() -> None:
     parser.add_argument("--image-go", default=None, help="image archive (default: index)")
     parser.add_argument("--json", default=str(HERE / "results" / "sidecar.json"))
     args = parser.parse_args()
-    try:
-        from tests.support.binaries import etcd_binary
-
-        binary: str | None = etcd_binary()
-    except Exception:
-        binary = None
-    with EtcdCluster(1, binary=binary) as cluster:
+    with EtcdCluster(1, binary=etcd_binary_or_none()) as cluster:
         config = EtcdConfig(endpoints=cluster.endpoints, root="/bench-sidecar")
         report = asyncio.run(run(args, config))
         report["etcd_binary"] = cluster.binary

@@ -24,6 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.claims import bench_joblease
+from bench.etcd_binary import etcd_binary_or_none
 from bench.report import save
 from joblease import EtcdConfig, tracing
 from joblease.embedded import EtcdCluster
@@ -77,13 +78,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="write the report here")
     args = parser.parse_args()
-    binary = None
-    try:
-        from tests.support.binaries import etcd_binary
-
-        binary = etcd_binary()
-    except Exception:
-        pass
+    binary = etcd_binary_or_none()
     with tempfile.TemporaryDirectory() as tmp, EtcdCluster(1, binary=binary) as cluster:
         receiver = OtlpReceiver(Path(tmp))
         try:

@@ -12,12 +12,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.support.cli import doc_block
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    block = text.split("```sh\n", 1)[1].split("```", 1)[0]
+    block = doc_block(ROOT / "README.md", "sh")
     return [line.strip() for line in block.splitlines() if line.strip()]
 
 

@@ -5,33 +5,17 @@ JSON, is exactly the story the page tells."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from joblease import EtcdConfig
-from tests.support.cli import as_json, jl
+from tests.support.cli import as_json, doc_block, jl, run_doc_sh
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "history.md"
 
 
-def _block(language: str) -> str:
-    return DOC.read_text().split(f"```{language}\n", 1)[1].split("```", 1)[0]
-
-
 def test_the_why_did_my_job_run_twice_example_works_as_written(
         etcd_config: EtcdConfig, tmp_path: Path) -> None:
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "joblease").write_text(f"#!/bin/sh\nexec {sys.executable} -m joblease.cli \"$@\"\n")
-    (bindir / "joblease").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}",
-           "JOBLEASE_ETCD_ENDPOINTS": ",".join(etcd_config.endpoints),
-           "JOBLEASE_ROOT": etcd_config.root}
-    done = subprocess.run(["sh", "-e", "-c", _block("sh")], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, (done.stdout, done.stderr)
+    done = run_doc_sh(etcd_config, doc_block(DOC, "sh"), tmp_path)
     assert "refused: exit 7" in done.stdout
     table = done.stdout.splitlines()
     header = next(i for i, line in enumerate(table) if line.startswith("GENERATION"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from typing import Any
 
 import pytest
 
@@ -99,6 +100,20 @@ def apply_joblease(cluster: Cluster, namespace: str, name: str, ttl: int) -> Non
         "apiVersion": "joblease.io/v1alpha1", "kind": "JobLease",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"leaseDurationSeconds": ttl, "maxAttempts": 3}}))
+
+
+def injected_worker_pod(namespace: str, name: str, job: str, script: str) -> dict[str, Any]:
+    """A pod the webhook injects a sidecar into for ``job`` (by annotation): one worker
+    container, ``w``, running ``script`` with sh in the curl image, as a non-root user."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace,
+                         "annotations": {"joblease.io/job": job}},
+            "spec": {"restartPolicy": "Never",
+                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                     "containers": [{"name": "w",
+                                     "image": image_ref("docker.io/curlimages/curl"),
+                                     "imagePullPolicy": "Never",
+                                     "command": ["sh", "-c", script]}]}}
 
 
 def operator_exec(release: Release, *argv: str) -> str:
@@ -203,14 +218,7 @@ def test_opting_a_namespace_in_and_out_follows_its_label(
     rel, ns = joblease_release, namespace
     apply_joblease(cluster, ns, "first", ttl=10)
     wait_phase(cluster, ns, "first", "Pending")
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "first-worker", "namespace": ns,
-                        "annotations": {"joblease.io/job": "first"}},
-           "spec": {"restartPolicy": "Never",
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
-                    "containers": [{"name": "w", "image": image_ref("docker.io/curlimages/curl"),
-                                    "imagePullPolicy": "Never",
-                                    "command": ["sh", "-c", "sleep 600"]}]}}
+    pod = injected_worker_pod(ns, "first-worker", "first", "sleep 600")
     labelled = time.monotonic()
     cluster.kubectl("label", "namespace", ns, INJECT_LABEL, check=True)
     created = cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
@@ -247,18 +255,11 @@ def test_an_etcd_restart_with_auth_on_is_survived_by_operator_and_sidecars(
     rel, ns = joblease_release, worker_namespace
     apply_joblease(cluster, ns, "survivor", ttl=15)
     wait_phase(cluster, ns, "survivor", "Pending")
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "survivor", "namespace": ns,
-                        "annotations": {"joblease.io/job": "survivor"}},
-           "spec": {"restartPolicy": "Never",
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
-                    "containers": [{"name": "w", "image": image_ref("docker.io/curlimages/curl"),
-                                    "imagePullPolicy": "Never", "command": ["sh", "-c", (
-                                        "until [ -f /run/joblease/go ]; do sleep 1; done; "
-                                        "curl -fsS -X POST -d \"{\\\"token\\\": "
-                                        "$(cat $JOBLEASE_TOKEN_FILE), \\\"result\\\": "
-                                        "{\\\"after\\\": \\\"restart\\\"}}\" "
-                                        "$JOBLEASE_SIDECAR_URL/v1/complete")]}]}}
+    pod = injected_worker_pod(ns, "survivor", "survivor", (
+        "until [ -f /run/joblease/go ]; do sleep 1; done; "
+        "curl -fsS -X POST -d \"{\\\"token\\\": $(cat $JOBLEASE_TOKEN_FILE), "
+        "\\\"result\\\": {\\\"after\\\": \\\"restart\\\"}}\" "
+        "$JOBLEASE_SIDECAR_URL/v1/complete"))
     cluster.apply(json.dumps(pod))
     held = wait_phase(cluster, ns, "survivor", "Claimed", timeout=300)
     member = json.loads(cluster.kubectl("get", "pod", f"{rel.etcd}-0", "-n", rel.namespace,

@@ -19,15 +19,14 @@ import sys
 from pathlib import Path
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef
+from tests.support.cli import doc_block
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC_ENDPOINT = "127.0.0.1:2379"
 
 
 def documented_block() -> str:
-    text = (ROOT / "docs" / "sidecar.md").read_text()
-    section = text.split("## Outside Kubernetes\n", 1)[1].split("\n## ", 1)[0]
-    return section.split("```sh\n", 1)[1].split("```", 1)[0]
+    return doc_block(ROOT / "docs" / "sidecar.md", "sh", section="Outside Kubernetes")
 
 
 def test_the_documented_host_commands_complete_a_job(

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from joblease import EtcdConfig
@@ -18,11 +19,15 @@ from joblease import EtcdConfig
 LONG_TTL = "600"
 
 
+def cli_env(config: EtcdConfig) -> dict[str, str]:
+    """This process's environment with the CLI pointed at ``config``'s etcd and key root."""
+    return {**os.environ, "JOBLEASE_ETCD_ENDPOINTS": ",".join(config.endpoints),
+            "JOBLEASE_ROOT": config.root}
+
+
 def jl(config: EtcdConfig, *args: str, check: int | None = 0, timeout: float = 60
        ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "JOBLEASE_ETCD_ENDPOINTS": ",".join(config.endpoints),
-           "JOBLEASE_ROOT": config.root}
-    done = subprocess.run([sys.executable, "-m", "joblease.cli", *args], env=env,
+    done = subprocess.run([sys.executable, "-m", "joblease.cli", *args], env=cli_env(config),
                           capture_output=True, text=True, timeout=timeout)
     if check is not None:
         assert done.returncode == check, (done.returncode, done.stdout, done.stderr)
@@ -31,3 +36,26 @@ def jl(config: EtcdConfig, *args: str, check: int | None = 0, timeout: float = 6
 
 def as_json(done: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(done.stdout)
+
+
+def doc_block(doc: Path, language: str, section: str | None = None) -> str:
+    """The first ```language block of ``doc`` (of its ``## section`` when named), as written."""
+    text = doc.read_text()
+    if section is not None:
+        text = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return text.split(f"```{language}\n", 1)[1].split("```", 1)[0]
+
+
+def run_doc_sh(config: EtcdConfig, script: str, tmp_path: Path, timeout: float = 300
+               ) -> subprocess.CompletedProcess[str]:
+    """Run a doc's shell block with ``sh -e``, ``joblease`` (this checkout's CLI, under this
+    interpreter) first on PATH and pointed at ``config``'s etcd; asserts it exits 0."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "joblease").write_text(f"#!/bin/sh\nexec {sys.executable} -m joblease.cli \"$@\"\n")
+    (bindir / "joblease").chmod(0o755)
+    env = {**cli_env(config), "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["sh", "-e", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return done

@@ -685,10 +685,13 @@ func (s *Store) WatchChange(ctx context.Context, key string, startRevision int64
 	return s.WatchUntil(ctx, key, nil, startRevision, func(Event) bool { return true })
 }
 
-// Event is one change a watch saw: Deleted tells a delete from a put.
+// Event is one change a watch saw: Deleted tells a delete from a put;
+// Revision is the revision of the change (a reopened stream replays from its
+// start revision, so a watcher that keeps going may see a change twice).
 type Event struct {
-	Key     []byte
-	Deleted bool
+	Key      []byte
+	Deleted  bool
+	Revision int64
 }
 
 // WatchUntil is WatchChange over the keys from key to end (nil: key alone)
@@ -779,7 +782,7 @@ func (s *Store) watchOnce(ctx context.Context, key string, end []byte, startRevi
 		}
 		accepted = true
 		for _, ev := range resp.Events {
-			if ev.Kv != nil && match(Event{Key: ev.Kv.Key, Deleted: ev.Type == mvccpb.DELETE}) {
+			if ev.Kv != nil && match(Event{Key: ev.Kv.Key, Deleted: ev.Type == mvccpb.DELETE, Revision: ev.Kv.ModRevision}) {
 				return true, true, used, nil
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/joblease/joblease/sidecar-go/internal/errs"
@@ -355,33 +356,129 @@ func (c *Client) TakeTicket(ctx context.Context, job JobRef, owner string) (*Tic
 	}
 }
 
-// WaitForSlots waits until, after revision, a slot or a waiter of one of the
-// semaphores uses names is deleted or a limit changes (a watch per semaphore,
-// never a poll), at most timeout and no longer than ctx: true if one came.
-func (c *Client) WaitForSlots(ctx context.Context, namespace string, uses []SemaphoreUse, revision int64,
-	timeout time.Duration) (bool, error) {
+// SlotWatch is a waiting phase's watch of the semaphores a claim needs (a slot
+// or a waiter deleted, the spec written): one etcd watch per semaphore, opened
+// once and kept across the phase's retries, never a poll. It is opened from
+// the revision of a fresh read + 1, so etcd registers it as synced and sends
+// each change as it commits; a watch opened at every wait from the revision
+// of the refusal was, whenever anything had been written since, an unsynced
+// watcher that etcd catches up every 100 ms, and a hand-over waited for that
+// (docs/benchmarks.md, "Semaphores"). Wait tells whether a change came after
+// a given revision: the refusal a claim planned from, never older than From,
+// so no change it has not seen is missed.
+type SlotWatch struct {
+	keys   []string // the semaphores' prefixes, in needs order
+	from   int64    // the fresh read's revision: every change after it is seen
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	latest int64         // the highest revision of a change seen
+	change chan struct{} // closed at each change seen (then replaced)
+	err    error         // set once a watch ended for good (revision compacted, refused)
+}
+
+// WatchSlots opens the watch of the semaphores uses names (nil: it names none).
+// Close ends it; so does ctx.
+func (c *Client) WatchSlots(ctx context.Context, namespace string, uses []SemaphoreUse) (*SlotWatch, error) {
 	needs := needsOf(c.Root, namespace, uses)
 	if len(needs) == 0 {
-		return false, nil
+		return nil, nil
 	}
-	wctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel() // ends the other watches
-	type woke struct {
-		changed bool
-		err     error
+	revision, _, err := c.Store.Get(ctx, needs[0].keys.Spec())
+	if err != nil {
+		return nil, err
 	}
-	done := make(chan woke, len(needs))
+	wctx, cancel := context.WithCancel(ctx)
+	w := &SlotWatch{from: revision, cancel: cancel, change: make(chan struct{})}
 	for _, n := range needs {
+		w.keys = append(w.keys, n.keys.Prefix)
 		spec := n.keys.Spec()
 		go func() {
-			changed, err := c.Store.WatchUntil(wctx, n.keys.Prefix, etcd.PrefixEnd(n.keys.Prefix), revision+1,
-				func(ev etcd.Event) bool { return ev.Deleted || string(ev.Key) == spec })
-			done <- woke{changed, err}
+			_, err := c.Store.WatchUntil(wctx, n.keys.Prefix, etcd.PrefixEnd(n.keys.Prefix), revision+1,
+				func(ev etcd.Event) bool {
+					if ev.Deleted || string(ev.Key) == spec {
+						w.saw(ev.Revision)
+					}
+					return false // keep watching: the phase's next wait needs it too
+				})
+			if wctx.Err() == nil {
+				w.failed(err)
+			}
 		}()
 	}
-	first := <-done
-	return first.changed, first.err
+	return w, nil
 }
+
+func (w *SlotWatch) saw(revision int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if revision > w.latest {
+		w.latest = revision
+		close(w.change)
+		w.change = make(chan struct{})
+	}
+}
+
+func (w *SlotWatch) failed(err error) {
+	if err == nil {
+		err = errs.Generic("the watch of the semaphores ended")
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err == nil {
+		w.err = err
+		close(w.change)
+		w.change = make(chan struct{})
+	}
+}
+
+// From is the revision the watch sees every change after.
+func (w *SlotWatch) From() int64 { return w.from }
+
+// Serves tells whether the watch is of exactly the semaphores uses names and
+// still running: else the waiter opens another.
+func (w *SlotWatch) Serves(root, namespace string, uses []SemaphoreUse) bool {
+	needs := needsOf(root, namespace, uses)
+	if len(needs) != len(w.keys) {
+		return false
+	}
+	for i, n := range needs {
+		if n.keys.Prefix != w.keys[i] {
+			return false
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err == nil
+}
+
+// Wait waits until a change after revision has been seen (true), at most
+// timeout and no longer than ctx (false, nil), or the watch ended for good
+// (its error). revision must not be older than From.
+func (w *SlotWatch) Wait(ctx context.Context, revision int64, timeout time.Duration) (bool, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		w.mu.Lock()
+		latest, err, change := w.latest, w.err, w.change
+		w.mu.Unlock()
+		if latest > revision {
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		select {
+		case <-change:
+		case <-ctx.Done():
+			return false, nil
+		case <-t.C:
+			return false, nil
+		}
+	}
+}
+
+// Close ends the watch.
+func (w *SlotWatch) Close() { w.cancel() }
 
 // SemaphoresOf is what a job's spec names and its TTL, for a waiter (the
 // spec as this client last read it: the claim that was refused read it).

@@ -238,9 +238,14 @@ func TestWaitersAreServedInArrivalOrderAndAPlainClaimNeverJumpsTheLine(t *testin
 		t.Fatalf("tickets %d then %d", tb.Revision, tc.Revision)
 	}
 	// b waits on a watch of the semaphore; a's release wakes it.
+	watch, err := clients["b"].WatchSlots(ctx, "default", []SemaphoreUse{{"one", 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close()
 	woke := make(chan bool, 1)
 	go func() {
-		changed, _ := clients["b"].WaitForSlots(ctx, "default", []SemaphoreUse{{"one", 1}}, full.Revision, 10*time.Second)
+		changed, _ := watch.Wait(ctx, watch.From(), 10*time.Second)
 		woke <- changed
 	}()
 	if err := la.Release(ctx); err != nil {
@@ -283,6 +288,73 @@ func TestWaitersAreServedInArrivalOrderAndAPlainClaimNeverJumpsTheLine(t *testin
 
 // read-back: a claim that committed with its slots but whose answer was lost
 // is found by its claim id, and its lease knows its slots (so its completion frees them).
+// A waiting phase's one watch wakes a wait for every change that can make
+// room after the revision the wait names (a slot or a waiter deleted, the
+// spec written), however many waits it serves, and for nothing else.
+func TestASlotWatchKeptAcrossWaitsWakesForEachChangeAfterTheRevision(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx := context.Background()
+	admin := newStore(t, ep)
+	sem := SemaphoreRef{"default", "kept"}
+	keys := SemaphoreKeysOf(DefaultRoot, sem)
+	createSemaphore(t, admin, sem, 1)
+	c := NewClient(newStore(t, ep), DefaultRoot)
+	uses := []SemaphoreUse{{"kept", 1}}
+	w, err := c.WatchSlots(ctx, "default", uses)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if !w.Serves(DefaultRoot, "default", uses) || w.Serves(DefaultRoot, "default", []SemaphoreUse{{"other", 1}}) {
+		t.Fatal("the watch serves exactly the semaphores it was opened for")
+	}
+	put := func(key string) int64 {
+		r, err := admin.Txn(ctx, nil, []etcd.Op{etcd.Put(key, []byte("{}"), 0)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Revision
+	}
+	del := func(key string) int64 {
+		r, err := admin.Txn(ctx, nil, []etcd.Op{etcd.Delete(key)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Revision
+	}
+	wait := func(after int64, timeout time.Duration) bool {
+		changed, err := w.Wait(ctx, after, timeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return changed
+	}
+	// A new waiter or slot makes no room: the wait runs out.
+	put(keys.Waiter("w1"))
+	slot := put(keys.Slot(0))
+	if wait(w.From(), 300*time.Millisecond) {
+		t.Fatal("woke for a put of a waiter or a slot")
+	}
+	// Each change that can make room wakes the next wait on the same watch,
+	// even one that began before it.
+	for _, change := range []func() int64{
+		func() int64 { return del(keys.Slot(0)) },
+		func() int64 { return del(keys.Waiter("w1")) },
+		func() int64 { createSemaphore(t, admin, sem, 2); _, kv, _ := admin.Get(ctx, keys.Spec()); return kv.ModRevision },
+	} {
+		woke := make(chan bool, 1)
+		go func() { woke <- wait(slot, 10*time.Second) }()
+		at := change()
+		if !<-woke {
+			t.Fatalf("the change at %d did not wake the wait after %d", at, slot)
+		}
+		if wait(at, 200*time.Millisecond) {
+			t.Fatalf("woke after %d with no change since", at)
+		}
+		slot = at
+	}
+}
+
 func TestAnAmbiguousClaimThatCommittedGetsItsSlotsFromTheReadBack(t *testing.T) {
 	ep, _ := startEtcd(t)
 	ctx := context.Background()

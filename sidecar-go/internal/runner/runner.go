@@ -102,9 +102,11 @@ type Runner struct {
 	drained bool
 	last    *endedItem
 	// Semaphores (slots.go): full is the refusal a claim waits on in phase
-	// "waiting" (nil: waiting for an item); ticket is a job sidecar's place in line.
-	full   *errs.Error
-	ticket *protocol.Ticket
+	// "waiting" (nil: waiting for an item); ticket is a job sidecar's place in
+	// line; slotWatch the waiting phase's watch of the semaphores.
+	full      *errs.Error
+	ticket    *protocol.Ticket
+	slotWatch *protocol.SlotWatch
 	// slotWaitSince: when the claim now waiting for slots was first refused for
 	// them (zero: not waiting); the wait is counted in the metrics at the grant.
 	slotWaitSince time.Time
@@ -205,6 +207,7 @@ func (r *Runner) held(lease *protocol.Lease) {
 		r.item = lease.Item
 	}
 	r.setPhase(HeldPhase)
+	r.endSlotWatch()
 	r.Metrics.Inc(r.Metrics.Claims)
 	if !r.slotWaitSince.IsZero() {
 		r.Metrics.Inc(r.Metrics.SlotWaits)

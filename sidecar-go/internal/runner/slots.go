@@ -15,7 +15,10 @@ import (
 // transaction, bound to a session of its own) and claims only when first; a
 // queue's sidecar (one item, or draining) waits without a place in line, as
 // joblease.queue's claimers do. Between tries it waits on a watch of the
-// semaphores (a slot or a waiter deleted, the limit changed), never a poll.
+// semaphores (a slot or a waiter deleted, the limit changed), never a poll:
+// one watch per semaphore for the whole waiting phase (protocol.SlotWatch),
+// opened at the first wait and kept across the retries, so a wake-up never
+// waits for etcd's catch-up of a watch opened from a past revision.
 
 // waitForSlot waits after the refusal full; true when a change came (claim
 // again at once), false to claim again after the usual backoff.
@@ -70,16 +73,41 @@ func (r *Runner) waitForSlot(full *errs.Error) bool {
 			}
 		}()
 	}
+	if r.slotWatch == nil || !r.slotWatch.Serves(r.client.Root, namespace, uses) {
+		r.endSlotWatch()
+		w, err := r.client.WatchSlots(r.ctx, namespace, uses)
+		if err != nil || w == nil {
+			return false // the next claim says what is wrong
+		}
+		r.slotWatch = w
+		if w.From() > full.Revision {
+			// Written since the refusal (this sidecar's own ticket, at least):
+			// a change in between is one the watch does not send, so claim
+			// again, planned from a read the watch is not older than.
+			return !r.stopping()
+		}
+	}
 	// Each wait is capped at the TTL: a missed wake-up costs at most that.
-	woke, err := r.client.WaitForSlots(ctx, namespace, uses, full.Revision, time.Duration(max(ttl, 1))*time.Second)
+	woke, err := r.slotWatch.Wait(ctx, full.Revision, time.Duration(max(ttl, 1))*time.Second)
 	if err != nil {
 		r.log.Debug("watch of the semaphores ended", "reason", err.Error())
+		r.endSlotWatch() // the next wait opens another
 	}
 	return (woke || (r.ticket != nil && !r.ticket.Alive())) && !r.stopping()
 }
 
-// leaveLine gives up the place in line (its waiter keys go with its session).
+// endSlotWatch closes the waiting phase's watch of the semaphores, if any.
+func (r *Runner) endSlotWatch() {
+	if r.slotWatch != nil {
+		r.slotWatch.Close()
+		r.slotWatch = nil
+	}
+}
+
+// leaveLine gives up the place in line (its waiter keys go with its session)
+// and ends the wait's watch.
 func (r *Runner) leaveLine() {
+	r.endSlotWatch()
 	if r.ticket == nil {
 		return
 	}

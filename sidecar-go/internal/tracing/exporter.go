@@ -126,14 +126,19 @@ func (e *Exporter) loop() {
 			batch = batch[:0]
 		}
 	}
+	// add is the one way a span joins a batch: a full batch goes at once,
+	// whether the span came in the main loop or in a drain.
+	add := func(s ended) {
+		batch = append(batch, s)
+		if len(batch) == e.opts.BatchSize {
+			send()
+		}
+	}
 	drain := func() {
 		for {
 			select {
 			case s := <-e.queue:
-				batch = append(batch, s)
-				if len(batch) == e.opts.BatchSize {
-					send()
-				}
+				add(s)
 			default:
 				send()
 				return
@@ -143,10 +148,7 @@ func (e *Exporter) loop() {
 	for {
 		select {
 		case s := <-e.queue:
-			batch = append(batch, s)
-			if len(batch) == e.opts.BatchSize {
-				send()
-			}
+			add(s)
 		case <-tick.C:
 			send()
 		case done := <-e.flushReq:
