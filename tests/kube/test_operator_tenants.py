@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -42,7 +41,7 @@ from tests.support.etcd_keys import events_since
 from tests.support.failure_logs import attach_on_failure
 from tests.support.operator import Kube, OperatorProcess, running_operator, wait_for
 from tests.support.secure_etcd import ROOT_PASSWORD, Pki
-from tests.support.sidecar_process import Env, Sidecar
+from tests.support.sidecar_process import Env, Sidecar, swap_file
 from tests.support.waiting import poll
 
 
@@ -367,12 +366,6 @@ def test_tenant_credentials_are_off_by_default_and_switched_on_by_flag_or_env(
 LOAD_TTL = 6
 
 
-def _swap(path: Path, text: str) -> None:
-    """Replace a file the way the kubelet updates a mounted Secret: atomically."""
-    tmp = path.with_suffix(".new")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
-
 
 @pytest.mark.kube
 @pytest.mark.parametrize("operator_settings", [{"JOBLEASE_TENANT_ROTATION_GRACE": "6"}],
@@ -407,8 +400,8 @@ async def test_rotation_under_a_steady_claim_complete_load(
     creds_dir = tmp_path / "mounted-secret"
     creds_dir.mkdir()
     user_file, password_file = creds_dir / "username", creds_dir / "password"
-    _swap(user_file, first["username"])
-    _swap(password_file, first["password"])
+    swap_file(user_file, first["username"])
+    swap_file(password_file, first["password"])
     start, _ = await root_store.get(b"\0")
 
     phase = "before"
@@ -474,8 +467,8 @@ async def test_rotation_under_a_steady_claim_complete_load(
             data = secret_data(s) if s else {}
             return data if data.get("username", first["username"]) != first["username"] else None
         new = await wait_for("the Secret moved to the other user", moved)
-        _swap(user_file, new["username"])  # the kubelet's part: the mounted files follow
-        _swap(password_file, new["password"])
+        swap_file(user_file, new["username"])  # the kubelet's part: the mounted files follow
+        swap_file(password_file, new["password"])
         phase = "grace"
         assert await auth.authenticate(first["username"], first["password"])  # both work
 

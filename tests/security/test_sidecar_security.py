@@ -25,7 +25,7 @@ from joblease.tenancy import (
 from tests.support.etcd_keys import events_since, snapshot, writes
 from tests.support.failure_logs import attach_on_failure
 from tests.support.secure_etcd import Tenants
-from tests.support.sidecar_process import Sidecar
+from tests.support.sidecar_process import Sidecar, swap_file
 from tests.support.waiting import poll
 
 
@@ -149,12 +149,6 @@ async def test_sidecar_rate_limit(sidecars: Sidecars, tenants: Tenants) -> None:
     assert all(r.status_code in (200, 429) for r in codes)
 
 
-def _swap(path: Path, text: str) -> None:
-    """Replace a file the way the kubelet updates a mounted Secret: atomically."""
-    tmp = path.with_suffix(".new")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
-
 
 async def test_a_running_sidecar_moves_to_rotated_credentials_without_losing_its_lease(
         sidecars: Sidecars, tenants: Tenants) -> None:
@@ -171,8 +165,8 @@ async def test_a_running_sidecar_moves_to_rotated_credentials_without_losing_its
         workdir = sidecars.tmp / "creds"
         workdir.mkdir()
         user_file, password_file = workdir / "username", workdir / "password"
-        _swap(user_file, t.a.username)
-        _swap(password_file, t.a.password)
+        swap_file(user_file, t.a.username)
+        swap_file(password_file, t.a.password)
         s = sidecars.start("r", job, None, JOBLEASE_ETCD_USERNAME_FILE=str(user_file),
                            JOBLEASE_ETCD_PASSWORD_FILE=str(password_file))
         await s.started()
@@ -181,8 +175,8 @@ async def test_a_running_sidecar_moves_to_rotated_credentials_without_losing_its
         new = await rotate_to_other_user(t.admin, t.root, t.ns_a, t.a.username)
         assert new.username != t.a.username
         assert await admin.authenticate(t.a.username, t.a.password)  # both work meanwhile
-        _swap(user_file, new.username)
-        _swap(password_file, new.password)
+        swap_file(user_file, new.username)
+        swap_file(password_file, new.password)
         assert await revoke_tenant_user(t.admin, t.ns_a, t.a.username)
 
         revoked = time.monotonic()
@@ -220,8 +214,8 @@ async def test_a_sidecar_whose_credentials_are_revoked_stops_and_says_why(
         await root.register(job, JobSpec(lease_duration_seconds=3))
         workdir = sidecars.tmp / "revoked-creds"
         workdir.mkdir()
-        _swap(workdir / "username", t.a.username)
-        _swap(workdir / "password", t.a.password)
+        swap_file(workdir / "username", t.a.username)
+        swap_file(workdir / "password", t.a.password)
         s = sidecars.start("x", job, None,
                            JOBLEASE_ETCD_USERNAME_FILE=str(workdir / "username"),
                            JOBLEASE_ETCD_PASSWORD_FILE=str(workdir / "password"))
