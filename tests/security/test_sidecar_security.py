@@ -15,16 +15,17 @@ import pytest
 
 from joblease import JobLeaseClient, JobRef, JobSpec
 from joblease.errors import PermissionDeniedError
+from joblease.keys import KeySpace
 from joblease.tenancy import (
     EtcdAuthAdmin,
     TenantCredentials,
     revoke_tenant_user,
     rotate_to_other_user,
 )
-from tests.support.etcd_keys import snapshot, writes
+from tests.support.etcd_keys import events_since, snapshot, writes
 from tests.support.failure_logs import attach_on_failure
 from tests.support.secure_etcd import Tenants
-from tests.support.sidecar_process import Sidecar
+from tests.support.sidecar_process import Sidecar, swap_file
 from tests.support.waiting import poll
 
 
@@ -148,12 +149,6 @@ async def test_sidecar_rate_limit(sidecars: Sidecars, tenants: Tenants) -> None:
     assert all(r.status_code in (200, 429) for r in codes)
 
 
-def _swap(path: Path, text: str) -> None:
-    """Replace a file the way the kubelet updates a mounted Secret: atomically."""
-    tmp = path.with_suffix(".new")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
-
 
 async def test_a_running_sidecar_moves_to_rotated_credentials_without_losing_its_lease(
         sidecars: Sidecars, tenants: Tenants) -> None:
@@ -170,8 +165,8 @@ async def test_a_running_sidecar_moves_to_rotated_credentials_without_losing_its
         workdir = sidecars.tmp / "creds"
         workdir.mkdir()
         user_file, password_file = workdir / "username", workdir / "password"
-        _swap(user_file, t.a.username)
-        _swap(password_file, t.a.password)
+        swap_file(user_file, t.a.username)
+        swap_file(password_file, t.a.password)
         s = sidecars.start("r", job, None, JOBLEASE_ETCD_USERNAME_FILE=str(user_file),
                            JOBLEASE_ETCD_PASSWORD_FILE=str(password_file))
         await s.started()
@@ -180,8 +175,8 @@ async def test_a_running_sidecar_moves_to_rotated_credentials_without_losing_its
         new = await rotate_to_other_user(t.admin, t.root, t.ns_a, t.a.username)
         assert new.username != t.a.username
         assert await admin.authenticate(t.a.username, t.a.password)  # both work meanwhile
-        _swap(user_file, new.username)
-        _swap(password_file, new.password)
+        swap_file(user_file, new.username)
+        swap_file(password_file, new.password)
         assert await revoke_tenant_user(t.admin, t.ns_a, t.a.username)
 
         revoked = time.monotonic()
@@ -208,21 +203,29 @@ async def test_a_running_sidecar_moves_to_rotated_credentials_without_losing_its
 async def test_a_sidecar_whose_credentials_are_revoked_stops_and_says_why(
         sidecars: Sidecars, tenants: Tenants) -> None:
     """Its user deleted and nothing new to read: the sidecar's renewals are refused, it
-    stops answering with its token (never acts on the stale claim) and says why."""
+    stops answering with its token (never acts on the stale claim) and says why: in
+    ``GET /v1/lease``, in ``/readyz`` (503, the reason in its body), in its log, and in
+    ``joblease_sidecar_auth_failures_total``. etcd's history of the namespace's whole
+    prefix after the revocation holds no write of the sidecar: only the expiry of its
+    holder key, etcd's own doing."""
     t = tenants
     job = JobRef(t.ns_a, "revoked")
     async with JobLeaseClient(t.root_config) as root:
         await root.register(job, JobSpec(lease_duration_seconds=3))
         workdir = sidecars.tmp / "revoked-creds"
         workdir.mkdir()
-        _swap(workdir / "username", t.a.username)
-        _swap(workdir / "password", t.a.password)
+        swap_file(workdir / "username", t.a.username)
+        swap_file(workdir / "password", t.a.password)
         s = sidecars.start("x", job, None,
                            JOBLEASE_ETCD_USERNAME_FILE=str(workdir / "username"),
                            JOBLEASE_ETCD_PASSWORD_FILE=str(workdir / "password"))
         await s.started()
         lease = await s.held()
+        ready = await s.request("GET", "/readyz")
+        assert ready.status_code == 200 and "message" not in ready.json(), ready.text
+        assert (await s.metrics())["joblease_sidecar_auth_failures_total"] == 0
         assert await revoke_tenant_user(t.admin, t.ns_a, t.a.username)
+        revoked_at, _ = await t.admin.get(b"\0")
 
         async def lost() -> httpx.Response | None:
             r = await s.request("GET", "/v1/lease")
@@ -231,6 +234,15 @@ async def test_a_sidecar_whose_credentials_are_revoked_stops_and_says_why(
         # the keep-alive is refused at once: lost, with etcd's reason in the body ...
         assert r.status_code == 409 and r.json()["state"] == "lost", r.text
         assert "authentication failed" in r.json()["message"], r.text
+        # ... in the readiness answer, so a failing probe names the credential problem ...
+        ready = await s.request("GET", "/readyz")
+        assert ready.status_code == 503, ready.text
+        body = ready.json()
+        assert body["ready"] is False and body["state"] == "lost", ready.text
+        assert "etcd refused the credentials" in body["message"], ready.text
+        assert "authentication failed" in body["message"], ready.text
+        # ... and in the metrics
+        assert (await s.metrics())["joblease_sidecar_auth_failures_total"] >= 1
         c = await s.request("POST", "/v1/complete",
                             json={"token": lease["token"], "result": {"stale": True}})
         assert c.status_code == 409, c.text  # the stale token is refused
@@ -238,3 +250,16 @@ async def test_a_sidecar_whose_credentials_are_revoked_stops_and_says_why(
         # ... and in the log
         lost_lines = [x for x in s.log_records() if x.get("msg") == "lease lost"]
         assert lost_lines and "authentication failed" in lost_lines[0]["reason"], s.output()
+
+        # nothing the sidecar could write reached etcd after the revocation: the only
+        # change under the namespace's prefix is its holder key's expiry (TTL 3 s)
+        holder = root.keys.job(job).holder
+        await poll(lambda: _gone(root, holder), timeout=20, what="the holder key's expiry")
+        prefix = KeySpace(t.root).namespace_prefix(t.ns_a)
+        after = await events_since(t.admin, prefix, revoked_at)
+        assert [(kind, key) for _, kind, key in after] == [("delete", holder)], after
+
+
+async def _gone(client: JobLeaseClient, key: bytes) -> bool:
+    _, kvs = await client.store.get(key)
+    return not kvs

@@ -69,3 +69,21 @@ def writes(before: KeyRevisions, after: KeyRevisions) -> list[str]:
         elif old != new:
             out.append(f"modified {key!r} {old} -> {new}")
     return out
+
+
+async def events_since(store: Store, prefix: bytes | str,
+                       since: int) -> list[tuple[int, str, bytes]]:
+    """etcd's history under ``prefix`` after revision ``since`` up to now, as
+    ``(revision, "put" | "delete", key)`` in commit order: what was written, by anyone,
+    after a moment the test chose (the store's revision then)."""
+    key = _as_bytes(prefix)
+    now, _ = await store.get(b"\0")
+    out: list[tuple[int, str, bytes]] = []
+    if now <= since:
+        return out
+    async for batch in store.watch(key, prefix=True, start_revision=since + 1):
+        out.extend((e.kv.mod_revision, e.kind, e.kv.key) for e in batch.events
+                   if e.kv.mod_revision <= now)
+        if batch.revision >= now:
+            break
+    return out

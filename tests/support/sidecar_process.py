@@ -148,6 +148,14 @@ class Sidecar(Proc):
         return any(r.get("msg") == msg for r in self.log_records())
 
 
+def swap_file(path: Path, text: str) -> None:
+    """Replace a file the way the kubelet updates a mounted Secret: atomically (what a
+    sidecar reading ``JOBLEASE_ETCD_*_FILE`` again sees is the old or the new text)."""
+    tmp = path.with_suffix(".new")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, path)
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text exposition -> ``{'name{label="v"}': value}`` (labels sorted).
 

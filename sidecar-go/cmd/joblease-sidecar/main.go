@@ -56,6 +56,7 @@ func run() int {
 		return 2
 	}
 	rn := runner.New(cfg, protocol.NewClient(store, cfg.Etcd.Root), log)
+	store.SetRefusalHook(func() { rn.Metrics.Inc(rn.Metrics.AuthFailures) })
 	tracer := tracing.New(tracing.FromEnv(os.Getenv)) // nil without the OTEL_* variables: no spans
 	defer tracer.Shutdown(2 * time.Second)
 	rn.SetTracer(tracer)

@@ -271,7 +271,11 @@ func probeRoutes(mux routes, rn *runner.Runner) {
 		if ready {
 			answer = runner.Done
 		}
-		return runner.Outcome{Answer: answer, Body: pyjson.Obj{{Key: "ready", Value: ready}, {Key: "state", Value: string(rn.PhaseNow())}}}, nil
+		body := pyjson.Obj{{Key: "ready", Value: ready}, {Key: "state", Value: string(rn.PhaseNow())}}
+		if why := rn.EndMessage(); why != "" {
+			body = append(body, pyjson.KV{Key: "message", Value: why})
+		}
+		return runner.Outcome{Answer: answer, Body: body}, nil
 	}, false, nil)
 	mux["/metrics"] = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.Method != "GET" && req.Method != "HEAD" {

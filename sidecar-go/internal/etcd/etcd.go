@@ -89,6 +89,29 @@ type Store struct {
 	current int
 	token   string
 	authMu  sync.Mutex
+	// onRefused is told of each refusal of the credentials or of a permission
+	// (SetRefusalHook: the sidecar's joblease_sidecar_auth_failures counter).
+	onRefused func()
+}
+
+// SetRefusalHook makes f run each time etcd refuses this store's credentials
+// ("authentication failed", a deleted user) or a permission ("permission
+// denied"). A stale token that a fresh one cures is not a refusal. Set it
+// before the first request; f must not block.
+func (s *Store) SetRefusalHook(f func()) { s.onRefused = f }
+
+// refused maps a gRPC error (MapError) and reports a credential or permission
+// refusal to the hook.
+func (s *Store) refused(err error) error {
+	mapped := MapError(err)
+	s.reportRefusal(mapped)
+	return mapped
+}
+
+func (s *Store) reportRefusal(err error) {
+	if s.onRefused != nil && errs.Is(err, errs.KindForbidden) {
+		s.onRefused()
+	}
 }
 
 // New prepares the connections (nothing is dialled until the first call).
@@ -294,7 +317,7 @@ func call[T any](s *Store, ctx context.Context, write, authenticate bool,
 			}
 			continue
 		}
-		return zero, MapError(err)
+		return zero, s.refused(err)
 	}
 	st, _ := status.FromError(last)
 	return zero, errs.Unavailable(fmt.Sprintf("etcd unreachable at %s: %s: %s",
@@ -589,10 +612,10 @@ func (k *KeepAlive) Renew(timeout time.Duration) (int64, error) {
 		}
 		k.s.failOver()
 		if st.Code() == codes.PermissionDenied || st.Code() == codes.Unauthenticated {
-			return 0, MapError(err)
+			return 0, k.s.refused(err)
 		}
 		if pe, ok := errs.As(err); ok && pe.Kind == errs.KindForbidden {
-			return 0, pe
+			return 0, pe // from authenticating again: counted there
 		}
 		return 0, errs.Unavailable(fmt.Sprintf("keep-alive failed: %v", err))
 	}
@@ -714,6 +737,7 @@ func (s *Store) WatchUntil(ctx context.Context, key string, end []byte, startRev
 		}
 		var final watchFinal
 		if errors.As(err, &final) {
+			s.reportRefusal(final.err) // a watch cancelled for "permission denied"
 			return false, final.err
 		}
 		if pe, ok := errs.As(err); ok && pe.Kind == errs.KindForbidden {
@@ -727,7 +751,7 @@ func (s *Store) WatchUntil(ctx context.Context, key string, end []byte, startRev
 				continue // at once: the next attempt carries a fresh token
 			}
 		} else if st.Code() == codes.PermissionDenied || st.Code() == codes.Unauthenticated {
-			return false, MapError(err)
+			return false, s.refused(err)
 		}
 		failures++
 		s.failOver()

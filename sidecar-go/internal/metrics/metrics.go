@@ -36,8 +36,12 @@ type Metrics struct {
 	// Waits in line for semaphore slots that ended in a grant, and the seconds
 	// they lasted (their ratio over a window is the mean wait for a slot).
 	SlotWaits, SlotWaitSeconds *counter
-	counters                   []*counter
-	state                      string
+	// AuthFailures: requests etcd refused for the sidecar's credentials or
+	// permissions (a revoked or mistyped credential, a foreign namespace): the
+	// alert that tells a credential problem from an outage.
+	AuthFailures *counter
+	counters     []*counter
+	state        string
 }
 
 func nowSeconds() float64 { return float64(time.Now().UnixNano()) / 1e9 }
@@ -60,6 +64,8 @@ func New() *Metrics {
 		"Claims that waited for semaphore slots, counted when the slots were granted.")
 	m.SlotWaitSeconds = mk("joblease_sidecar_slot_wait_seconds",
 		"Seconds claims waited for semaphore slots, added when the slots were granted.")
+	m.AuthFailures = mk("joblease_sidecar_auth_failures",
+		"Requests etcd refused for the credentials (authentication failed) or a permission (permission denied).")
 	return m
 }
 

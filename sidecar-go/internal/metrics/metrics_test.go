@@ -13,7 +13,7 @@ import (
 // (The state "waiting" of queue mode came after the Python sidecar was
 // retired: its line was added to the file as prometheus_client renders a
 // ninth state, in order; so were the slot-wait counters, as prometheus_client
-// renders two more counters after the others.)
+// renders two more counters after the others, and the auth-failures counter after them.)
 func TestRenderingMatchesPrometheusClient(t *testing.T) {
 	want, err := os.ReadFile("testdata/prometheus_client.txt")
 	if err != nil {

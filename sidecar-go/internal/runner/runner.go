@@ -172,6 +172,26 @@ func (r *Runner) PhaseNow() Phase {
 	return r.phase
 }
 
+// EndMessage says why the lease is not held in the final states that have a
+// reason (lost: etcd's reason, e.g. its refusal of a revoked credential;
+// failed: the claim's refusal), "" otherwise: /readyz's "message", so a
+// probe failure names a credential problem without a call to /v1/lease.
+func (r *Runner) EndMessage() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch r.currentLocked() {
+	case Lost:
+		return "the lease was lost: " + r.lostReason
+	case Failed:
+		for _, kv := range r.failure {
+			if m, ok := kv.Value.(string); ok && kv.Key == "message" {
+				return m
+			}
+		}
+	}
+	return ""
+}
+
 // Remaining local safety seconds (0 unless held).
 func (r *Runner) Remaining() float64 {
 	r.mu.Lock()
