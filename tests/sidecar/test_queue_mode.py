@@ -467,6 +467,10 @@ async def test_each_completion_with_next_answers_with_the_next_item_then_the_dra
         assert s.token_file.read_text().strip() == str(view["token"])
         info = json.loads((s.workdir / "token.json").read_text())
         assert (info["item"], info["token"]) == (view["item"], view["token"])
+        if len(seen) == 1:  # a repeated completion: the same record, the lease as it is now
+            status, again = await complete_next(s, conformance, token, {"did": item}, "10")
+            assert (status, again["completed"]) == (200, body["completed"]), again
+            assert again["nextStatus"] == 200 and again["next"]["token"] == view["token"]
     assert view["status"] == 409 and view["error"] == "completed", view
     assert view["exitCode"] == 0 and view["item"] is None
     assert sorted(seen) == sorted(payloads)
