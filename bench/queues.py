@@ -23,7 +23,8 @@ etcd); a side's figure is its total work over its total time across rounds.
    Target: drop <= 10 %.
 4. **sidecar**: items/s through one Go sidecar draining a queue with a trivial
    worker (``GET /v1/lease?wait=10``, or polled 1 ms apart, then
-   ``POST /v1/complete``), against the library's
+   ``POST /v1/complete``; side ``sidecar_next``: one exchange per item,
+   ``POST /v1/complete?next=10`` answering with the next item), against the library's
    ``claim_next`` + ``complete`` at concurrency 1 on a queue of the same size
    (one claimer, as one sidecar is). Target: >= 200 items/s per pod.
 
@@ -436,16 +437,19 @@ def sidecar_queue_mode() -> tuple[str | None, str]:
         return None, f"no Go sidecar binary: {exc}"
 
 
-async def drain_sidecar(config: EtcdConfig, binary: str, n: int, *, poll: bool = False
-                        ) -> dict[str, Any]:
+async def drain_sidecar(config: EtcdConfig, binary: str, n: int, *, poll: bool = False,
+                        next_in_answer: bool = False) -> dict[str, Any]:
     """``n`` items through one Go sidecar draining a queue (docs/sidecar.md,
     "Queue mode") with a trivial worker: ``GET /v1/lease?wait=10`` (a long
     poll; with ``poll``, ``GET /v1/lease`` 1 ms apart) until it holds an item
-    not seen yet, then ``POST /v1/complete`` under its token. The queue has
+    not seen yet, then ``POST /v1/complete`` under its token. With
+    ``next_in_answer`` the completion is ``POST /v1/complete?next=10``, whose
+    answer carries the next item (a GET only when it does not). The queue has
     ``n + 1`` items: the first is worked untimed, as ``cycles_queue`` warms
     its side. ``complete`` is the POST's latency, ``claim`` the time from its
     answer until the next item is seen held (the sidecar's claim of the next
-    item plus the worker's GETs)."""
+    item plus the worker's GETs; with ``next_in_answer`` the claim is inside
+    the POST, and ``claim`` is only the GETs it still took)."""
     async with JobLeaseClient(config) as client:
         queues = Queues(client)
         queue = new_queue()
@@ -486,23 +490,37 @@ async def drain_sidecar(config: EtcdConfig, binary: str, n: int, *, poll: bool =
                         polls += 1
                         await asyncio.sleep(0.001)  # between items: the next claim
 
-                async def complete(body: dict[str, Any]) -> None:
+                async def complete(body: dict[str, Any]) -> dict[str, Any] | None:
+                    """Complete under its token; with ``next_in_answer``, the next
+                    item held if the answer carries one. The last item's completion
+                    asks for none: the queue stays open (no JOBLEASE_EXIT_WHEN_EMPTY,
+                    as for the other sides), so it would wait out ``next``."""
+                    ask = next_in_answer and len(done) < n
                     c = await http.post("/v1/complete", json={"token": body["token"],
-                                                              "result": {"ok": True}})
+                                                              "result": {"ok": True}},
+                                        params={"next": "10"} if ask else {})
                     assert c.status_code == 200, c.text
+                    answer = c.json()
+                    if ask and answer["nextStatus"] == 200:
+                        held: dict[str, Any] = answer["next"]
+                        return held
+                    return None
 
                 done: set[str] = set()
                 body, _ = await next_item(done)  # the warm-up item (the sidecar's first claim)
-                await complete(body)
+                ahead = await complete(body)
                 done.add(body["item"])
                 claim: list[float] = []
                 completion: list[float] = []
                 polls = 0
                 start = t = time.perf_counter()
                 while len(done) < n + 1:
-                    body, p = await next_item(done)
+                    if ahead is not None and ahead["item"] not in done:
+                        body, p = ahead, 0
+                    else:
+                        body, p = await next_item(done)
                     t1 = time.perf_counter()
-                    await complete(body)
+                    ahead = await complete(body)
                     t2 = time.perf_counter()
                     claim.append(t1 - t)
                     completion.append(t2 - t1)
@@ -525,7 +543,8 @@ async def bench_sidecar(config: EtcdConfig, binary: str, n: int, rounds: int,
     another sidecar binary (e.g. an earlier build) run the same way, as side
     ``sidecar_compare`` (a build without ``?wait`` answers at once: its worker
     polls)."""
-    sides = ["sidecar", "sidecar_poll", "library"] + (["sidecar_compare"] if compare else [])
+    sides = ["sidecar", "sidecar_next", "sidecar_poll", "library"] + (
+        ["sidecar_compare"] if compare else [])
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     async with JobLeaseClient(config) as client:
         for order in rotations(sides, rounds):
@@ -535,11 +554,12 @@ async def bench_sidecar(config: EtcdConfig, binary: str, n: int, rounds: int,
                 else:
                     runs[side].append(await drain_sidecar(
                         config, compare if side == "sidecar_compare" and compare else binary, n,
-                        poll=side == "sidecar_poll"))
+                        poll=side == "sidecar_poll", next_in_answer=side == "sidecar_next"))
     out: dict[str, Any] = {s: combine(r, "items") for s, r in runs.items()}
     lib = out["library"]["items_per_s"]
     for side in sides:
         out[side]["x_library"] = round(out[side]["items_per_s"] / lib, 3)
+        out[side]["x_sidecar"] = round(out[side]["items_per_s"] / out["sidecar"]["items_per_s"], 3)
         if side != "library":
             out[side]["polls_per_item"] = round(
                 sum(r["polls"] for r in runs[side]) / sum(r["n"] for r in runs[side]), 3)
@@ -612,14 +632,17 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"\nsidecar (queue mode): SKIPPED: {s['skipped']}")
         else:
             print("\none Go sidecar draining a queue (worker: GET /v1/lease?wait=10, or polled "
-                  "1 ms apart) vs the library's claim_next + complete at concurrency 1")
-            print(f"{'side':>15} {'items/s':>8} {'x library':>9} {'claim p50/p99 ms':>17} "
+                  "1 ms apart; sidecar_next: POST /v1/complete?next=10 answers with the next "
+                  "item) vs the library's claim_next + complete at concurrency 1")
+            print(f"{'side':>15} {'items/s':>8} {'x library':>9} {'x sidecar':>9} "
+                  f"{'claim p50/p99 ms':>17} "
                   f"{'complete p50/p99 ms':>20} {'GETs/item that found none':>26}")
-            for name in ("sidecar", "sidecar_poll", "sidecar_compare", "library"):
+            for name in ("sidecar", "sidecar_next", "sidecar_poll", "sidecar_compare", "library"):
                 if name not in s:
                     continue
                 side = s[name]
                 print(f"{name:>15} {side['items_per_s']:>8} {side['x_library']:>9} "
+                      f"{side['x_sidecar']:>9} "
                       f"{side['claim_p50_ms']:>8}/{side['claim_p99_ms']:<8} "
                       f"{side['complete_p50_ms']:>9}/{side['complete_p99_ms']:<10} "
                       f"{side.get('polls_per_item', ''):>26}")

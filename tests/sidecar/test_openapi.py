@@ -141,6 +141,11 @@ async def _main_routes(start: Any, client: JobLeaseClient) -> None:
             ).status_code == 413
     assert (await api.call("POST", "/v1/release", json={"token": token, "pad": "x" * 8192})
             ).status_code == 413
+    # next (the next queue item in the completion's answer) is only for a draining
+    # sidecar: a job's refuses it; tests/sidecar/test_queue_mode.py holds its answers
+    r = await api.call("POST", "/v1/complete", params={"next": "5"},
+                       json={"token": token, "result": 1})
+    assert r.status_code == 400 and "draining a queue" in r.json()["message"], r.text
     for path in ("/v1/complete", "/v1/checkpoint", "/v1/release"):
         r = await api.call("POST", path, json={"token": token + 1000, "result": 1, "data": 1})
         assert r.status_code == 409 and r.json()["error"] == "stale", path

@@ -475,3 +475,135 @@ async def test_a_single_item_sidecar_takes_its_queues_semaphore_slot(
     assert status == 200
     _, slots = await client.store.get(client.keys.semaphore(sem).slots, prefix=True)
     assert slots == []  # the completion deleted the slot in its transaction
+
+
+async def complete_next(s: Sidecar, conformance: Conformance, token: int, result: Any,
+                        next_: str | list[str]) -> tuple[int, dict[str, Any]]:
+    """``POST /v1/complete?next=...`` (docs/sidecar.md, "The next item in the completion's
+    answer"), held to the document."""
+    params = [("next", v) for v in ([next_] if isinstance(next_, str) else next_)]
+    r = await s.request("POST", "/v1/complete", params=params,
+                        json={"token": token, "result": result}, timeout=70)
+    conformance.check("/v1/complete", "POST", r)
+    return r.status_code, r.json()
+
+
+async def test_each_completion_with_next_answers_with_the_next_item_then_the_drained_queue(
+        env: Env, queues: Queues, conformance: Conformance) -> None:
+    """One exchange per item: each ``complete?next=`` answers with its record under
+    ``completed`` and the next item, held, whose token files are already written when the
+    answer arrives; the last one's next is the drained queue's final answer (409,
+    ``exitCode`` 0). Every item is completed once, with the result sent."""
+    q = queue_ref()
+    await queues.create(q, QueueSpec(lease_duration_seconds=10, max_attempts=3))
+    payloads = {f"n{i}": {"n": i} for i in range(4)}
+    await queues.enqueue(q, list(payloads.items()))
+    s = await sidecar(env, "chain", q, JOBLEASE_EXIT_WHEN_EMPTY="true").started()
+    view = await next_answer(s, conformance)
+    assert view["status"] == 200, view
+    seen: dict[str, int] = {}
+    while True:
+        item, token = view["item"], view["token"]
+        assert item not in seen and view["payload"] == payloads[item], view
+        seen[item] = token
+        status, body = await complete_next(s, conformance, token, {"did": item}, "10")
+        assert status == 200 and set(body) == {"completed", "next", "nextStatus"}, body
+        assert body["completed"]["token"] == token
+        assert body["completed"]["result"] == {"did": item}
+        view = {"status": body["nextStatus"], **body["next"]}
+        if view["status"] != 200:
+            break
+        assert view["state"] == "held" and view["token"] > token, view
+        # the next item's token files were written before its answer was sent
+        assert s.token_file.read_text().strip() == str(view["token"])
+        info = json.loads((s.workdir / "token.json").read_text())
+        assert (info["item"], info["token"]) == (view["item"], view["token"])
+        if len(seen) == 1:  # a repeated completion: the same record, the lease as it is now
+            status, again = await complete_next(s, conformance, token, {"did": item}, "10")
+            assert (status, again["completed"]) == (200, body["completed"]), again
+            assert again["nextStatus"] == 200 and again["next"]["token"] == view["token"]
+    assert view["status"] == 409 and view["error"] == "completed", view
+    assert view["exitCode"] == 0 and view["item"] is None
+    assert sorted(seen) == sorted(payloads)
+    for item, tok in seen.items():
+        state = await queues.item(ItemRef(q, item))
+        assert state.phase is ItemPhase.COMPLETED and state.generation == 1
+        assert state.result is not None and state.result.token == tok
+        assert state.result.result == {"did": item}
+
+
+async def test_the_next_wait_runs_out_with_the_waiting_answer_and_a_late_item_follows(
+        env: Env, queues: Queues, conformance: Conformance) -> None:
+    """The queue empty after the completion: the answer comes once ``next`` ran out, the
+    completion reported (200, its record) and ``next`` the 503 ``waiting``; an item
+    enqueued later is what ``GET /v1/lease?wait=`` then finds."""
+    q = queue_ref()
+    await queues.create(q, QueueSpec(lease_duration_seconds=10, max_attempts=3))
+    await queues.enqueue(q, [("only", None)])
+    s = await sidecar(env, "runout", q).started()
+    view = await s.held()
+    asked = time.monotonic()
+    status, body = await complete_next(s, conformance, view["token"], "r", "1.5")
+    waited = time.monotonic() - asked
+    assert status == 200 and body["completed"]["token"] == view["token"], body
+    assert body["nextStatus"] == 503 and body["next"]["state"] == "waiting", body
+    assert body["next"]["item"] is None and waited >= 1.4, (waited, body)
+    state = await queues.item(ItemRef(q, "only"))
+    assert state.phase is ItemPhase.COMPLETED
+    await queues.enqueue(q, [("late", {"k": 1})])
+    later = await long_poll(s, conformance, 20)
+    assert later["status"] == 200 and later["item"] == "late", later
+
+
+async def test_a_stale_completion_with_next_is_refused_alone_and_nothing_changes(
+        env: Env, queues: Queues, client: JobLeaseClient, conformance: Conformance) -> None:
+    """A completion refused (a token not the current one) gets the same 409 ``stale`` as
+    without ``next``, no ``next`` beside it, and nothing is written: the held item stays
+    held under its token, no other item is claimed."""
+    q = queue_ref()
+    await queues.create(q, QueueSpec(lease_duration_seconds=10, max_attempts=3))
+    await queues.enqueue(q, [("a", None), ("b", None)])
+    s = await sidecar(env, "stale", q).started()
+    view = await s.held()
+    prefix = queues.keys(q).prefix
+    before = await snapshot(client.store, prefix)
+    status, body = await complete_next(s, conformance, view["token"] + 1000, "x", "5")
+    assert status == 409 and body["error"] == "stale", body
+    assert "completed" not in body and "next" not in body
+    assert body["currentToken"] == view["token"]
+    assert not writes(before, await snapshot(client.store, prefix))
+    again = await lease_view(s, conformance)
+    assert (again["status"], again["item"], again["token"]) == (200, view["item"], view["token"])
+
+
+async def test_bad_next_values_and_next_outside_draining_are_400_and_change_nothing(
+        env: Env, queues: Queues, client: JobLeaseClient, conformance: Conformance) -> None:
+    """``next`` is one number of seconds above 0 up to 60, and only for a draining
+    sidecar: anything else is 400 ``invalid`` before the body is read, nothing is written
+    and the item stays held."""
+    q = queue_ref()
+    await queues.create(q, QueueSpec(lease_duration_seconds=10, max_attempts=3))
+    await queues.enqueue(q, [("a", None)])
+    s = await sidecar(env, "badnext", q).started()
+    view = await s.held()
+    prefix = queues.keys(q).prefix
+    before = await snapshot(client.store, prefix)
+    for bad in ("0", "-1", "", "soon", "NaN", "inf", "60.5", ["1", "2"]):
+        status, body = await complete_next(s, conformance, view["token"], "x", bad)
+        assert status == 400 and body["error"] == "invalid" and "next" in body["message"], \
+            (bad, body)
+    assert not writes(before, await snapshot(client.store, prefix))
+    again = await lease_view(s, conformance)
+    assert (again["status"], again["token"]) == (200, view["token"])
+    # one item's sidecar (an Indexed Job's pod) claims no next item: next is refused
+    shards = queue_ref()
+    await queues.create(shards, QueueSpec(lease_duration_seconds=10, max_attempts=3, shards=1))
+    single = await sidecar(env, "single", shards, JOBLEASE_ITEM="0").started()
+    held = await single.held()
+    prefix = queues.keys(shards).prefix
+    before = await snapshot(client.store, prefix)
+    status, body = await complete_next(single, conformance, held["token"], "x", "5")
+    assert status == 400 and body["error"] == "invalid", body
+    assert "draining a queue" in body["message"]
+    assert not writes(before, await snapshot(client.store, prefix))
+    assert (await lease_view(single, conformance))["token"] == held["token"]

@@ -170,7 +170,10 @@ var statuses = map[runner.Answer]int{runner.Done: 200, runner.NotYet: 503, runne
 
 // Render is the one place an operation's outcome becomes an HTTP status and
 // body: a protocol error answers with its own status (errs: stale 409,
-// unavailable 503, ...) and body; every other answer by statuses.
+// unavailable 503, ...) and body; every other answer by statuses. A
+// completion that also answers with the next lease (runner.CompleteNext) is
+// {"completed": <its body>, "next": <GET /v1/lease's body>, "nextStatus":
+// <the status GET /v1/lease would have answered with>} under its own status.
 func Render(o runner.Outcome) (int, pyjson.Obj) {
 	if o.Err != nil {
 		return o.Err.Status, o.Err.Body()
@@ -178,6 +181,11 @@ func Render(o runner.Outcome) (int, pyjson.Obj) {
 	status, ok := statuses[o.Answer]
 	if !ok {
 		return 500, errBody("error", fmt.Sprintf("no HTTP status for answer %d", o.Answer))
+	}
+	if o.Next != nil {
+		nextStatus, next := Render(*o.Next)
+		return status, pyjson.Obj{{Key: "completed", Value: o.Body}, {Key: "next", Value: next},
+			{Key: "nextStatus", Value: nextStatus}}
 	}
 	return status, o.Body
 }
@@ -243,7 +251,21 @@ func payload(obj map[string]any, limit int, key, what string) (any, int, *badReq
 // leaseWait is GET /v1/lease's optional "wait" query parameter: seconds,
 // a finite number from 0 to runner.MaxLeaseWait (0 or absent: answer at once).
 func leaseWait(req *http.Request) (time.Duration, *badRequest) {
-	values, ok := req.URL.Query()["wait"]
+	return seconds(req, "wait", false)
+}
+
+// completeNext is POST /v1/complete's optional "next" query parameter
+// (absent: 0, a plain completion): seconds to wait for the next item, a
+// finite number above 0 (0 would answer before the next claim could run,
+// with the item just completed) up to runner.MaxLeaseWait.
+func completeNext(req *http.Request) (time.Duration, *badRequest) {
+	return seconds(req, "next", true)
+}
+
+// seconds is the query parameter name as one number of seconds up to
+// runner.MaxLeaseWait, from 0 or (positive) above it; absent is 0.
+func seconds(req *http.Request, name string, positive bool) (time.Duration, *badRequest) {
+	values, ok := req.URL.Query()[name]
 	if !ok {
 		return 0, nil
 	}
@@ -253,9 +275,13 @@ func leaseWait(req *http.Request) (time.Duration, *badRequest) {
 		text = values[0]
 	}
 	f, err := strconv.ParseFloat(text, 64)
-	if len(values) != 1 || err != nil || math.IsNaN(f) || f < 0 || f > limit {
-		return 0, &badRequest{status: 400, error: "invalid", message: fmt.Sprintf(`"wait" must be one number of seconds from 0 to %g, got %q`,
-			limit, strings.Join(values, ","))}
+	if len(values) != 1 || err != nil || math.IsNaN(f) || f < 0 || f > limit || (positive && f == 0) {
+		from := "from 0"
+		if positive {
+			from = "above 0"
+		}
+		return 0, &badRequest{status: 400, error: "invalid", message: fmt.Sprintf(`%q must be one number of seconds %s to %g, got %q`,
+			name, from, limit, strings.Join(values, ","))}
 	}
 	return time.Duration(f * float64(time.Second)), nil
 }
@@ -376,6 +402,14 @@ func Handler(rn *runner.Runner) http.Handler {
 		return rn.LeaseView(), nil
 	}, true, limiter)
 	mux["/v1/complete"] = guard(rn, []string{"POST"}, func(req *http.Request) (runner.Outcome, *badRequest) {
+		next, bad := completeNext(req)
+		if bad != nil {
+			return runner.Outcome{}, bad
+		}
+		if next > 0 && !rn.Draining() {
+			return runner.Outcome{}, &badRequest{status: 400, error: "invalid", message: `"next" is only for a sidecar ` +
+				`draining a queue (JOBLEASE_QUEUE without JOBLEASE_ITEM): this one claims no next item`}
+		}
 		obj, tok, bad := decode(req, bodyLimit)
 		if bad != nil {
 			return runner.Outcome{}, bad
@@ -383,6 +417,9 @@ func Handler(rn *runner.Runner) http.Handler {
 		result, _, bad := payload(obj, cfg.MaxResultBytes, "result", "result")
 		if bad != nil {
 			return runner.Outcome{}, bad
+		}
+		if next > 0 {
+			return rn.CompleteNext(req.Context(), tok, result, next), nil
 		}
 		return rn.Complete(tok, result), nil
 	}, true, limiter)

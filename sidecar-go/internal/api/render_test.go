@@ -42,3 +42,17 @@ func TestRenderGivesEachAnswerItsDocumentedStatus(t *testing.T) {
 		}
 	}
 }
+
+// A completion answered with the next lease keeps the completion's status
+// and record under "completed"; "next" is GET /v1/lease's body and
+// "nextStatus" the status GET /v1/lease would have had (503 while waiting).
+func TestRenderPutsTheNextLeaseBesideTheCompletion(t *testing.T) {
+	record := pyjson.Obj{{Key: "token", Value: int64(7)}}
+	waiting := pyjson.Obj{{Key: "state", Value: "waiting"}}
+	status, got := Render(runner.Outcome{Answer: runner.Done, Body: record,
+		Next: &runner.Outcome{Answer: runner.NotYet, Body: waiting}})
+	want := pyjson.Obj{{Key: "completed", Value: record}, {Key: "next", Value: waiting}, {Key: "nextStatus", Value: 503}}
+	if status != 200 || string(pyjson.Response(got)) != string(pyjson.Response(want)) {
+		t.Fatalf("%d %s, want 200 %s", status, pyjson.Response(got), pyjson.Response(want))
+	}
+}

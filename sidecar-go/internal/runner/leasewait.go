@@ -50,7 +50,7 @@ func (r *Runner) LeaseWait(ctx context.Context, wait time.Duration) Outcome {
 // movingOnLocked: the phase is one the sidecar leaves by itself, without a
 // request (call with mu held, after currentLocked).
 func (r *Runner) movingOnLocked() bool {
-	draining := r.cfg.Queue != nil && r.cfg.Item == ""
+	draining := r.Draining()
 	switch r.phase {
 	case Claiming, Waiting, Completing:
 		return true
@@ -63,3 +63,27 @@ func (r *Runner) movingOnLocked() bool {
 	}
 	return false
 }
+
+// CompleteNext is POST /v1/complete?next=S for a sidecar draining a queue
+// (docs/sidecar.md, "The next item in the completion's answer"): the
+// completion first, decided and answered exactly as Complete answers it;
+// only when it is Done does the same answer also carry the lease as
+// LeaseWait(wait) finds it then: the next item held (its token files written
+// before, as for GET /v1/lease), the queue drained, or, the wait run out,
+// still claiming or waiting. A completion refused, unsettled or failed gets
+// Complete's answer alone and claims nothing for this request: the claim
+// loop goes on as it would without next, and GET /v1/lease?wait=S finds its
+// outcome.
+func (r *Runner) CompleteNext(ctx context.Context, token int64, result any, wait time.Duration) Outcome {
+	o := r.Complete(token, result)
+	if o.Err != nil || o.Answer != Done {
+		return o
+	}
+	next := r.LeaseWait(ctx, wait)
+	o.Next = &next
+	return o
+}
+
+// Draining: a sidecar in queue mode without JOBLEASE_ITEM, the only one that
+// claims a next item (and so the only one that takes next=S).
+func (r *Runner) Draining() bool { return r.cfg.Queue != nil && r.cfg.Item == "" }

@@ -70,6 +70,10 @@ type Outcome struct {
 	Answer Answer
 	Body   pyjson.Obj
 	Err    *errs.Error
+	// Next: a completion asked with next=S (CompleteNext) that was Done also
+	// answers with the lease as it is once the next item is held or the wait
+	// ended (LeaseWait's outcome); nil otherwise.
+	Next *Outcome
 }
 
 // Runner owns the lease and the sidecar's phase.
