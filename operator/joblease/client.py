@@ -83,6 +83,8 @@ from joblease.records import (
     TenureEnd,
     WaiterRecord,
     decoding,
+    encode_claim,
+    new_claim_id,
 )
 from joblease.session import Session
 from joblease.session_pool import SessionPool
@@ -658,12 +660,11 @@ class JobLeaseClient:
         ``slots``: the semaphore slots to take in the same transaction.
         ``generation``: the job's generation as last seen, for its tenure key
         (a job whose spec keeps a history; items keep none)."""
-        claim_id = uuid.uuid4().hex
+        claim_id = new_claim_id()
         claimed_at = time.time()
         holder_value = Holder.encode_value(owner, claim_id, spec.lease_duration_seconds,
                                            claimed_at)
-        claim_value = json.dumps({"owner": owner, "claimId": claim_id},
-                                 separators=(",", ":")).encode()
+        claim_value = encode_claim(owner, claim_id)
         compares = [
             Compare(keys.spec, "mod", "==", spec_revision),
             Compare(keys.holder, "create", "==", 0),

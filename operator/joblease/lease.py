@@ -361,7 +361,7 @@ class Lease:
         record = ResultRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
                               generation=self.generation, result=result,
                               completed_at=time.time())
-        value = record.encode()
+        value = record.encode(encoded)
         for _ in range(3):
             try:
                 r = await self.store.txn(
