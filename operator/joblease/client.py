@@ -610,10 +610,17 @@ class JobLeaseClient:
         fresh_slots = False
         unsettled = 0  # tries that did not settle (4 at most, as without semaphores)
         for _ in range(16):  # ... and slot races, re-planned (picks are random), up to 16
-            spec_revision, spec = await self._spec(job, keys, refresh=refresh)
+            # The common case (spec cached, no semaphores, the current session usable)
+            # costs no await before the claim's own transaction.
+            cached = None if refresh else self._specs.get(job)
+            if cached is not None:
+                self._specs.move_to_end(job)
+                spec_revision, spec = cached
+            else:
+                spec_revision, spec = await self._spec(job, keys, refresh=refresh)
             try:
-                slot_plan = await self.plan_slots(str(job), job.namespace, spec, ticket,
-                                                  fresh=fresh_slots)
+                slot_plan = None if not spec.semaphores else await self.plan_slots(
+                    str(job), job.namespace, spec, ticket, fresh=fresh_slots)
             except SemaphoreFullError:
                 if refresh or ticket is not None:
                     # In line: the spec is re-read by claim_waiting at most once
@@ -626,7 +633,8 @@ class JobLeaseClient:
                     raise
                 refresh = True  # planned from a cached spec: make sure it is current
                 continue
-            session = await self.sessions.for_claim(spec.lease_duration_seconds)
+            session = (self.sessions.ready(spec.lease_duration_seconds)
+                       or await self.sessions.for_claim(spec.lease_duration_seconds))
             with self.sessions.using(session), self._reserving(slot_plan):
                 outcome = await self._claim_on(job, keys, owner, spec_revision, spec, session,
                                                revoked, slots=slot_plan,
