@@ -5,8 +5,8 @@ gRPC client (joblease.etcd_store.EtcdStore), in the same run:
 
 - **joblease**: ``client.claim(job, owner)`` then ``lease.complete(result)``;
 - **raw**: the same etcd work issued as bare transactions with no library
-  logic: the claim transaction (4 compares, 2 puts, 1 get, bound to a lease
-  granted once) and the completion transaction (2 compares, 1 put, 1 delete).
+  logic: the claim transaction (4 compares, 2 puts, 2 gets: the generation
+  and the last checkpoint, bound to a lease granted once) and the completion transaction (2 compares, 1 put, 1 delete).
 
 The ratio joblease/raw is the cost of the library on the hot path; a claim is
 one round trip on both sides (the spec is read once per job and cached, so
@@ -155,7 +155,7 @@ async def bench_raw(config: EtcdConfig, cycles: int, concurrency: int) -> dict[s
                  Compare(k.holder, "create", "==", 0),
                  Compare(k.result, "version", "==", 0), Compare(k.claims, "version", "<", 3)],
                 [Put(k.holder, holder_value, lease=lease_id), Put(k.claims, b"{}"),
-                 Get(k.claims)],
+                 Get(k.claims), Get(k.checkpoint)],
                 [Get(k.spec), Get(k.holder), Get(k.result), Get(k.claims)])
             assert r.succeeded
             t1 = time.perf_counter()

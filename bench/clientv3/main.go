@@ -1,5 +1,5 @@
 // Command clientv3 sends bench/claims.py's raw transactions (the claim: 4 compares,
-// 2 puts, 1 get, bound to one lease granted once; the completion: 2 compares, 1 put,
+// 2 puts, 2 gets, bound to one lease granted once; the completion: 2 compares, 1 put,
 // 1 delete) through etcd's own Go client, clientv3, so the Python gRPC layer's cost
 // per transaction can be read against it on the same etcd (docs/benchmarks.md, issue 29).
 package main
@@ -71,6 +71,7 @@ func main() {
 				).Then(
 					clientv3.OpPut(p+"holder", string(holder), clientv3.WithLease(lease.ID)),
 					clientv3.OpPut(p+"claims", "{}"), clientv3.OpGet(p+"claims"),
+					clientv3.OpGet(p+"checkpoint"),
 				).Else(clientv3.OpGet(p+"spec"), clientv3.OpGet(p+"holder"),
 					clientv3.OpGet(p+"result"), clientv3.OpGet(p+"claims")).Commit()
 				if err != nil || !r.Succeeded {
