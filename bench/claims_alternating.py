@@ -6,8 +6,10 @@ library's rounds).
 Each round runs, one process each: the joblease side of every ``--library``
 checkout in turn (its ``operator/`` on ``PYTHONPATH``, this file's
 bench/claims.py driving it), then the raw side (with the last checkout's
-store). Per side: its cycles over its summed seconds, and the mean CPU per
-cycle of the process and of its main thread (the event loop's).
+store), then, with ``--clientv3``, the same raw transactions through etcd's Go
+client (bench/clientv3, built with ``go build``). Per side: its cycles over its
+summed seconds, and the mean CPU per cycle of the process and of its main
+thread (the event loop's; not measured for the Go client).
 
     python bench/claims_alternating.py --library main=/work/main --library branch=. \\
         --concurrency 1,8,64 --rounds 4
@@ -61,6 +63,17 @@ def child(side: str, library: Path, endpoints: str, cycles: int, concurrency: in
     return result
 
 
+def clientv3(binary: str, endpoints: str, cycles: int, concurrency: int) -> dict[str, Any]:
+    """The raw side's transactions through etcd's Go client (bench/clientv3); its
+    CPU is not measured (reported as 0)."""
+    out = subprocess.run([binary, "--endpoints", endpoints, "--cycles", str(cycles),
+                          "--concurrency", str(concurrency)],
+                         check=True, capture_output=True, text=True).stdout
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return {"cycles": result["cycles"], "seconds": result["seconds"], "cpu_us": 0.0,
+            "main_us": 0.0}
+
+
 def alternate(args: argparse.Namespace, endpoints: str) -> None:
     libraries = [(name, Path(path).resolve()) for name, _, path in
                  (spec.partition("=") for spec in args.library)]
@@ -72,8 +85,11 @@ def alternate(args: argparse.Namespace, endpoints: str) -> None:
         for _ in range(args.rounds):
             sides = [(name, "joblease", path) for name, path in libraries]
             sides.append(("raw", "raw", libraries[-1][1]))
+            if args.clientv3:
+                sides.append(("clientv3", "clientv3", libraries[-1][1]))
             for name, side, path in sides:
-                r = child(side, path, endpoints, cycles, concurrency)
+                r = (clientv3(args.clientv3, endpoints, cycles, concurrency) if side == "clientv3"
+                     else child(side, path, endpoints, cycles, concurrency))
                 total = sums[name]
                 total["cycles"] += r["cycles"]
                 total["seconds"] += r["seconds"]
@@ -98,6 +114,8 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--endpoints", help="use this etcd instead of starting one")
+    parser.add_argument("--clientv3", help="bench/clientv3's binary: the raw transactions "
+                        "through etcd's Go client, as one more side")
     parser.add_argument("--child", choices=("joblease", "raw"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
