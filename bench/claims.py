@@ -6,7 +6,8 @@ gRPC client (joblease.etcd_store.EtcdStore), in the same run:
 - **joblease**: ``client.claim(job, owner)`` then ``lease.complete(result)``;
 - **raw**: the same etcd work issued as bare transactions with no library
   logic: the claim transaction (4 compares, 2 puts, 2 gets: the generation
-  and the last checkpoint, bound to a lease granted once) and the completion transaction (2 compares, 1 put, 1 delete).
+  and the last checkpoint, bound to a lease granted once) and the completion
+  transaction (2 compares, 1 put, 1 delete).
 
 The ratio joblease/raw is the cost of the library on the hot path; a claim is
 one round trip on both sides (the spec is read once per job and cached, so
