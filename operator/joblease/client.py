@@ -83,6 +83,8 @@ from joblease.records import (
     TenureEnd,
     WaiterRecord,
     decoding,
+    encode_claim,
+    new_claim_id,
 )
 from joblease.session import Session
 from joblease.session_pool import SessionPool
@@ -610,10 +612,17 @@ class JobLeaseClient:
         fresh_slots = False
         unsettled = 0  # tries that did not settle (4 at most, as without semaphores)
         for _ in range(16):  # ... and slot races, re-planned (picks are random), up to 16
-            spec_revision, spec = await self._spec(job, keys, refresh=refresh)
+            # The common case (spec cached, no semaphores, the current session usable)
+            # costs no await before the claim's own transaction.
+            cached = None if refresh else self._specs.get(job)
+            if cached is not None:
+                self._specs.move_to_end(job)
+                spec_revision, spec = cached
+            else:
+                spec_revision, spec = await self._spec(job, keys, refresh=refresh)
             try:
-                slot_plan = await self.plan_slots(str(job), job.namespace, spec, ticket,
-                                                  fresh=fresh_slots)
+                slot_plan = None if not spec.semaphores else await self.plan_slots(
+                    str(job), job.namespace, spec, ticket, fresh=fresh_slots)
             except SemaphoreFullError:
                 if refresh or ticket is not None:
                     # In line: the spec is re-read by claim_waiting at most once
@@ -626,7 +635,8 @@ class JobLeaseClient:
                     raise
                 refresh = True  # planned from a cached spec: make sure it is current
                 continue
-            session = await self.sessions.for_claim(spec.lease_duration_seconds)
+            session = (self.sessions.ready(spec.lease_duration_seconds)
+                       or await self.sessions.for_claim(spec.lease_duration_seconds))
             with self.sessions.using(session), self._reserving(slot_plan):
                 outcome = await self._claim_on(job, keys, owner, spec_revision, spec, session,
                                                revoked, slots=slot_plan,
@@ -660,12 +670,11 @@ class JobLeaseClient:
         ``slots``: the semaphore slots to take in the same transaction.
         ``generation``: the job's generation as last seen, for its tenure key
         (a job whose spec keeps a history; items keep none)."""
-        claim_id = uuid.uuid4().hex
+        claim_id = new_claim_id()
         claimed_at = time.time()
         holder_value = Holder.encode_value(owner, claim_id, spec.lease_duration_seconds,
                                            claimed_at)
-        claim_value = json.dumps({"owner": owner, "claimId": claim_id},
-                                 separators=(",", ":")).encode()
+        claim_value = encode_claim(owner, claim_id)
         compares = [
             Compare(keys.spec, "mod", "==", spec_revision),
             Compare(keys.holder, "create", "==", 0),

@@ -21,7 +21,7 @@ import enum
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from joblease import tracing, validation
@@ -105,6 +105,11 @@ class Lease:
         self._keys = keys
         self._session = session
         self._holder_value = holder_value
+        #: the renew condition, and the reads every refusal is explained from: the
+        #: same for the whole claim, so built once, not per completion or check
+        self._renew_condition = (Compare(keys.holder, "create", "==", token),
+                                 Compare(keys.holder, "value", "==", holder_value))
+        self._holder_and_result = (Get(keys.holder), Get(keys.result))
         self._state = LeaseState.HELD
         self._reason: str | None = None
         self._done = asyncio.Event()
@@ -117,6 +122,9 @@ class Lease:
         #: and release delete them in their own transactions
         self.slots = slots
         self._slot_keys = [key for grant in slots for key in grant.keys]
+        #: what the completion deletes beside writing its result
+        self._completion_deletes = tuple(Delete(key) for key in (*keys.completion_deletes,
+                                                                 *self._slot_keys))
         #: told the revision at which our completion or release freed the slots
         #: (the client's semaphore views apply it before their watches bring it)
         self._on_slots_freed = on_slots_freed
@@ -208,18 +216,16 @@ class Lease:
         """Detach from the session: a long-lived session must not keep every
         finished handle alive."""
         self._done.set()
-        self.trace.end(tracing.end_cause(self._state.value, self._reason), self._reason)
+        if self.trace is not tracing.NO_TENURE:
+            self.trace.end(tracing.end_cause(self._state.value, self._reason), self._reason)
         if self._session is not None:
             self._session.detach(self)
             self._session.remove_on_loss(self._on_session_loss)
 
     # -- the renew condition -----------------------------------------------------------------
 
-    def _ours(self) -> list[Compare]:
-        return [
-            Compare(self._keys.holder, "create", "==", self.token),
-            Compare(self._keys.holder, "value", "==", self._holder_value),
-        ]
+    def _ours(self) -> tuple[Compare, ...]:
+        return self._renew_condition
 
     def holder_compares(self) -> list[Compare]:
         """The renew condition as etcd compares: the holder key still has this
@@ -229,15 +235,14 @@ class Lease:
         holds the job (``joblease.fencing.guarded_put`` does). The first
         compare's ``key`` is the job's holder key.
         """
-        return self._ours()
+        return list(self._ours())
 
     async def check(self) -> None:
         """Re-check that the holder key is still ours; lose the lease if not."""
         if self._state is not LeaseState.HELD:
             return
         try:
-            r = await self.store.txn(self._ours(), [], [Get(self._keys.holder),
-                                                        Get(self._keys.result)])
+            r = await self.store.txn(self._ours(), [], self._holder_and_result)
         except (StoreUnavailableError, JobLeaseError) as exc:
             log.info("holder check for %s failed: %s", self.job, exc)
             return
@@ -361,16 +366,12 @@ class Lease:
         record = ResultRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
                               generation=self.generation, result=result,
                               completed_at=time.time())
-        value = record.encode()
+        value = record.encode(encoded)
         for _ in range(3):
             try:
                 r = await self.store.txn(
-                    self._ours(),
-                    [Put(self._keys.result, value),
-                     *(Delete(key) for key in (*self._keys.completion_deletes,
-                                               *self._slot_keys))],
-                    [Get(self._keys.holder), Get(self._keys.result)],
-                )
+                    self._ours(), [Put(self._keys.result, value), *self._completion_deletes],
+                    self._holder_and_result)
             except OutcomeUnknownError:
                 log.info("completion of %s has an unknown outcome; reading back", self.job)
                 # Invariant read-back (docs/protocol.md). If our result is there, it committed; if
@@ -415,12 +416,12 @@ class Lease:
         Raises :class:`OutcomeUnknownError` (not a plain "unavailable", which
         would claim nothing was written) when etcd cannot be read for 30 s.
         """
-        r = await self._read_until_answered(
-            what, self._ours(), [], [Get(self._keys.holder), Get(self._keys.result)])
+        r = await self._read_until_answered(what, self._ours(), [], self._holder_and_result)
         return None if r.succeeded else r
 
-    async def _read_until_answered(self, what: str, compares: list[Compare],
-                                   success: list[Get], failure: list[Get]) -> TxnResult:
+    async def _read_until_answered(self, what: str, compares: Sequence[Compare],
+                                   success: Sequence[Get], failure: Sequence[Get]
+                                   ) -> TxnResult:
         """One read-only transaction, retried while etcd is unreachable, for at
         most ``READ_BACK_SECONDS``; then :class:`OutcomeUnknownError` for ``what``."""
         deadline = time.monotonic() + READ_BACK_SECONDS
@@ -450,7 +451,7 @@ class Lease:
                 r = await self.store.txn(self._ours(), [Delete(self._keys.holder),
                                                         *map(Delete, self._slot_keys),
                                                         *self._history_puts(TenureEnd.RELEASED)],
-                                         [Get(self._keys.holder), Get(self._keys.result)])
+                                         self._holder_and_result)
             except OutcomeUnknownError:
                 log.info("release of %s has an unknown outcome; reading back", self.job)
                 outcome = await self._read_back("release")

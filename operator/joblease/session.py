@@ -70,7 +70,9 @@ class Session(Generic[HolderT]):
         self.last_renewal = 0.0
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
-        self._listeners: list[LossCallback] = []
+        #: insertion-ordered; a dict so a finished handle's removal is O(1), not a
+        #: scan of every handle the session holds (once per completion)
+        self._listeners: dict[LossCallback, None] = {}
         self._holders: set[HolderT] = set()
         self._check_holders = check_holders
         self._lost = asyncio.Event()
@@ -109,13 +111,12 @@ class Session(Generic[HolderT]):
         return self
 
     def on_loss(self, callback: LossCallback) -> None:
-        self._listeners.append(callback)
+        self._listeners[callback] = None
         if self.lost_reason is not None:
             callback(self.lost_reason)
 
     def remove_on_loss(self, callback: LossCallback) -> None:
-        with contextlib.suppress(ValueError):
-            self._listeners.remove(callback)
+        self._listeners.pop(callback, None)
 
     def attach(self, holder: HolderT) -> None:
         """Re-check ``holder`` after each successful keep-alive (see ``check_holders``)."""

@@ -54,6 +54,16 @@ class SessionPool:
         return (session is not None and session.alive
                 and session.remaining() >= self.min_session_left)
 
+    def ready(self, ttl: int) -> Session[Lease] | None:
+        """:meth:`for_claim` when it needs no await: the current session of ``ttl``
+        if it is usable, else None."""
+        session = self._current.get(ttl)
+        if session is None or not self._usable(session):
+            return None
+        self._current.move_to_end(ttl)
+        self._sweep(keep=session)
+        return session
+
     async def for_claim(self, ttl: int) -> Session[Lease]:
         """The session a new claim of ``ttl`` seconds is bound to (started if none is
         usable; the one it replaces is retired)."""

@@ -287,15 +287,25 @@ def child_span(name: str) -> Callable[[Callable[Concatenate[S, P], Awaitable[R]]
     object's tenure; outcome ``ok`` or the error's reason (``stale``, ...)."""
     def decorate(fn: Callable[Concatenate[S, P], Awaitable[R]]
                  ) -> Callable[Concatenate[S, P], Awaitable[R]]:
+        # Not itself a coroutine function: untraced (the common case, and every
+        # completion's), the call returns ``fn``'s own awaitable, with no extra
+        # coroutine level to create and to resume at each of its awaits.
         @functools.wraps(fn)
-        async def traced(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        def traced(self: S, /, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:
             tenure = self.trace
             if tenure is NO_TENURE:
-                return await fn(self, *args, **kwargs)
-            with tenure.child(name):
-                return await fn(self, *args, **kwargs)
+                return fn(self, *args, **kwargs)
+            return _in_child(tenure, name, fn, self, *args, **kwargs)
         return traced
     return decorate
+
+
+async def _in_child(tenure: Tenure, name: str, fn: Callable[Concatenate[S, P], Awaitable[R]],
+                    self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+    """``fn`` awaited inside the child span ``name`` of ``tenure`` (the span
+    starts when the call is first awaited, as an ``async def`` body does)."""
+    with tenure.child(name):
+        return await fn(self, *args, **kwargs)
 
 
 def worker_env(tenure: Tenure) -> dict[str, str]:

@@ -197,6 +197,11 @@ def _surrogate_at(s: str) -> str:
     return "" if m is None else f"\\u{ord(m.group()):04x} at index {m.start()}"
 
 
+#: ``json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)``,
+#: with the encoder built once rather than per call (every completion passes here).
+_PAYLOAD_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
 def json_payload(value: Any, what: str, limit: int,
                  too_large: type[InvalidInputError] = InvalidInputError) -> bytes:
     """Serialize ``value`` as compact sorted JSON, refusing what joblease does
@@ -208,7 +213,7 @@ def json_payload(value: Any, what: str, limit: int,
     if problem is not None:
         raise InvalidInputError(f"invalid {what}: {problem}")
     try:
-        data = json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
+        data = _PAYLOAD_JSON.encode(value).encode()
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInputError(f"invalid {what}: not JSON-serializable ({exc})") from None
     if len(data) > limit:

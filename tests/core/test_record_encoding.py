@@ -1,0 +1,81 @@
+"""The claim path's formatted records are byte for byte the generic encoding.
+
+The holder value, the ``claims`` value and the result record are formatted
+directly on the claim and completion path (joblease.records), instead of
+building a dict and running ``json.dumps`` per record; the result's JSON,
+already produced by validation, is spliced into its record instead of being
+encoded again. The bytes are the protocol (compares match them exactly, the Go
+sidecar writes the same: tests/vectors), so each format is checked against the
+generic encoding for values that exercise JSON's escaping and number forms,
+including the types that must take the generic path (bools, ints for floats,
+non-finite floats).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from typing import Any
+
+import pytest
+
+from joblease import validation
+from joblease.records import Holder, ResultRecord, _dumps, encode_claim, new_claim_id
+
+OWNERS = ["bench-worker", "worker-7d9f-x2k4q", 'quote"back\\slash', "tab\tnew\nline\x01",
+          "ünïcødé", "emoji \U0001f600", "", "a/b:c@d", "\u2028\u2029"]
+TIMES: list[Any] = [1764700000.123456, 0.0, -0.0, 1e22, 1e-7, 5e-324, 1.7976931348623157e308,
+                    1764700000, True, math.inf, -math.inf, math.nan]
+RESULTS: list[Any] = [None, True, False, 0, -1, 2**70, 1.5, 1e100, "", "ünï\"\\\n",
+                      "emoji \U0001f600", {"ok": True}, {"b": 1, "a": [1, 2, {"z": None, "y": 2}]},
+                      [], {}, (1, 2), {"nested": {"deeper": [[[]]]}}]
+
+
+def _generic_holder(owner: str, claim_id: str, ttl: Any, claimed_at: Any) -> bytes:
+    return _dumps({"owner": owner, "claimId": claim_id, "ttl": ttl, "claimedAt": claimed_at})
+
+
+@pytest.mark.parametrize("owner", OWNERS)
+@pytest.mark.parametrize("claimed_at", TIMES, ids=repr)
+def test_holder_value_is_the_generic_encoding(owner: str, claimed_at: Any) -> None:
+    for ttl in (1, 30, 2**40, True):
+        assert Holder.encode_value(owner, "ab" * 16, ttl, claimed_at) == \
+            _generic_holder(owner, "ab" * 16, ttl, claimed_at)
+
+
+@pytest.mark.parametrize("owner", OWNERS)
+def test_claims_value_is_the_generic_encoding_in_its_key_order(owner: str) -> None:
+    claim_id = new_claim_id()
+    assert encode_claim(owner, claim_id) == json.dumps(
+        {"owner": owner, "claimId": claim_id}, separators=(",", ":")).encode()
+    assert json.loads(encode_claim(owner, claim_id)) == {"owner": owner, "claimId": claim_id}
+
+
+@pytest.mark.parametrize("result", RESULTS, ids=repr)
+@pytest.mark.parametrize("owner", OWNERS[:4])
+def test_result_record_with_its_result_spliced_in_is_the_generic_encoding(
+        result: Any, owner: str) -> None:
+    encoded = validation.json_payload(result, "result", validation.MAX_RESULT_BYTES)
+    for completed_at in TIMES:
+        for token, generation in ((15, 7), (2**62, 1), (True, False)):
+            record = ResultRecord(owner=owner, claim_id="cd" * 16, token=token,
+                                  generation=generation, result=result,
+                                  completed_at=completed_at)
+            assert record.encode(encoded) == record.encode()
+    # and what a reader decodes from it is the record (the result as JSON has it)
+    record = ResultRecord(owner, "cd" * 16, 15, 7, result, 1764700000.5)
+    decoded = ResultRecord.decode(record.encode(encoded), 99)
+    assert decoded.result == json.loads(encoded)
+    assert (decoded.owner, decoded.claim_id, decoded.token, decoded.generation,
+            decoded.completed_at, decoded.revision) == (owner, "cd" * 16, 15, 7, 1764700000.5, 99)
+
+
+def test_claim_ids_are_random_version_4_uuids_as_the_go_sidecar_writes() -> None:
+    ids = {new_claim_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    for claim_id in ids:
+        assert len(claim_id) == 32 and claim_id == claim_id.lower()
+        parsed = uuid.UUID(hex=claim_id)
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+        assert parsed.hex == claim_id
