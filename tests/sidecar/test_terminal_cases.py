@@ -115,7 +115,10 @@ async def test_attempts_exhausted_fails_the_worker_with_the_reason(
     assert lease["attempts"] == 1 and lease["maxAttempts"] == 1
     assert "has used 1 of 1 attempts" in lease["message"]
     r = await _probe(env, sidecar, "/readyz")
-    assert r.status_code == 200 and r.json() == {"ready": True, "state": "failed"}
+    body = r.json()  # with why it failed (docs/sidecar.md, "/readyz")
+    assert r.status_code == 200 and body == {"ready": True, "state": "failed",
+                                             "message": body.get("message")}
+    assert "has used 1 of 1 attempts" in body["message"]
     assert not sidecar.token_file.exists()
     assert (await sidecar.metrics())['joblease_sidecar_state{state="failed"}'] == 1
     assert any(rec.get("msg") == "job has no attempts left" for rec in sidecar.log_records())
@@ -209,7 +212,10 @@ async def test_lost_before_the_worker_was_let_in_still_lets_it_fail(
     await client.unregister(env.job)
     await _final(sidecar, "lost")
     r = await _probe(env, sidecar, "/readyz")
-    assert r.status_code == 200 and r.json() == {"ready": True, "state": "lost"}
+    body = r.json()  # with why it was lost (docs/sidecar.md, "/readyz")
+    assert r.status_code == 200 and body == {"ready": True, "state": "lost",
+                                             "message": body.get("message")}
+    assert body["message"], body
     sh = _shell_worker(env, sidecar, "worker-sh")
     assert await sh.wait_exit(30) == 8, sh.output()
     assert "no lease:" in sh.output() and "work item" not in sh.output()
