@@ -26,17 +26,12 @@ func field(o *Outcome, key string) any {
 
 func TestEachCompletionAnswersWithTheNextItemUntilTheQueueIsDrained(t *testing.T) {
 	ep, _ := etcdtest.Start(t)
-	admin := etcdtest.NewStore(t, ep)
-	q := protocol.QueueRef{Namespace: "default", Name: "chain"}
-	createQueue(t, admin, q, protocol.QueueSpec{LeaseDurationSeconds: 5, MaxAttempts: 3})
-	producer := protocol.NewClient(etcdtest.NewStore(t, ep), protocol.DefaultRoot)
+	q, producer := newQueue(t, ep, "chain", protocol.QueueSpec{LeaseDurationSeconds: 5, MaxAttempts: 3})
 	want := map[string]bool{}
 	for i := range 4 {
 		id := fmt.Sprintf("i%d", i)
 		want[id] = true
-		if _, err := producer.Enqueue(context.Background(), protocol.ItemRef{Queue: q, ID: id}, id); err != nil {
-			t.Fatal(err)
-		}
+		enqueue(t, producer, q, id)
 	}
 	r, _ := drainer(t, ep, q, true)
 	item, token, _ := heldView(t, r, 0)

@@ -27,6 +27,22 @@ func createQueue(t *testing.T, s *etcd.Store, q protocol.QueueRef, spec protocol
 	}
 }
 
+// newQueue creates queue name (spec) on a real etcd at ep and returns it with a
+// producer client; enqueue puts each id as an item whose payload is its id.
+func newQueue(t *testing.T, ep, name string, spec protocol.QueueSpec) (protocol.QueueRef, *protocol.Client) {
+	q := protocol.QueueRef{Namespace: "default", Name: name}
+	createQueue(t, etcdtest.NewStore(t, ep), q, spec)
+	return q, protocol.NewClient(etcdtest.NewStore(t, ep), protocol.DefaultRoot)
+}
+
+func enqueue(t *testing.T, producer *protocol.Client, q protocol.QueueRef, ids ...string) {
+	for _, id := range ids {
+		if _, err := producer.Enqueue(context.Background(), protocol.ItemRef{Queue: q, ID: id}, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func drainer(t *testing.T, ep string, q protocol.QueueRef, exitWhenEmpty bool) (*Runner, chan End) {
 	return drainerOnLoss(t, ep, q, exitWhenEmpty, "none")
 }
@@ -74,16 +90,12 @@ func heldView(t *testing.T, r *Runner, after int64) (string, int64, any) {
 func TestADrainingRunnerCompletesEachItemOnceThenEndsWhenEmpty(t *testing.T) {
 	ep, _ := etcdtest.Start(t)
 	admin := etcdtest.NewStore(t, ep)
-	q := protocol.QueueRef{Namespace: "default", Name: "drain"}
-	createQueue(t, admin, q, protocol.QueueSpec{LeaseDurationSeconds: 5, MaxAttempts: 3})
-	producer := protocol.NewClient(etcdtest.NewStore(t, ep), protocol.DefaultRoot)
+	q, producer := newQueue(t, ep, "drain", protocol.QueueSpec{LeaseDurationSeconds: 5, MaxAttempts: 3})
 	want := map[string]bool{}
 	for i := range 5 {
 		id := fmt.Sprintf("i%d", i)
 		want[id] = true
-		if _, err := producer.Enqueue(context.Background(), protocol.ItemRef{Queue: q, ID: id}, id); err != nil {
-			t.Fatal(err)
-		}
+		enqueue(t, producer, q, id)
 	}
 	r, done := drainer(t, ep, q, true)
 	var token int64
@@ -212,14 +224,8 @@ func TestALeaseWaitAnswersTheNextItemNotTheOneJustCompleted(t *testing.T) {
 func TestADrainingRunnerThatLostAnItemClaimsTheNextWithSignal(t *testing.T) {
 	ep, _ := etcdtest.Start(t)
 	admin := etcdtest.NewStore(t, ep)
-	q := protocol.QueueRef{Namespace: "default", Name: "lossy"}
-	createQueue(t, admin, q, protocol.QueueSpec{LeaseDurationSeconds: 3, MaxAttempts: 0})
-	producer := protocol.NewClient(etcdtest.NewStore(t, ep), protocol.DefaultRoot)
-	for _, id := range []string{"x", "y"} {
-		if _, err := producer.Enqueue(context.Background(), protocol.ItemRef{Queue: q, ID: id}, id); err != nil {
-			t.Fatal(err)
-		}
-	}
+	q, producer := newQueue(t, ep, "lossy", protocol.QueueSpec{LeaseDurationSeconds: 3, MaxAttempts: 0})
+	enqueue(t, producer, q, "x", "y")
 	r, _ := drainerOnLoss(t, ep, q, false, "signal")
 	first, token, _ := heldView(t, r, 0)
 	r.mu.Lock()
