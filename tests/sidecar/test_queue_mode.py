@@ -207,6 +207,18 @@ async def _waiting(s: Sidecar, conformance: Conformance) -> dict[str, Any] | Non
     return view if view["state"] == "waiting" else None
 
 
+async def claim_once_free(queues: Queues, item: ItemRef, owner: str) -> Lease:
+    """Python's claim of ``item``, retried while another holder (a paused sidecar whose TTL
+    has not run out in etcd yet) still has it."""
+    async def claims() -> Lease | None:
+        try:
+            return await queues.claim(item, owner)
+        except HeldError:
+            return None
+    lease: Lease = await poll(claims, 15, f"{owner} to claim {item} after the holder's TTL")
+    return lease
+
+
 async def test_a_paused_item_holder_loses_and_its_completion_is_stale(
         env: Env, queues: Queues, client: JobLeaseClient, conformance: Conformance) -> None:
     """The seed example per item: A holds x (TTL 2 s) and is SIGSTOPped past its TTL;
@@ -221,12 +233,7 @@ async def test_a_paused_item_holder_loses_and_its_completion_is_stale(
     a.signal(signal.SIGSTOP)
     paused = time.monotonic()
 
-    async def python_claims() -> Lease | None:
-        try:
-            return await queues.claim(ItemRef(q, "x"), "python-b")
-        except HeldError:
-            return None
-    lease_b: Lease = await poll(python_claims, 15, "Python to claim x after A's TTL")
+    lease_b = await claim_once_free(queues, ItemRef(q, "x"), "python-b")
     assert time.monotonic() - paused > 1.5  # only once A's TTL ran out in etcd
     assert lease_b.token > lease_a["token"] and lease_b.generation == lease_a["generation"] + 1
 
@@ -267,12 +274,7 @@ async def test_a_draining_sidecar_that_lost_an_item_signals_its_worker_and_drain
     assert lease_a["item"] == "x"
     a.signal(signal.SIGSTOP)
 
-    async def python_claims() -> Lease | None:
-        try:
-            return await queues.claim(ItemRef(q, "x"), "python-b")
-        except HeldError:
-            return None
-    lease_b: Lease = await poll(python_claims, 15, "Python to claim x after A's TTL")
+    lease_b = await claim_once_free(queues, ItemRef(q, "x"), "python-b")
     await queues.enqueue(q, [("y", {"part": 2})])
     a.signal(signal.SIGCONT)
 
