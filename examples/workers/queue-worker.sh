@@ -43,11 +43,25 @@ call() {  # call METHOD URL BODY [HEADER...] -> the body, then the status on the
 }
 
 field() {  # field NAME JSON -> a top-level string or number field's value
-  printf '%s\n' "$2" | sed -n "s/.*\"$1\":\"*\([^\",}]*\).*/\1/p" | head -n 1
+  # The first "NAME": is the top-level one: the sidecar writes its own fields
+  # before the checkpoint and the payload, whose keys may repeat those names.
+  # (Parameter expansion, not sed: no process per field.)
+  case "$2" in *"\"$1\":"*) ;; *) return 0 ;; esac
+  v=${2#*"\"$1\":"}
+  v=${v#\"}
+  printf '%s\n' "${v%%[\",\}]*}"
+}
+
+split_answer() {  # split_answer OUT -> sets status (its last line) and body (the rest)
+  status=${1##*"
+"}
+  body=${1%"
+"*}
 }
 
 slot_fences() {  # slot_fences JSON -> "ns/name/index=token,..." of the slots held ("": none)
   # the lease's "semaphores": [{"semaphore":"ns/name","slots":[0,..],"token":T},..]
+  case "$1" in *'"semaphores":['*) ;; *) return 0 ;; esac
   printf '%s\n' "$1" | sed -n '/"semaphores":\[/{s/.*"semaphores":\[//;s/{"semaphore"/\
 &/g;p;}' |
     sed -n 's/^{"semaphore":"\([^"]*\)","slots":\[\([0-9,]*\)\],"token":\([0-9]*\)}.*/\1 \2 \3/p' |
@@ -63,8 +77,7 @@ while :; do
   # ?wait=20: the sidecar holds the request until its answer changes (the next
   # item held, or a final answer), so waiting for an item is no poll
   out="$(call GET "$URL/v1/lease?wait=20" "")"
-  status="$(printf '%s\n' "$out" | tail -n 1)"
-  body="$(printf '%s\n' "$out" | sed '$d')"
+  split_answer "$out"
   case "$status" in
     200) TOKEN="$(field token "$body")"
          if [ "$TOKEN" -le "$done_token" ]; then sleep 0.05; continue; fi ;;
@@ -105,13 +118,13 @@ while :; do
     out="$(call POST "$LEDGER/resources/$RESOURCE" "{\"item\":\"$ITEM\",\"pod\":\"${HOSTNAME:-}\"}" \
            "Joblease-Job: $QUEUE/$ITEM" "Joblease-Token: $TOKEN" \
            "Joblease-Idempotency-Key: $QUEUE/$ITEM#g$GEN.t$TOKEN" "$@")"
-    status="$(printf '%s\n' "$out" | tail -n 1)"
+    split_answer "$out"
     case "$status" in
       2*) echo "write $ITEM -> $status" ;;
       409) # the ledger has seen a newer token for the item or its slot: this claim
            # has ended (another pod holds them now), so nothing is left to complete
-           echo "write $ITEM -> 409 refused: $(printf '%s\n' "$out" | sed '$d')" >&2; exit 7 ;;
-      *) echo "write $ITEM -> $status $(printf '%s\n' "$out" | sed '$d')" ;;
+           echo "write $ITEM -> 409 refused: $body" >&2; exit 7 ;;
+      *) echo "write $ITEM -> $status $body" ;;
     esac
   fi
 
@@ -120,7 +133,7 @@ while :; do
   tries=0
   while :; do
     out="$(call POST "$URL/v1/complete" "{\"token\":$TOKEN,\"result\":{\"item\":\"$ITEM\"}}")"
-    status="$(printf '%s\n' "$out" | tail -n 1)"
+    split_answer "$out"
     case "$status" in
       503|429|000) tries=$((tries + 1)); [ "$tries" -gt 60 ] && break; sleep 1 ;;
       *) break ;;

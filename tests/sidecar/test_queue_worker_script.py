@@ -47,7 +47,10 @@ async def test_the_script_drains_a_queue_one_fenced_write_per_item(
     q = _queue()
     await queues.create(q, QueueSpec(lease_duration_seconds=10, max_attempts=3))
     ids = [f"i{n}" for n in range(5)] + ["2026-12-01T23:05:00Z"]  # a slot id, with ':'
-    await queues.enqueue(q, [(i, {"n": n}) for n, i in enumerate(ids)])
+    # every payload repeats the lease's own field names: the script must read the
+    # sidecar's fields, not the payload's (an earlier script took the last match)
+    decoy = {"token": 1, "item": "decoy", "queue": "x/y", "generation": 9, "error": "lost"}
+    await queues.enqueue(q, [(i, {"n": n, **decoy}) for n, i in enumerate(ids)])
     s = await env.sidecar("drain", JOBLEASE_JOB_NAME="", JOBLEASE_QUEUE=str(q),
                           JOBLEASE_EXIT_WHEN_EMPTY="true").started()
     worker = env.spawn_with("queue-worker", ["sh", str(SCRIPT)], {
