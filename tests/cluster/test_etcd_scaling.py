@@ -64,17 +64,19 @@ def test_changing_the_member_count_is_refused_while_jobs_are_held(
         release: Release, cluster: Cluster, installed: int, asked: int) -> None:
     rel = release
     rel.install("--set", f"etcd.replicas={installed}")
-    held, churn = ["held"], [f"job-{i}" for i in range(6)]
+    held, churn = ["held"], [f"job-{i}" for i in range(4)]
     apply_jobleases(rel, held + churn)
     tools = start_tools_pod(rel)
     wait_registered(rel, held + churn)
     before = wait_until(lambda: one_cluster(rel, tools, installed), timeout=120,
                         what=f"{installed} member(s) in one cluster", interval=1)
 
-    # "held": claimed, kept alive for 90 s, then completed with its token; meanwhile
-    # the churn claims and releases its jobs (a new token each claim) for a minute or so
-    holder = ClaimLoad(rel, tools, held, owner="holder", pause=90, releases=0, limit=400)
-    load = ClaimLoad(rel, tools, churn, pause=2, releases=3, limit=400)
+    # "held": claimed and kept alive until the checks below are done, then completed
+    # with its token; meanwhile the churn claims and releases its jobs (a new token
+    # each claim), again and again until then
+    holder = ClaimLoad(rel, tools, held, owner="holder", pause=0.5, releases=0, limit=400,
+                       until=True)
+    load = ClaimLoad(rel, tools, churn, pause=0.5, releases=3, limit=400, until=True)
     loads = [holder, load]
     try:
         wait_until(lambda: holder.acknowledged("claim") and len(load.acknowledged("claim")) >= 2,
@@ -107,6 +109,12 @@ def test_changing_the_member_count_is_refused_while_jobs_are_held(
         assert {s["cluster"] for s in after["status"].values()} == {
             s["cluster"] for s in before["status"].values()}
         assert pod_uids(rel) == uids
+
+        # the churn claimed on after the refusal; then the load ends
+        wait_until(lambda: any(r["t"] > refused_at for r in load.acknowledged("claim")),
+                   timeout=120, what="a churn claim after the refused upgrade", interval=0.2)
+        for each in loads:
+            each.finish()
 
         # the held job was held throughout: its completion with the token it got
         # before the upgrade commits after it; the churn got larger tokens since

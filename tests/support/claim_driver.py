@@ -1,15 +1,20 @@
 """A steady, bounded claim/complete load, run *inside* a pod of the project image.
 
-``kubectl exec -i <tools pod> -- python - NAMESPACE OWNER PAUSE RELEASES DEADLINE JOB...``
+``kubectl exec -i <tools pod> -- python - [--until PATH] NAMESPACE OWNER PAUSE RELEASES
+DEADLINE JOB...``
 with this file on stdin (tests/support/load.py does that): it imports only the
 standard library and ``joblease`` (the image's own package), and reaches etcd with
 the pod's ``JOBLEASE_ETCD_*`` environment, as a worker's sidecar would.
 
 For each job in turn: claim, wait ``PAUSE`` s, release (``RELEASES`` times, each a
 new claim and so a new generation and token), then claim once more and complete
-with ``{"by": OWNER, "token": <token>}``. Every operation's outcome is printed as a
-JSON line as soon as etcd answered: ``{"op": "claim"|"release"|"complete", "ok": true,
-"job", "generation", "token", "t"}`` for acknowledged ones, ``"ok": false`` with the
+with ``{"by": OWNER, "token": <token>}``. With ``--until PATH`` the test decides
+when the load ends, not a fixed pause: a job with RELEASES > 0 is released again and
+again until the file PATH exists (in the pod: the test creates it), and no job is
+completed before it exists (with RELEASES 0: the one claim is held until then).
+Every operation's outcome is printed as a JSON line as soon as etcd answered:
+``{"op": "claim"|"release"|"complete", "ok": true, "job", "generation", "token", "t"}``
+for acknowledged ones, ``"ok": false`` with the
 error class for refused or unanswered ones (those count as not acknowledged). After
 an error the job is retried (a claim whose outcome is unknown may have used an
 attempt, so the JobLeases need spare attempts) until it completes or ``DEADLINE``
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -61,8 +67,12 @@ async def settle(client: JobLeaseClient, lease: Lease, pause: float, deadline: f
     return False
 
 
+def ended(until: str | None) -> bool:
+    return until is None or os.path.exists(until)
+
+
 async def one_job(client: JobLeaseClient, job: JobRef, owner: str, pause: float,
-                  releases: int, deadline: float) -> None:
+                  releases: int, deadline: float, until: str | None) -> None:
     released = 0
     while time.monotonic() < deadline:
         try:
@@ -76,7 +86,10 @@ async def one_job(client: JobLeaseClient, job: JobRef, owner: str, pause: float,
             continue
         emit(op="claim", ok=True, job=job.name, generation=lease.generation, token=lease.token)
         await asyncio.sleep(pause)
-        what = "release" if released < releases else "complete"
+        again = releases > 0 and not ended(until)
+        what = "release" if released < releases or again else "complete"
+        while what == "complete" and not ended(until) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)  # held until the test says the load ends
         try:
             if what == "release":
                 await lease.release()
@@ -112,12 +125,15 @@ async def final_state(client: JobLeaseClient, job: JobRef) -> None:
 
 
 async def main(argv: list[str]) -> None:
+    until = None
+    if argv[:1] == ["--until"]:
+        until, argv = argv[1], argv[2:]
     namespace, owner, pause, releases, limit, *names = argv
     deadline = time.monotonic() + float(limit)
     async with JobLeaseClient() as client:
         for name in names:
             await one_job(client, JobRef(namespace, name), owner, float(pause),
-                          int(releases), deadline)
+                          int(releases), deadline, until)
         for name in names:
             await final_state(client, JobRef(namespace, name))
     emit(op="done")

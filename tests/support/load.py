@@ -14,6 +14,7 @@ import json
 import subprocess
 import threading
 import time
+import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -103,15 +104,21 @@ def start_tools_pod(rel: Release, name: str = "tools") -> str:
 
 
 class ClaimLoad:
-    """The driver running in the tools pod; ``records`` fills while it runs."""
+    """The driver running in the tools pod; ``records`` fills while it runs.
+
+    With ``until=True`` the load runs until :meth:`finish` (the driver's ``--until``):
+    jobs with releases are released again and again, and none is completed before."""
 
     def __init__(self, rel: Release, pod: str, jobs: list[str], *, owner: str = "driver",
-                 pause: float = 0.3, releases: int = 1, limit: float = 240.0) -> None:
-        self.rel, self.jobs, self.limit = rel, jobs, limit
+                 pause: float = 0.3, releases: int = 1, limit: float = 240.0,
+                 until: bool = False) -> None:
+        self.rel, self.pod, self.jobs, self.limit = rel, pod, jobs, limit
         self.records: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        self.until = f"/tmp/joblease-load-{owner}-{uuid.uuid4().hex[:8]}" if until else None
         argv = [kubectl_binary(), "--kubeconfig", str(rel.cluster.kubeconfig), "exec", "-i",
-                pod, "-n", rel.namespace, "--", "python", "-", rel.namespace, owner,
+                pod, "-n", rel.namespace, "--", "python", "-",
+                *(["--until", self.until] if self.until else []), rel.namespace, owner,
                 str(pause), str(releases), str(limit), *jobs]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
@@ -160,6 +167,12 @@ class ClaimLoad:
         assert self.proc.returncode == 0 and records and records[-1].get("op") == "done", (
             self.failure())
         return [r for r in records if r.get("op") == "final"]
+
+    def finish(self) -> None:
+        """End an ``until=True`` load: its jobs go on to their completions."""
+        assert self.until is not None, "finish() ends a load started with until=True"
+        self.rel.kubectl("exec", self.pod, "--", "python", "-c",
+                         f"open({self.until!r}, 'w').close()")
 
     def failure(self) -> str:
         stderr = ""
