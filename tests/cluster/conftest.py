@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.binaries import REPO_ROOT
 from tests.support.cluster import KUBELET_SYSCTLS, STATE_ROOT, Cluster, image_ref, read_sysctl
-from tests.support.release import Release
+from tests.support.release import Release, install_as_documented
 from tests.support.waiting import wait_until
 
 
@@ -123,18 +123,17 @@ def release(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[Releas
 @pytest.fixture(scope="session")
 def joblease_release(cluster: Cluster,
                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
-    """The chart installed once per session the way docs/helm.md installs it: release
-    ``joblease`` in ``joblease-system`` (so the bundled etcd is the
-    ``joblease-etcd.joblease-system.svc`` that examples/worker-pod.yaml names), cluster
-    scope, the chart's defaults plus the test cluster's values. Shared by the tests that
-    only use it (their JobLeases and pods in their own namespaces, see
-    ``worker_namespace``); tests that upgrade, uninstall or break the operator or etcd
-    install a ``release`` of their own."""
-    _make_namespace(cluster, "joblease-system")
+    """The chart installed once per session by docs/helm.md's install, its commands run
+    as written (``install_as_documented``): release ``joblease`` in ``joblease-system``
+    (so the bundled etcd is the ``joblease-etcd.joblease-system.svc`` that
+    examples/worker-pod.yaml names), the CRDs, the chart's defaults (etcd auth on, its
+    data on a PersistentVolumeClaim, tenants following the label), ``default`` opted
+    in. Shared by the tests that only use it (their JobLeases and pods in their own
+    namespaces, see ``worker_namespace``); tests that upgrade, uninstall or break the
+    operator or etcd install a ``release`` of their own."""
     rel = Release(cluster, "joblease-system", tmp_path_factory.mktemp("helm"),
                   name="joblease")
-    rel.install()  # the chart's defaults: etcd auth on, tenants following the label
-    rel.opt_in("default")
+    install_as_documented(rel)
     yield rel
     rel.uninstall("default")
     cluster.kubectl("delete", "namespace", "joblease-system", "--wait=false")

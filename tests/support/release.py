@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.support.binaries import REPO_ROOT, helm_binary
+from tests.support.binaries import REPO_ROOT, helm_binary, kubectl_binary
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
 
@@ -128,6 +129,59 @@ class Release:
         is needed (no copy of the release's certificate)."""
         self.cluster.kubectl("label", "namespace", namespace, INJECT_LABEL, "--overwrite",
                              check=True)
+        self.wait_tenant_secret(namespace, timeout)
+
+    def wait_tenant_secret(self, namespace: str, timeout: float = 120) -> None:
+        """Wait for the tenant Secret the operator makes in an opted-in namespace."""
         wait_until(lambda: self.cluster.kubectl("get", "secret", TENANT_SECRET, "-n",
                                                 namespace).returncode == 0,
                    timeout=timeout, what=f"the tenant Secret in {namespace}", interval=0.5)
+
+
+#: docs/helm.md: its first ``sh`` block is the install a newcomer copies
+HELM_DOC = REPO_ROOT / "docs" / "helm.md"
+
+
+def documented_install_steps() -> dict[str, list[str]]:
+    """The commands of docs/helm.md's first ``sh`` block, by the step each comment
+    heading names (``# 0.``, ``# 1.``, ``# 2a.``, ...), comments left out."""
+    block = HELM_DOC.read_text().split("```sh\n", 1)[1].split("```", 1)[0]
+    steps: dict[str, list[str]] = {}
+    current = ""
+    for line in block.splitlines():
+        heading = re.match(r"# (\w+)\. ", line)
+        if heading:
+            current = heading.group(1)
+            steps[current] = []
+        elif line.strip() and not line.lstrip().startswith("#"):
+            assert current, f"a command before the first step heading: {line}"
+            steps[current].append(line)  # a trailing comment is bash's to drop
+    return steps
+
+
+def install_as_documented(rel: Release, timeout: float = 600) -> None:
+    """Run docs/helm.md's install as written, with bash in the repository: step 0
+    (the pinned kubectl and helm on PATH), 1 (the CRDs), 2a (the operator with the
+    chart's own etcd, the chart's defaults) and 3 (opt ``default`` in); then wait until
+    the release is ready and the operator made the tenant Secret in ``default``.
+
+    Step 0's first line, ``python3 -m venv .venv && pip install -e '.[test]'``, is left
+    out: the test already runs in that virtualenv (hack/test made it), and a reinstall
+    under the running tests would change their own packages. That its PATH line then
+    finds the very kubectl and helm the tests use is checked."""
+    assert (rel.name, rel.namespace) == ("joblease", "joblease-system"), (
+        "docs/helm.md installs release joblease in joblease-system")
+    steps = documented_install_steps()
+    assert steps["0"][0].startswith("python3 -m venv .venv"), steps["0"]
+    commands = steps["0"][1:] + steps["1"] + steps["2a"] + steps["3"]
+    script = "set -euo pipefail\n" + "\n".join(commands) + "\ncommand -v kubectl helm\n"
+    result = subprocess.run(["bash", "-c", script], cwd=REPO_ROOT, env=rel.env,
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, (
+        f"docs/helm.md's install failed:\n{script}\n{result.stdout}\n{result.stderr}")
+    found = result.stdout.strip().splitlines()[-2:]
+    assert found == [kubectl_binary(), helm_binary()], (
+        f"docs/helm.md's PATH finds {found}, the tests use "
+        f"{[kubectl_binary(), helm_binary()]}")
+    rel.wait_ready(timeout)
+    rel.wait_tenant_secret("default")
