@@ -171,8 +171,10 @@ class ClaimLoad:
     def finish(self) -> None:
         """End an ``until=True`` load: its jobs go on to their completions."""
         assert self.until is not None, "finish() ends a load started with until=True"
-        self.rel.kubectl("exec", self.pod, "--", "python", "-c",
-                         f"open({self.until!r}, 'w').close()")
+        # (not rel.kubectl: its "-n" would follow the "--", as the command's argument)
+        result = self.rel.cluster.kubectl("exec", self.pod, "-n", self.rel.namespace, "--",
+                                          "python", "-c", f"open({self.until!r}, 'w').close()")
+        assert result.returncode == 0, result.stderr
 
     def failure(self) -> str:
         stderr = ""
