@@ -197,8 +197,8 @@ func TestAnItemsTenuresAreRecordedUnderItsQueueAndBounded(t *testing.T) {
 	// B's first guess of the generation (the round's 0) is refused by the
 	// compare; the claim reads the right one and commits generation 2.
 	b := NewClient(newStore(t, ep), DefaultRoot)
-	lb, err := b.ClaimItem(ctx, item, "worker-b")
-	if err != nil || lb.Generation != 2 {
+	lb, _, err := b.ClaimNext(ctx, q, "worker-b")
+	if err != nil || lb == nil || lb.Generation != 2 {
 		t.Fatalf("claim: %v %+v", err, lb)
 	}
 	if _, err := la.Complete(ctx, "late"); !errs.Is(err, errs.KindStale) {
@@ -221,7 +221,8 @@ func TestAnItemsTenuresAreRecordedUnderItsQueueAndBounded(t *testing.T) {
 	if h[g1].CreateRevision != la.Token || h[g2].CreateRevision != lb.Token || field(t, h[g2+"/end"], "how") != EndReleased {
 		t.Fatalf("tenures %v; tokens %d, %d", h, la.Token, lb.Token)
 	}
-	// a third claim keeps the last 2 (the queue's limit), in its own transaction
+	// a third claim (of the named item: its generation read first) keeps the
+	// last 2 (the queue's limit), in its own transaction
 	lc, err := b.ClaimItem(ctx, item, "worker-c")
 	if err != nil {
 		t.Fatal(err)
