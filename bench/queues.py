@@ -27,14 +27,24 @@ etcd); a side's figure is its total work over its total time across rounds.
    ``POST /v1/complete?next=10`` answering with the next item), against the library's
    ``claim_next`` + ``complete`` at concurrency 1 on a queue of the same size
    (one claimer, as one sidecar is). Target: >= 200 items/s per pod.
+5. **history**: claim+complete cycles/s of items on a queue with
+   ``historyLimit`` 3 (each claim also puts the item's tenure and compares its
+   generation) against one with none, at ``--history-concurrency``, in
+   rotated rounds; and the etcd keys and bytes of one item's history at the
+   limit (``limit + 5`` claims, each tenure with a checkpoint, a refused
+   completion and a release: all four keys) and of an item claimed once and
+   completed, the usual case (docs/history.md, "Queue items"). Run only
+   when named (``--parts history``).
 
     python bench/queues.py [--quick] [--json bench/results/queue.json]
+    python bench/queues.py --parts history --json bench/results/queue-history.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -56,7 +66,8 @@ from bench.etcd_binary import etcd_binary_or_none  # noqa: E402
 from bench.report import save  # noqa: E402
 from joblease import EtcdConfig, JobLeaseClient  # noqa: E402
 from joblease.embedded import EtcdCluster  # noqa: E402
-from joblease.keys import QueueKeys, QueueRef  # noqa: E402
+from joblease.errors import StaleTokenError  # noqa: E402
+from joblease.keys import ItemRef, QueueKeys, QueueRef  # noqa: E402
 from joblease.queue import Queues  # noqa: E402
 from joblease.records import Holder, ItemRecord, PendingRecord, QueueSpec  # noqa: E402
 from joblease.store import Compare, Delete, Get, Put  # noqa: E402
@@ -218,13 +229,14 @@ async def pool(n: int, concurrency: int, cycle: Any) -> dict[str, Any]:
 
 async def cycles_queue(client: JobLeaseClient, n: int, concurrency: int, *,
                        backlog: int | None = None, queue: QueueRef | None = None,
-                       queues: Queues | None = None) -> dict[str, Any]:
+                       queues: Queues | None = None, history_limit: int = 0
+                       ) -> dict[str, Any]:
     """``claim_next`` + ``complete`` through one :class:`Queues` (its claimers
     share one candidate pool, as a worker process's do)."""
     queues = queues or Queues(client)
     if queue is None:
         queue = new_queue()
-        await queues.create(queue, QueueSpec(TTL, MAX_ATTEMPTS))
+        await queues.create(queue, QueueSpec(TTL, MAX_ATTEMPTS, history_limit=history_limit))
         # more than will be claimed, so the queue never runs dry mid-run
         await fill(queues, queue, (backlog or 0) + n + concurrency)
 
@@ -415,6 +427,67 @@ async def bench_backlog(client: JobLeaseClient, backlogs: list[int], n: int,
     return {"concurrency": concurrency, "rows": rows}
 
 
+# -- 5. item history on vs off ---------------------------------------------------------------
+
+#: The JobQueue default (validation.DEFAULT_QUEUE_HISTORY_LIMIT), measured on the history side.
+QUEUE_HISTORY_LIMIT = 3
+
+
+async def bench_history(client: JobLeaseClient, n: int, concurrency: list[int],
+                        rounds: int) -> dict[str, Any]:
+    rows = []
+    for conc in concurrency:
+        m = n if conc > 1 else max(50, n // 4)
+        runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+        for order in rotations(["off", "on"], rounds):
+            for side in order:
+                limit = QUEUE_HISTORY_LIMIT if side == "on" else 0
+                runs[side].append(await cycles_queue(client, m, conc, history_limit=limit))
+        row: dict[str, Any] = {"concurrency": conc,
+                               **{side: combine(r, "cycles") for side, r in runs.items()}}
+        row["ratio"] = round(row["on"]["cycles_per_s"] / row["off"]["cycles_per_s"], 3)
+        rows.append(row)
+    return {"limit": QUEUE_HISTORY_LIMIT, "rows": rows,
+            "at_limit": await item_history_at_limit(client, QUEUE_HISTORY_LIMIT)}
+
+
+def _size(kvs: list[Any]) -> int:
+    return sum(len(kv.key) + len(kv.value) for kv in kvs)
+
+
+async def item_history_at_limit(client: JobLeaseClient, limit: int) -> dict[str, Any]:
+    """etcd keys and bytes (key + value) of one item's history at its limit,
+    against the item's own keys; and of an item claimed once and completed."""
+    queues = Queues(client)
+    queue = new_queue()
+    await queues.create(queue, QueueSpec(TTL, 0, history_limit=limit))
+    item = "i0000001"
+    await queues.enqueue(queue, [(item, {"file": "s3://bucket/part-000001"})])
+    ref = ItemRef(queue, item)
+    for _ in range(limit + 5):
+        lease = await queues.claim(ref, "bench-worker-7d9f-x2k4q")
+        await lease.checkpoint({"offset": 123456})
+        await lease.release()
+        with contextlib.suppress(StaleTokenError):  # a late completion, counted as refused
+            await queues.complete_for(ref, "bench-worker-7d9f-x2k4q", lease.token)
+    keys = queues.keys(queue).item(item)
+    _, history = await client.store.get(keys.history.prefix, prefix=True)
+    r = await client.store.txn([], [Get(k) for k in keys.fields().values() if k != keys.spec])
+    own = [kv for i in range(len(keys.fields()) - 1) if (kv := r.kv(i)) is not None]
+    once = "i0000002"
+    await queues.enqueue(queue, [(once, {"file": "s3://bucket/part-000002"})])
+    lease = await queues.claim(ItemRef(queue, once), "bench-worker-7d9f-x2k4q")
+    await lease.complete({"rows": 1000})
+    _, once_history = await client.store.get(queues.keys(queue).item(once).history.prefix,
+                                             prefix=True)
+    tenures = len((await queues.history(ref)).tenures)
+    await queues.delete(queue)
+    return {"limit": limit, "claims": limit + 5, "tenures": tenures,
+            "history_keys": len(history), "history_bytes": _size(history),
+            "item_keys": len(own), "item_bytes": _size(own),
+            "once_history_keys": len(once_history), "once_history_bytes": _size(once_history)}
+
+
 # -- 4. one Go sidecar draining a queue ---------------------------------------------------------
 
 #: The sidecar's token files go to tmpfs where there is one, as in an injected
@@ -585,6 +658,9 @@ async def run(args: argparse.Namespace, endpoints: tuple[str, ...]) -> dict[str,
         if "backlog" in parts:
             report["backlog"] = await bench_backlog(client, args.backlogs, args.backlog_cycles,
                                                     args.backlog_concurrency, args.rounds)
+        if "history" in parts:
+            report["history"] = await bench_history(client, args.cycles,
+                                                    args.history_concurrency, args.rounds)
     if "sidecar" in parts:
         binary, why = sidecar_queue_mode()
         if binary is None:
@@ -626,6 +702,21 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"{r['backlog']:>8} {r['cycles_per_s']:>9} {r['drop']:>6} "
                   f"{r['claim_p50_ms']:>8}/{r['claim_p99_ms']:<8} {r['candidate_read_ms']:>17} "
                   f"{r['txns_per_cycle']:>10} ({r['reads_per_cycle']})")
+    if "history" in report:
+        h = report["history"]
+        print(f"\nitem history: claim+complete cycles/s, historyLimit {h['limit']} vs none "
+              "(claim p50/p99 ms)")
+        print(f"{'conc':>4}  {'off':>20} {'on':>20} {'on/off':>6}")
+        for r in h["rows"]:
+            cells = [f"{r[s]['cycles_per_s']} ({r[s]['claim_p50_ms']}/{r[s]['claim_p99_ms']})"
+                     for s in ("off", "on")]
+            print(f"{r['concurrency']:>4}  {cells[0]:>20} {cells[1]:>20} {r['ratio']:>6}")
+        at = h["at_limit"]
+        print(f"one item's history at its limit ({at['tenures']} tenures after {at['claims']} "
+              f"claims, every tenure with all 4 keys): {at['history_keys']} keys, "
+              f"{at['history_bytes']} bytes (the item's own keys: {at['item_keys']}, "
+              f"{at['item_bytes']} bytes); claimed once and completed: "
+              f"{at['once_history_keys']} key, {at['once_history_bytes']} bytes")
     if "sidecar" in report:
         s = report["sidecar"]
         if "skipped" in s:
@@ -660,7 +751,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small counts (smoke run)")
     parser.add_argument("--parts", type=lambda s: s.split(","),
-                        default=["enqueue", "cycles", "backlog", "sidecar"])
+                        default=["enqueue", "cycles", "backlog", "sidecar"],
+                        help="enqueue,cycles,backlog,sidecar (default); history only when named")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per side, order rotated")
     parser.add_argument("--enqueue-items", type=int, default=20_000, help="per round and side")
     parser.add_argument("--batch", type=int, default=1000)
@@ -670,6 +762,7 @@ def main() -> None:
     parser.add_argument("--backlogs", type=ints, default=[1000, 100_000])
     parser.add_argument("--backlog-cycles", type=int, default=1000)
     parser.add_argument("--backlog-concurrency", type=int, default=8)
+    parser.add_argument("--history-concurrency", type=ints, default=[1, 8])
     parser.add_argument("--sidecar-items", type=int, default=500)
     parser.add_argument("--sidecar-compare", metavar="BINARY",
                         help="another sidecar build to run beside this checkout's (e.g. an "

@@ -19,12 +19,15 @@ from typing import Any
 
 import click
 import pytest
+import yaml
 
+from joblease import validation
 from joblease.cli import main as cli_main
 from joblease.etcd_store import EtcdConfig
 from joblease.operator.command import _config as operator_flags_to_config
 from joblease.operator.command import operator_command
 from joblease.operator.main import ENV, OperatorConfig
+from joblease.operator.queue_registration import spec_from_resource
 from joblease.operator.webhook import WebhookConfig
 from joblease.validation import MAX_RESULT_BYTES
 from tests.support import sidecar_impls
@@ -228,3 +231,26 @@ def test_cli_owner_comes_from_the_flag_then_the_variable(
         required_owner(None)
     done = CliRunner().invoke(cli_main, ["release", "j", "--token", "1"])
     assert done.exit_code == 2 and "JOBLEASE_OWNER" in done.output
+
+
+def test_the_queue_history_limit_is_one_default_and_one_bound_everywhere() -> None:
+    """The JobQueue CRD, ``joblease queue create`` and the operator (for a spec
+    without the field) keep the same number of tenures per item, and the CRD's
+    bound is the library's (docs/history.md, "Queue items")."""
+    crd = yaml.safe_load((Path(__file__).resolve().parents[1] / "crds" /
+                          "jobqueues.joblease.io.yaml").read_text())
+    field = (crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+             ["properties"]["historyLimit"])
+    assert (field["default"], field["minimum"], field["maximum"]) == (
+        validation.DEFAULT_QUEUE_HISTORY_LIMIT, 0, validation.MAX_QUEUE_HISTORY_LIMIT)
+    queue_group = main_commands()["queue"]
+    assert isinstance(queue_group, click.Group)
+    create = queue_group.commands["create"]
+    [option] = [p for p in create.params if p.name == "history_limit"]
+    assert option.default == validation.DEFAULT_QUEUE_HISTORY_LIMIT
+    assert spec_from_resource({"leaseDurationSeconds": 5}).history_limit == field["default"]
+
+
+def main_commands() -> dict[str, click.Command]:
+    assert isinstance(cli_main, click.Group)
+    return dict(cli_main.commands)

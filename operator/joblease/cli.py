@@ -532,32 +532,55 @@ def history_rows(d: dict[str, Any]) -> Iterable[list[Any]]:
                _utc(t["endedAt"]), t["end"], t["checkpoints"], t["refusedCompletions"]]
 
 
+def _history_target(name: str, namespace: str | None, is_item: bool) -> JobRef | ItemRef:
+    """``history``'s argument: JOB (``[NS/]NAME``), or with ``--queue`` an item,
+    ``QUEUE/ITEM``; ``NS/QUEUE/ITEM`` (how errors and the sidecar name an item)
+    is always an item. Job and queue names and item ids have no ``/``."""
+    parts = name.split("/")
+    if len(parts) == 3:
+        return ItemRef(queue_ref(f"{parts[0]}/{parts[1]}", namespace), _item_id(parts[2]))
+    if is_item:
+        if len(parts) != 2:
+            raise click.UsageError("With --queue, give QUEUE/ITEM (or NS/QUEUE/ITEM).")
+        return ItemRef(queue_ref(parts[0], namespace), _item_id(parts[1]))
+    return job_ref(name, namespace)
+
+
 @main.command()
 @job_argument
+@click.option("-q", "--queue", "is_item", is_flag=True,
+              help="JOB is QUEUE/ITEM: show a queue item's history (NS/QUEUE/ITEM always is).")
 @etcd_options
 @output_option
-def history(job: str, namespace: str | None, output: str, **kw: Any) -> None:
+def history(job: str, namespace: str | None, is_item: bool, output: str, **kw: Any) -> None:
     """Show JOB's last tenures, oldest first: who held it (generation, token,
     owner), when, how each ended (completed, released, revoked, expired, or
     open), the checkpoints written and the stale completions refused under it
-    (docs/history.md). Exit 3 if JOB is not registered, 14 if a tenure record
+    (docs/history.md). With --queue, JOB is QUEUE/ITEM: the same for one item
+    of a queue (its last historyLimit claims, the queue's limit). Exit 3 if
+    JOB (the queue, or the item) is not registered, 14 if a tenure record
     cannot be decoded (the others are shown)."""
-    config, ref = split_etcd(kw), job_ref(job, namespace)
+    config = split_etcd(kw)
+    ref = _history_target(job, namespace, is_item)
+    what = f"item {ref}" if isinstance(ref, ItemRef) else f"job {ref}"
 
     async def go() -> History:
         async with JobLeaseClient(config) as c:
+            if isinstance(ref, ItemRef):
+                return await Queues(c).history(ref)
             return await c.history(ref)
 
     found = run(go())
     if not found.registered:
-        click.echo(f"joblease: {NotRegisteredError.reason}: job {ref} is not registered",
+        click.echo(f"joblease: {NotRegisteredError.reason}: {what} is not registered",
                    err=True)
         sys.exit(NotRegisteredError.exit_code)
     emit(found.to_dict(), output, history_rows, HISTORY_HEADERS)
     if output == "table" and found.history_limit == 0:
-        click.echo(f"job {ref} keeps no history (historyLimit 0)", err=True)
+        owner = "queue " + str(ref.queue) if isinstance(ref, ItemRef) else what
+        click.echo(f"{owner} keeps no history (historyLimit 0)", err=True)
     for generation, why in found.corrupt:
-        click.echo(f"joblease: {CorruptRecordError.reason}: job {ref}: tenure {generation}: "
+        click.echo(f"joblease: {CorruptRecordError.reason}: {what}: tenure {generation}: "
                    f"{why}", err=True)
     if found.corrupt:
         sys.exit(CorruptRecordError.exit_code)
@@ -737,18 +760,22 @@ def queue() -> None:
               help="Create items 0..N-1 (an Indexed Job's completion indexes).")
 @click.option("--suspend/--no-suspend", default=False, show_default=True,
               help="A suspended queue claims nothing.")
+@click.option("--history-limit", type=int, default=validation.DEFAULT_QUEUE_HISTORY_LIMIT,
+              show_default=True,
+              help="Tenures kept per item (`joblease history --queue QUEUE/ITEM`; 0 = none).")
 @semaphore_option
 @etcd_options
 @output_option
 def queue_create(queue: str, namespace: str | None, lease_duration_seconds: int,
-                 max_attempts: int, shards: int, suspend: bool,
+                 max_attempts: int, shards: int, suspend: bool, history_limit: int,
                  semaphores: tuple[SemaphoreUse, ...], output: str, **kw: Any) -> None:
     """Create QUEUE in etcd, or change its spec (what the operator does for each JobQueue)."""
     config, ref = split_etcd(kw), queue_ref(queue, namespace)
 
     async def go() -> dict[str, Any]:
         async with JobLeaseClient(config) as c:
-            spec = QueueSpec(lease_duration_seconds, max_attempts, suspend, shards, semaphores)
+            spec = QueueSpec(lease_duration_seconds, max_attempts, suspend, shards, semaphores,
+                             history_limit)
             return {"queue": str(ref), "revision": await Queues(c).create(ref, spec)}
 
     emit(run(go()), output, lambda d: [[d["queue"], d["revision"]]], ("QUEUE", "REVISION"))
@@ -841,7 +868,7 @@ def queue_get(queue: str, namespace: str | None, output: str, **kw: Any) -> None
             return {"queue": str(ref), **counts.to_dict(),
                     "leaseDurationSeconds": spec.lease_duration_seconds,
                     "maxAttempts": spec.max_attempts, "suspend": spec.suspend,
-                    "shards": spec.shards}
+                    "shards": spec.shards, "historyLimit": spec.history_limit}
 
     def rows(d: dict[str, Any]) -> list[list[Any]]:
         age = d["oldestPendingAgeSeconds"]
@@ -990,8 +1017,8 @@ def queue_complete(queue: str, namespace: str | None, item: str, owner: str | No
 
     async def go() -> dict[str, Any]:
         async with JobLeaseClient(config) as c:
-            lease = await Queues(c).lease_for(item_ref, owner, token)
-            return {"item": str(item_ref), **(await lease.complete(value)).to_dict()}
+            done = await Queues(c).complete_for(item_ref, owner, token, value)
+            return {"item": str(item_ref), **done.to_dict()}
 
     emit(run(go()), output, lambda d: [[d["item"], d["owner"], d["generation"], d["token"],
                                         d["revision"]]],

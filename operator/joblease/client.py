@@ -59,7 +59,13 @@ from joblease.errors import (
     WaitSessionLostError,
 )
 from joblease.etcd_store import EtcdConfig, EtcdStore
-from joblease.history import TenureKeys, assemble_history, history_reads, tenure_of
+from joblease.history import (
+    TenureKeys,
+    assemble_history,
+    history_reads,
+    record_refusal_of,
+    tenure_of,
+)
 from joblease.keys import (
     ItemKeys,
     ItemRef,
@@ -668,8 +674,10 @@ class JobLeaseClient:
         (``max_attempts`` counted from the round's ``attempts_from``) and the
         item's pending key must be unchanged too (docs/queues.md, "Claim an item").
         ``slots``: the semaphore slots to take in the same transaction.
-        ``generation``: the job's generation as last seen, for its tenure key
-        (a job whose spec keeps a history; items keep none)."""
+        ``generation``: the job's (or item's) generation as last seen, for its
+        tenure key when ``spec`` keeps a history (a wrong guess fails the
+        ``version(claims) == generation`` compare: the claim is refused and
+        retried with the generation its failure branch read)."""
         claim_id = new_claim_id()
         claimed_at = time.time()
         holder_value = Holder.encode_value(owner, claim_id, spec.lease_duration_seconds,
@@ -698,7 +706,7 @@ class JobLeaseClient:
             slot_writes = slots.writes(session.lease_id, SlotRecord(str(job), owner, claim_id))
             success += slot_writes
         tenure = None
-        if spec.history_limit > 0 and isinstance(keys, JobKeys):
+        if spec.history_limit > 0:
             tenure = TenureKeys(keys.history, generation + 1)
             compares.append(Compare(keys.claims, "version", "==", generation))
             success += tenure.claim_writes(owner, claim_id, claimed_at, spec.history_limit)
@@ -960,17 +968,7 @@ class JobLeaseClient:
     async def _record_refusal(self, job: JobRef, token: int) -> None:
         """Count a refused completion against the tenure whose token is ``token``,
         if the history still holds it (a bounded read of its keys)."""
-        history = self.keys.job(job).history
-        try:
-            _, kvs = await self.store.get(history.prefix, prefix=True, keys_only=True)
-        except JobLeaseError as exc:
-            log.info("refused completion of %s (token %d) not recorded: %s", job, token, exc)
-            return
-        for kv in kvs:
-            parsed = history.parse(kv.key)
-            if parsed is not None and parsed[1] == "" and kv.create_revision == token:
-                await TenureKeys(history, parsed[0]).record_refusal(self.store, token)
-                return
+        await record_refusal_of(self.store, self.keys.job(job).history, token, str(job))
 
     async def held_slots(self, namespace: str, uses: Sequence[SemaphoreUse], claim_id: str
                          ) -> tuple[SlotGrant, ...]:

@@ -16,6 +16,10 @@ never into a later registration's tenure of the same generation): a refused
 stale completion (``refused``, counted by ``version``), and ``revoked`` for a
 claim that committed while its unknown outcome was being settled and was ended
 by the revoke that settled it. docs/protocol.md, "Tenure history".
+
+A queue item keeps the same history under its queue, ``Q/history/<id>/``
+(:attr:`ItemKeys.history`), written by the same transactions of the item and
+bounded by the queue's ``historyLimit`` (docs/history.md, "Queue items").
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ import time
 from dataclasses import dataclass
 
 from joblease.errors import CorruptRecordError, JobLeaseError
-from joblease.keys import HistoryKeys, JobKeys, JobRef
+from joblease.keys import HistoryKeys, ItemKeys, ItemRef, JobKeys, JobRef
 from joblease.records import (
     History,
     JobSpec,
     JobState,
+    QueueSpec,
     ResultRecord,
     Tenure,
     TenureEnd,
@@ -109,22 +114,29 @@ def tenure_of(history: HistoryKeys, kv: KeyValue | None, generation: int, token:
     return TenureKeys(history, generation)
 
 
-def history_reads(keys: JobKeys) -> list[Get]:
-    """One read-only transaction's reads for :func:`assemble_history`."""
+def history_reads(keys: JobKeys | ItemKeys) -> list[Get]:
+    """One read-only transaction's reads for :func:`assemble_history`: the spec
+    (a job's, or the item's queue's), holder, result and history keys, and for
+    an item its record (whether the queue holds it)."""
+    item = [Get(keys.item)] if isinstance(keys, ItemKeys) else []
     return [Get(keys.spec), Get(keys.holder), Get(keys.result),
-            Get(keys.history.prefix, prefix=True)]
+            Get(keys.history.prefix, prefix=True), *item]
 
 
-def assemble_history(job: JobRef, keys: JobKeys, revision: int, spec_kv: KeyValue | None,
-                     holder_kv: KeyValue | None, result_kv: KeyValue | None,
-                     kvs: list[KeyValue]) -> History:
-    """The job's history from one read (:func:`history_reads`). Never raises for
-    stored data: a tenure that cannot be decoded is named in ``corrupt``."""
+def assemble_history(job: JobRef | ItemRef, keys: JobKeys | ItemKeys, revision: int,
+                     spec_kv: KeyValue | None, holder_kv: KeyValue | None,
+                     result_kv: KeyValue | None, kvs: list[KeyValue],
+                     item_kv: KeyValue | None = None) -> History:
+    """The job's (or item's) history from one read (:func:`history_reads`;
+    ``item_kv``: an item's record). Never raises for stored data: a tenure
+    that cannot be decoded is named in ``corrupt``."""
     limit = 0
     corrupt: list[tuple[int, str]] = []
+    is_item = isinstance(job, ItemRef)
     if spec_kv is not None:
         try:
-            limit = JobSpec.decode(spec_kv.value).history_limit
+            limit = (QueueSpec.decode(spec_kv.value).history_limit if is_item
+                     else JobSpec.decode(spec_kv.value).history_limit)
         except CorruptRecordError as exc:
             corrupt.append((0, str(exc)))
     holder_token = holder_kv.create_revision if holder_kv is not None else 0
@@ -135,8 +147,27 @@ def assemble_history(job: JobRef, keys: JobKeys, revision: int, spec_kv: KeyValu
         except CorruptRecordError as exc:
             corrupt.append((0, str(exc)))
     tenures, bad = tenures_from(keys.history, kvs, holder_token, result)
-    return History(job=job, revision=revision, registered=spec_kv is not None,
+    registered = spec_kv is not None and (not is_item or item_kv is not None)
+    return History(job=job, revision=revision, registered=registered,
                    history_limit=limit, tenures=tenures, corrupt=(*corrupt, *bad))
+
+
+async def record_refusal_of(store: Store, history: HistoryKeys, token: int, what: str
+                            ) -> None:
+    """Count a stale completion refused under ``token`` (not a live holder's:
+    one made from another process, ``complete --token``) against the tenure
+    whose token it is, if the history still holds it: a keys-only read of the
+    history (at most four keys per tenure kept), then the guarded put. Best effort."""
+    try:
+        _, kvs = await store.get(history.prefix, prefix=True, keys_only=True)
+    except JobLeaseError as exc:
+        log.info("refused completion of %s (token %d) not recorded: %s", what, token, exc)
+        return
+    for kv in kvs:
+        parsed = history.parse(kv.key)
+        if parsed is not None and parsed[1] == "" and kv.create_revision == token:
+            await TenureKeys(history, parsed[0]).record_refusal(store, token)
+            return
 
 
 def tenures_from(history: HistoryKeys, kvs: list[KeyValue], holder_token: int,

@@ -25,7 +25,9 @@ A queue owns ``<root>/<namespace>/_queues/<queue>/`` (no JobLease can be named
 (``items/``, ``pending/``, ``held/``, ``claims/``, ``results/``,
 ``checkpoints/``, ``failed/``), so each count is one count-only range. An item
 is a job of its queue: :class:`ItemKeys` has the fields of :class:`JobKeys`
-(docs/queues.md, "Key layout").
+(docs/queues.md, "Key layout"), and its tenure history lives under the
+queue's ``history/<id>/`` (the same layout as a job's history, so it goes
+with the item's prune and the queue's delete; no count reads it).
 """
 
 from __future__ import annotations
@@ -234,7 +236,7 @@ class QueueKeys:
 
     def field_prefix(self, field: str) -> bytes:
         """``items/``, ``pending/``, ``held/``, ``claims/``, ``results/``,
-        ``checkpoints/`` or ``failed/`` under the queue."""
+        ``checkpoints/``, ``failed/`` or ``history/`` under the queue."""
         return self.prefix + field.encode() + b"/"
 
     def item(self, item_id: str) -> ItemKeys:
@@ -289,6 +291,11 @@ class ItemKeys:
     def completion_deletes(self) -> tuple[bytes, ...]:
         """A completed item leaves the queue's pending set in the same transaction."""
         return (self.holder, self.pending)
+
+    @functools.cached_property
+    def history(self) -> HistoryKeys:
+        """The item's tenure history: ``<queue prefix>history/<id>/`` (docs/history.md)."""
+        return HistoryKeys(self.queue.field_prefix("history") + self.id.encode() + b"/")
 
     def fields(self) -> dict[str, bytes]:
         """Every key of the item by the name of the job field it stands for."""

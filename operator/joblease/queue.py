@@ -4,9 +4,11 @@ An item is a job of its queue. Claiming one is the job's claim transaction
 (``JobLeaseClient._claim_on``) on the item's keys, with the queue's spec in
 place of the job's and the item's pending key compared too; completion,
 release, checkpoints and renewal are the job's :class:`~joblease.lease.Lease`
-unchanged. This module adds what a queue needs besides: enqueueing in
-batches, picking the next item, marking exhausted items failed, retrying
-them, and counting, all in etcd and nowhere else.
+unchanged, and so is an item's tenure history (``Q/history/<id>/``, bounded
+by the queue's ``historyLimit``: docs/history.md). This module adds what a
+queue needs besides: enqueueing in batches, picking the next item, marking
+exhausted items failed, retrying them, and counting, all in etcd and
+nowhere else.
 """
 
 from __future__ import annotations
@@ -42,13 +44,14 @@ from joblease.errors import (
     StaleTokenError,
     StoreUnavailableError,
 )
+from joblease.history import assemble_history, history_reads, record_refusal_of, tenure_of
 from joblease.keys import ItemKeys, ItemRef, JobRef, QueueKeys, QueueRef
 from joblease.lease import Lease
 from joblease.records import (
     FailedRecord,
+    History,
     Holder,
     ItemRecord,
-    JobSpec,
     PendingRecord,
     QueueSpec,
     ResultRecord,
@@ -242,8 +245,8 @@ class Queues:
         found: list[QueueRef] = []
         cursor = prefix
         while cursor < end:
-            # <prefix><queue>/spec sorts before the queue's other keys ("items/",
-            # "pending/", ...): read one key, then jump past that queue's subtree
+            # read the first key of the next queue's subtree (whichever it is),
+            # check that queue's spec, then jump past the whole subtree
             _, kvs = await self.store.get(cursor, end=end, limit=1, keys_only=True)
             if not kvs:
                 break
@@ -277,6 +280,7 @@ class Queues:
         if not isinstance(spec.suspend, bool):
             raise InvalidInputError(f"invalid suspend {spec.suspend!r}: true or false")
         check_uses(spec.semaphores)
+        validation.history_limit(spec.history_limit, validation.MAX_QUEUE_HISTORY_LIMIT)
         keys = self.keys(queue)
         value = spec.encode()
         if guard:
@@ -467,26 +471,30 @@ class Queues:
         client = self.client
         refresh = False
         revoked: list[int] = []
+        generation: int | None = None  # the item's claims version, when read
         for _ in range(16):  # slot races are re-planned here (picks are random)
             spec_revision, spec = await self.spec(item.queue, refresh=refresh)
             if spec.suspend:
                 raise QueueSuspendedError(str(item.queue))
             if pending is None or refresh:
-                pending = await self._pending(item, keys)
+                pending, generation = await self._pending(item, keys)
             attempts_from = _attempts_from(pending.value)
             # the queue's spec as a job's, with this round's attempts counted
             # from attemptsFrom (unlimited stays 0)
-            job_spec = JobSpec(spec.lease_duration_seconds,
-                               attempts_from + spec.max_attempts if spec.max_attempts else 0,
-                               semaphores=spec.semaphores)
+            job_spec = spec.job_spec(attempts_from)
             slot_plan = await client.plan_slots(str(item), item.namespace, job_spec, None,
                                                 waiting=waiting)
             session = await client.sessions.for_claim(spec.lease_duration_seconds)
             try:
                 with client.sessions.using(session), client._reserving(slot_plan):
+                    # A history's tenure key needs the generation: a claim-next
+                    # candidate's is guessed from its round (exact for a first
+                    # claim, the usual case); a wrong guess is refused by the
+                    # claim's compare and the refresh reads the right one.
                     outcome = await client._claim_on(
                         item, keys, owner, spec_revision, job_spec, session, revoked,
-                        item=ItemClaim(pending.mod_revision), slots=slot_plan)
+                        item=ItemClaim(pending.mod_revision), slots=slot_plan,
+                        generation=attempts_from if generation is None else generation)
             except AttemptsExhaustedError:
                 await self._mark_failed(keys, pending)
                 raise
@@ -495,14 +503,15 @@ class Queues:
             refresh = True
         raise StoreUnavailableError(f"claim of item {item} did not settle after several attempts")
 
-    async def _pending(self, item: ItemRef, keys: ItemKeys) -> KeyValue:
-        """The item's pending key; raises why it has none (completed, failed, absent)."""
+    async def _pending(self, item: ItemRef, keys: ItemKeys) -> tuple[KeyValue, int]:
+        """The item's pending key and generation (its claims' version, read with
+        it); raises why it has none (completed, failed, absent)."""
         r = await self._read([
             Get(keys.pending), Get(keys.item), Get(keys.result), Get(keys.claims),
             Get(keys.spec)])
         pending, record, result, claims, spec = (r.kv(i) for i in range(5))
         if pending is not None:
-            return pending
+            return pending, claims.version if claims else 0
         if spec is None:
             raise QueueNotFoundError(str(item.queue))
         if record is None:
@@ -645,7 +654,8 @@ class Queues:
         validation.token(token)
         keys = self.keys(item.queue).item(item.id)
         r = await self._read([Get(keys.holder), Get(keys.claims), Get(keys.checkpoint),
-                              Get(keys.item), Get(keys.result)])
+                              Get(keys.item), Get(keys.result),
+                              Get(keys.history.prefix, prefix=True, keys_only=True)])
         holder_kv, claims, checkpoint, item_kv, result_kv = (r.kv(i) for i in range(5))
         if item_kv is None:
             raise ItemNotFoundError(str(item))
@@ -659,14 +669,48 @@ class Queues:
                              else result.owner if result else None)
             raise StaleTokenError(str(item), token, current, current_owner)
         _, spec = await self.spec(item.queue)
+        generation = claims.version if claims else 0
+        # this claim's tenure, if the queue keeps a history (so a release or a
+        # checkpoint from here records itself as the claimer's own would)
+        tenure_key = keys.history.tenure(generation)
+        tenure = tenure_of(keys.history, next((kv for kv in r.kvs(5) if kv.key == tenure_key),
+                                              None), generation, token)
         return Lease(store=self.store, session=None, job=item, keys=keys, owner=owner,
-                     claim_id=holder["claimId"], token=token,
-                     generation=claims.version if claims else 0,
+                     claim_id=holder["claimId"], token=token, tenure=tenure,
+                     generation=generation,
                      ttl=int(holder.get("ttl", 0)), holder_value=holder_kv.value,
                      checkpoint=checkpoint,
                      item=ItemRecord.decode(item_kv.value, item_kv.create_revision),
                      slots=await self.client.held_slots(item.namespace, spec.semaphores,
                                                         holder["claimId"]))
+
+    async def complete_for(self, item: ItemRef, owner: str, token: int, result: Any = None
+                           ) -> ResultRecord:
+        """Complete ``item`` under ``owner``'s claim with ``token`` from another
+        process (:meth:`lease_for`, then ``complete``). A refused stale
+        completion is counted against the tenure of ``token`` in the item's
+        history (as the holder's own refused completion is), then
+        :class:`StaleTokenError` is raised."""
+        try:
+            lease = await self.lease_for(item, owner, token)
+        except StaleTokenError as stale:
+            if stale.current_token != token:  # not a repeat of our own completion
+                await record_refusal_of(self.store, self.keys(item.queue).item(item.id).history,
+                                        token, str(item))
+            raise
+        return await lease.complete(result)
+
+    async def history(self, item: ItemRef) -> History:
+        """The item's tenures (its last ``historyLimit`` claims, the queue's
+        limit), oldest first, read at one revision (docs/history.md, "Queue
+        items"). ``registered`` is False when the queue or the item is absent;
+        a queue that keeps no history has none."""
+        self._check_queue(item.queue)
+        validation.item_id(item.id)
+        keys = self.keys(item.queue).item(item.id)
+        r = await self._read(history_reads(keys))
+        return assemble_history(item, keys, r.revision, r.kv(0), r.kv(1), r.kv(2), r.kvs(3),
+                                r.kv(4))
 
     # -- retry, inspect ---------------------------------------------------------------------
 
@@ -766,7 +810,8 @@ class Queues:
         many. Each goes in one transaction conditional on its result (or failed
         mark) being the one read, so an item retried meanwhile is kept.
 
-        Age is the finisher's wall clock (``completedAt``, ``failedAt``):
+        The item's tenure history (``Q/history/<id>/``) goes in the same
+        transaction. Age is the finisher's wall clock (``completedAt``, ``failedAt``):
         retention is housekeeping, never an ownership decision. A pruned id
         is forgotten: enqueueing it again makes a new item (docs/queues.md)."""
         self._check_queue(queue)
@@ -793,7 +838,8 @@ class Queues:
                      Compare(ik.pending, "create", "==", 0),
                      Compare(ik.holder, "create", "==", 0)],
                     [Delete(ik.item), Delete(ik.claims), Delete(ik.result),
-                     Delete(ik.checkpoint), Delete(ik.failed)], [])
+                     Delete(ik.checkpoint), Delete(ik.failed),
+                     Delete(ik.history.prefix, prefix=True)], [])
                 pruned += int(w.succeeded)
         return pruned
 

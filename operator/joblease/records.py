@@ -16,7 +16,7 @@ from typing import Any
 
 from joblease import validation
 from joblease.errors import CorruptRecordError
-from joblease.keys import JobRef
+from joblease.keys import ItemRef, JobRef
 from joblease.store import KeyValue
 
 
@@ -502,9 +502,10 @@ class Tenure:
 
 @dataclass(frozen=True)
 class History:
-    """A job's tenures, oldest first, all read at ``revision`` (one read)."""
+    """A job's (or a queue item's) tenures, oldest first, all read at ``revision``
+    (one read). For an item, ``registered`` says its queue exists and holds it."""
 
-    job: JobRef
+    job: JobRef | ItemRef
     revision: int
     registered: bool
     history_limit: int
@@ -513,7 +514,9 @@ class History:
     corrupt: tuple[tuple[int, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job": str(self.job), "revision": self.revision, "registered": self.registered,
+        name = ({"queue": str(self.job.queue), "item": self.job.id}
+                if isinstance(self.job, ItemRef) else {"job": str(self.job)})
+        return {**name, "revision": self.revision, "registered": self.registered,
                 "historyLimit": self.history_limit,
                 "tenures": [t.to_dict() for t in self.tenures],
                 "corrupt": [{"generation": g, "why": why} for g, why in self.corrupt]}
@@ -531,6 +534,10 @@ class QueueSpec:
     suspend: bool = False
     shards: int = 0  # items "0".."shards-1" exist from creation (Indexed Jobs)
     semaphores: tuple[SemaphoreUse, ...] = ()  # taken by every item's claim
+    #: tenures kept per item (docs/history.md, "Queue items"); 0: none written.
+    #: Written only when > 0, so a spec without it has the bytes it always had
+    #: (and its claims the transaction they had).
+    history_limit: int = 0
 
     def encode(self) -> bytes:
         obj: dict[str, Any] = {"leaseDurationSeconds": self.lease_duration_seconds,
@@ -538,6 +545,8 @@ class QueueSpec:
                                "suspend": self.suspend}
         if self.semaphores:
             obj["semaphores"] = [u.to_json() for u in self.semaphores]
+        if self.history_limit:
+            obj["historyLimit"] = self.history_limit
         return _dumps(obj)
 
     @classmethod
@@ -550,12 +559,16 @@ class QueueSpec:
                 suspend=_typed_bool(obj, "suspend") if "suspend" in obj else False,
                 shards=_typed(obj, "shards", int, int) if "shards" in obj else 0,
                 semaphores=_uses(obj),
+                history_limit=(_typed(obj, "historyLimit", int, int)
+                               if "historyLimit" in obj else 0),
             )
 
-    def job_spec(self) -> JobSpec:
-        """The spec an item's claim uses, as a job's."""
-        return JobSpec(self.lease_duration_seconds, self.max_attempts,
-                       semaphores=self.semaphores)
+    def job_spec(self, attempts_from: int = 0) -> JobSpec:
+        """The spec an item's claim uses, as a job's: the attempts of the item's
+        current round counted from ``attempts_from`` (unlimited stays 0)."""
+        return JobSpec(self.lease_duration_seconds,
+                       attempts_from + self.max_attempts if self.max_attempts else 0,
+                       semaphores=self.semaphores, history_limit=self.history_limit)
 
 
 def _typed_bool(obj: dict[str, Any], key: str) -> bool:

@@ -115,12 +115,20 @@ MAX_HISTORY_LIMIT = 1000
 DEFAULT_HISTORY_LIMIT = 10
 
 
-def history_limit(value: object) -> int:
+#: The most tenures a queue may keep per item: a queue holds many items, so its
+#: history is bounded per item and small (items x limit x 4 keys at most).
+MAX_QUEUE_HISTORY_LIMIT = 100
+#: What a JobQueue (and ``joblease queue create``) keeps per item when it does
+#: not say: most items are claimed once, and a retried one shows its last few.
+DEFAULT_QUEUE_HISTORY_LIMIT = 3
+
+
+def history_limit(value: object, maximum: int = MAX_HISTORY_LIMIT) -> int:
     if (isinstance(value, bool) or not isinstance(value, int)
-            or not 0 <= value <= MAX_HISTORY_LIMIT):
+            or not 0 <= value <= maximum):
         raise InvalidInputError(
             f"invalid historyLimit {value!r}: must be a whole number in "
-            f"[0, {MAX_HISTORY_LIMIT}] (0 = no history)")
+            f"[0, {maximum}] (0 = no history)")
     return value
 
 

@@ -16,6 +16,8 @@ from click.testing import CliRunner, Result
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
 from joblease.cli import main
+from joblease.keys import ItemRef, QueueRef
+from joblease.queue import Queues
 from joblease.store import Put
 from tests.support.binaries import kubectl_binary
 from tests.support.cli import as_json, jl
@@ -77,3 +79,42 @@ async def test_a_history_limit_out_of_range_exits_2_and_registers_nothing(
     done = await _invoke(etcd_config, "register", "bad", "--ttl", "10", "--history-limit", "-1")
     assert done.exit_code == 2 and "historyLimit" in done.output
     assert not (await client.get(JobRef("default", "bad"))).registered
+
+
+async def test_an_items_history_table_and_json_and_its_late_completion_counted(
+        etcd_config: EtcdConfig, client: JobLeaseClient) -> None:
+    """``joblease history --queue QUEUE/ITEM`` (and ``NS/QUEUE/ITEM``, which is
+    always an item): a queue created with the CLI's default limit, a claim
+    released, one completed, and a completion sent with the released claim's
+    token (`joblease queue complete --token`) refused (exit 7) and counted
+    against that tenure."""
+    created = await _invoke(etcd_config, "queue", "create", "files", "-n", "team-a",
+                            "--ttl", "600", "-o", "json")
+    assert created.exit_code == 0, created.output
+    q = QueueRef("team-a", "files")
+    queues = Queues(client)
+    assert (await queues.spec(q))[1].history_limit == 3  # DEFAULT_QUEUE_HISTORY_LIMIT
+    await queues.enqueue(q, [("x", None)])
+    first = await queues.claim(ItemRef(q, "x"), "w1")
+    await first.release()
+    second = await queues.claim(ItemRef(q, "x"), "w2")
+    await second.complete("ok")
+    late = await _invoke(etcd_config, "queue", "complete", "files", "x", "-n", "team-a",
+                         "--owner", "w1", "--token", str(first.token))
+    assert late.exit_code == 7, late.output
+
+    found = as_json(jl(etcd_config, "history", "--queue", "files/x", "-n", "team-a",
+                       "-o", "json"))
+    assert (found["queue"], found["item"], found["historyLimit"]) == ("team-a/files", "x", 3)
+    assert [(t["generation"], t["owner"], t["token"], t["end"], t["refusedCompletions"])
+            for t in found["tenures"]] == [
+        (1, "w1", first.token, "released", 1), (2, "w2", second.token, "completed", 0)]
+    table = await _invoke(etcd_config, "history", "team-a/files/x")
+    assert table.exit_code == 0, table.output
+    assert [line.split()[:3] for line in table.output.splitlines()[1:]] == [
+        ["1", str(first.token), "w1"], ["2", str(second.token), "w2"]]
+    # without --queue, QUEUE/ITEM is a job NS/NAME: none is registered
+    as_job = await _invoke(etcd_config, "history", "files/x")
+    assert as_job.exit_code == 3 and "job files/x is not registered" in as_job.output
+    missing = await _invoke(etcd_config, "history", "-q", "files/nope", "-n", "team-a")
+    assert missing.exit_code == 3 and "item team-a/files/nope is not registered" in missing.output

@@ -38,7 +38,8 @@ def test_valid_jobqueue_accepted_with_defaults(crds_installed: ControlPlane,
                input=jobqueue("ok", {"leaseDurationSeconds": 30}))
     got = json.loads(cp.kubectl("get", "jq", "ok", "-n", namespace, "-o", "json",
                                 check=True).stdout)
-    assert got["spec"] == {"leaseDurationSeconds": 30, "maxAttempts": 3, "suspend": False}
+    assert got["spec"] == {"leaseDurationSeconds": 30, "maxAttempts": 3, "suspend": False,
+                           "historyLimit": 3}
     table = cp.kubectl("get", "jq", "-n", namespace, check=True).stdout
     assert table.split()[:6] == ["NAME", "PENDING", "HELD", "COMPLETED", "FAILED", "AGE"]
 
@@ -57,8 +58,13 @@ def test_valid_jobqueue_accepted_with_defaults(crds_installed: ControlPlane,
      "spec.shards in body should be greater than or equal to 0"),
     ({"leaseDurationSeconds": 10, "suspend": "yes"}, 'spec.suspend: Invalid value: "string": '
      'spec.suspend in body must be of type boolean: "string"'),
+    ({"leaseDurationSeconds": 10, "historyLimit": 101}, "spec.historyLimit: Invalid value: "
+     "101: spec.historyLimit in body should be less than or equal to 100"),
+    ({"leaseDurationSeconds": 10, "historyLimit": -1}, "spec.historyLimit: Invalid value: "
+     "-1: spec.historyLimit in body should be greater than or equal to 0"),
 ], ids=["ttl-1", "ttl-too-long", "ttl-missing", "attempts-negative", "shards-too-many",
-        "shards-negative", "suspend-string"])
+        "shards-negative", "suspend-string", "history-limit-too-large",
+        "history-limit-negative"])
 def test_invalid_jobqueue_refused_with_one_clear_error(
         crds_installed: ControlPlane, namespace: str, spec: dict[str, object],
         error: str) -> None:

@@ -129,7 +129,8 @@ async def test_a_jobqueue_is_created_followed_counted_and_deleted_in_etcd(
                 return (await queues.spec(q, refresh=True))[1]
             except QueueNotFoundError:
                 return None
-        assert await wait_for("queue in etcd", created) == QueueSpec(5, 1)
+        # the CRD's default historyLimit (3 tenures per item) reaches etcd
+        assert await wait_for("queue in etcd", created) == QueueSpec(5, 1, history_limit=3)
         s = await wait_for("Registered and observed", lambda: _where(kube, "files", lambda s: (
             conditions(s).get("Registered") == "True" and s.get("observedGeneration") == 1)))
         assert {k: s[k] for k in COUNTS} == dict.fromkeys(COUNTS, 0)

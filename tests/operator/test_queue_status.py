@@ -92,11 +92,15 @@ def test_only_estimates_changing_is_not_worth_a_write() -> None:
 
 
 def test_resource_spec_to_queue_spec() -> None:
-    assert spec_from_resource({"leaseDurationSeconds": 9}) == QueueSpec(9, 3, False, 0)
-    full = {"leaseDurationSeconds": 9, "maxAttempts": 0, "suspend": True, "shards": 4}
+    # the CRD's defaults: 3 attempts, 3 tenures kept per item
+    assert spec_from_resource({"leaseDurationSeconds": 9}) == QueueSpec(9, 3, False, 0,
+                                                                         history_limit=3)
+    full = {"leaseDurationSeconds": 9, "maxAttempts": 0, "suspend": True, "shards": 4,
+            "historyLimit": 0}
     assert spec_from_resource(full) == QueueSpec(9, 0, True, 4)
     assert spec_matches(full, QueueSpec(9, 0, True, 4))
     assert not spec_matches(full, QueueSpec(9, 0, False, 4))
+    assert not spec_matches(full, QueueSpec(9, 0, True, 4, history_limit=3))
     assert not spec_matches({"leaseDurationSeconds": 1}, QueueSpec(1))  # invalid: no match
 
 
@@ -105,7 +109,9 @@ def test_bad_resource_specs_are_refused_naming_the_field() -> None:
                        ({"leaseDurationSeconds": 5, "suspend": "yes"}, "suspend"),
                        ({"leaseDurationSeconds": 5, "shards": 100_001}, "shards"),
                        ({"leaseDurationSeconds": 5, "shards": True}, "shards"),
-                       ({"leaseDurationSeconds": 5, "maxAttempts": -1}, "attempts")):
+                       ({"leaseDurationSeconds": 5, "maxAttempts": -1}, "attempts"),
+                       ({"leaseDurationSeconds": 5, "historyLimit": 101}, "historylimit"),
+                       ({"leaseDurationSeconds": 5, "historyLimit": "3"}, "historylimit")):
         with pytest.raises(InvalidInputError) as err:
             spec_from_resource(spec)
         assert word in str(err.value).lower(), (spec, err.value)

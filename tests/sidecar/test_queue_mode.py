@@ -609,3 +609,33 @@ async def test_bad_next_values_and_next_outside_draining_are_400_and_change_noth
     assert "draining a queue" in body["message"]
     assert not writes(before, await snapshot(client.store, prefix))
     assert (await lease_view(single, conformance))["token"] == held["token"]
+
+
+async def test_an_items_history_is_one_history_whichever_implementation_claims(
+        env: Env, queues: Queues, conformance: Conformance) -> None:
+    """docs/history.md, "Queue items": a Python claim released, then the Go
+    sidecar's claim of the same item (its first guess of the generation, the
+    round's 0, is refused by the claim's compare and corrected), a checkpoint
+    and its completion: Python reads both tenures, the sidecar's written by
+    its own claim and checkpoint transactions under ``Q/history/<id>/``."""
+    q = queue_ref()
+    await queues.create(q, QueueSpec(lease_duration_seconds=10, max_attempts=3,
+                                     history_limit=3))
+    await queues.enqueue(q, [("x", {"n": 1})])
+    first = await queues.claim(ItemRef(q, "x"), "python")
+    await first.release()
+    s = await sidecar(env, "hist", q, JOBLEASE_EXIT_WHEN_EMPTY="true").started()
+    view = await next_answer(s, conformance)
+    assert view["status"] == 200 and view["item"] == "x" and view["generation"] == 2, view
+    status, _ = await post(s, conformance, "/v1/checkpoint", {"token": view["token"],
+                                                               "data": {"half": True}})
+    assert status == 200
+    status, _ = await post(s, conformance, "/v1/complete", {"token": view["token"],
+                                                             "result": "ok"})
+    assert status == 200
+    history = await queues.history(ItemRef(q, "x"))
+    assert [(t.generation, t.token, t.end.value, t.checkpoints) for t in history.tenures] == [
+        (1, first.token, "released", 0), (2, view["token"], "completed", 1)]
+    assert history.tenures[1].owner == view["owner"]
+    s.signal(signal.SIGTERM)
+    assert await s.wait_exit(15) == 0, s.output()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from joblease.errors import CorruptRecordError
-from joblease.keys import JobRef, KeySpace
+from joblease.keys import JobRef, KeySpace, QueueRef
 from joblease.records import (
     JobSpec,
     Tenure,
@@ -119,3 +119,20 @@ def test_history_key_layout(v: dict[str, Any]) -> None:
     assert history.parse(v["tenure"].encode()) == (g, "")
     # a history key is no job's key: list and watch skip it
     assert KeySpace(v["root"]).parse(v["tenure"].encode()) is None
+
+
+@pytest.mark.parametrize("v", VECTORS["itemKeys"])
+def test_item_history_key_layout(v: dict[str, Any]) -> None:
+    """A queue item's history: the job's layout, under its queue's ``history/<id>/``."""
+    space = KeySpace(v["root"])
+    queue = space.queue(QueueRef(v["namespace"], v["queue"]))
+    history = queue.item(v["item"]).history
+    g = v["generation"]
+    assert history.prefix == v["history"].encode()
+    assert history.prefix.startswith(queue.field_prefix("history"))
+    assert [history.tenure(g), history.end(g), history.checkpoints(g), history.refused(g)] == [
+        v[k].encode() for k in ("tenure", "end", "checkpoints", "refused")]
+    assert history.parse(v["checkpoints"].encode()) == (g, "checkpoints")
+    # under no field prefix the queue counts (items/, pending/, held/, ...)
+    for field in ("items", "pending", "held", "claims", "results", "checkpoints", "failed"):
+        assert not history.prefix.startswith(queue.field_prefix(field))

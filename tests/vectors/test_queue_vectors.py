@@ -23,7 +23,8 @@ KEYS: dict[str, list[dict[str, Any]]] = json.loads((HERE / "queue_keys.json").re
 
 
 def _queue(m: dict[str, Any]) -> QueueSpec:
-    return QueueSpec(m["leaseDurationSeconds"], m["maxAttempts"], m["suspend"], m["shards"])
+    return QueueSpec(m["leaseDurationSeconds"], m["maxAttempts"], m["suspend"], m["shards"],
+                     history_limit=m["historyLimit"])
 
 
 def _item(m: dict[str, Any]) -> ItemRecord:

@@ -49,8 +49,12 @@ def spec_from_resource(spec: Mapping[str, Any] | None) -> QueueSpec:
     shards = spec.get("shards", 0)
     if isinstance(shards, bool) or not isinstance(shards, int) or not 0 <= shards <= MAX_SHARDS:
         raise InvalidInputError(f"invalid shards {shards!r}: an integer 0..{MAX_SHARDS}")
+    history_limit = validation.history_limit(
+        spec.get("historyLimit", validation.DEFAULT_QUEUE_HISTORY_LIMIT),
+        validation.MAX_QUEUE_HISTORY_LIMIT)
     return QueueSpec(lease_duration_seconds=ttl, max_attempts=max_attempts, suspend=suspend,
-                     shards=shards, semaphores=semaphore_uses(spec.get("semaphores")))
+                     shards=shards, semaphores=semaphore_uses(spec.get("semaphores")),
+                     history_limit=history_limit)
 
 
 def retention_of(spec: Mapping[str, Any] | None) -> int | None:

@@ -142,7 +142,7 @@ func (c *Client) ClaimInLine(ctx context.Context, job JobRef, owner string, tick
 		if err != nil {
 			return nil, err
 		}
-		lease, again, err := c.claimOn(ctx, job, keys, owner, specRev, spec, s, &revoked, 0, plan)
+		lease, again, err := c.claimOn(ctx, job, keys, owner, specRev, spec, s, &revoked, 0, 0, plan)
 		if err != nil || lease != nil {
 			return lease, err
 		}
@@ -164,10 +164,13 @@ func (c *Client) ClaimInLine(ctx context.Context, job JobRef, owner string, tick
 // claimOn is one claim transaction bound to s: the lease, or whether to
 // re-read the spec before trying again. For a queue item (keys.IsItem()),
 // spec is its queue's with the round's attempts (QueueSpec.jobSpec) and the
-// item's pending key must still have pendingRev (docs/queues.md, "Claim an item").
+// item's pending key must still have pendingRev (docs/queues.md, "Claim an item");
+// itemGen is the item's generation as last seen, for its tenure key when the
+// queue keeps a history (a job's is c.generation; a wrong guess fails the
+// version(claims) compare and the caller reads the right one).
 // plan: the semaphore slots to take in the same transaction (nil: none).
 func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner string, specRev int64, spec Spec,
-	s *session.Session, revoked *[]string, pendingRev int64, plan *SlotPlan) (*Lease, bool, error) {
+	s *session.Session, revoked *[]string, pendingRev, itemGen int64, plan *SlotPlan) (*Lease, bool, error) {
 	claimID := newClaimID()
 	ttl := spec.LeaseDurationSeconds
 	claimedAt := now()
@@ -201,9 +204,13 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 		success = append(success, writes...)
 	}
 	var ten *tenure
-	if spec.HistoryLimit > 0 && !keys.IsItem() {
-		ten = &tenure{keys: keys, gen: c.generation + 1}
-		cmps = append(cmps, etcd.VersionEq(keys.Claims(), c.generation))
+	if spec.HistoryLimit > 0 {
+		gen := c.generation
+		if keys.IsItem() {
+			gen = itemGen
+		}
+		ten = &tenure{keys: keys, gen: gen + 1}
+		cmps = append(cmps, etcd.VersionEq(keys.Claims(), gen))
 		writes, err := ten.claimWrites(owner, claimID, claimedAt, spec.HistoryLimit)
 		if err != nil {
 			return nil, false, err

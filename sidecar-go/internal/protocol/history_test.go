@@ -158,3 +158,86 @@ func TestTheHistoryKeepsTheLastNTenuresAndAStaleGenerationGuessIsCorrected(t *te
 		t.Fatal("the open tenure is not the late claim's")
 	}
 }
+
+// A queue item's history (docs/history.md, "Queue items"): the sidecar's
+// claims of an item write the keys the Python library reads
+// (tests/core/test_queue_history.py), under Q/history/<id>/, and keep only the
+// queue's historyLimit of them.
+func TestAnItemsTenuresAreRecordedUnderItsQueueAndBounded(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx := context.Background()
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "item-history"}
+	spec, err := QueueSpec{LeaseDurationSeconds: 2, MaxAttempts: 0, HistoryLimit: 2}.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Txn(ctx, nil, []etcd.Op{etcd.Put(QueueKeysOf(DefaultRoot, q).Spec(), spec, 0)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	item := ItemRef{q, "x"}
+	keys := QueueKeysOf(DefaultRoot, q).Item("x")
+	if keys.History() != "/joblease/v1/default/_queues/item-history/history/x/" {
+		t.Fatalf("history prefix %q", keys.History())
+	}
+	a := NewClient(newStore(t, ep), DefaultRoot)
+	if _, err := a.Enqueue(ctx, item, map[string]any{"n": 1}); err != nil {
+		t.Fatal(err)
+	}
+	la, _, err := a.ClaimNext(ctx, q, "worker-a")
+	if err != nil || la == nil {
+		t.Fatalf("claim: %v", err)
+	}
+	if _, err := la.Checkpoint(ctx, map[string]any{"done": 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Revoke(ctx, la.Session().LeaseID); err != nil { // as on expiry
+		t.Fatal(err)
+	}
+	// B's first guess of the generation (the round's 0) is refused by the
+	// compare; the claim reads the right one and commits generation 2.
+	b := NewClient(newStore(t, ep), DefaultRoot)
+	lb, _, err := b.ClaimNext(ctx, q, "worker-b")
+	if err != nil || lb == nil || lb.Generation != 2 {
+		t.Fatalf("claim: %v %+v", err, lb)
+	}
+	if _, err := la.Complete(ctx, "late"); !errs.Is(err, errs.KindStale) {
+		t.Fatalf("late completion: %v", err)
+	}
+	if err := lb.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g1, g2, g3 := "000000000001", "000000000002", "000000000003"
+	h := historyKeys(t, admin, keys)
+	want := []string{g1, g1 + "/checkpoints", g1 + "/refused", g2, g2 + "/end"}
+	if len(h) != len(want) {
+		t.Fatalf("history keys %v, want %v", h, want)
+	}
+	for _, k := range want {
+		if _, ok := h[k]; !ok {
+			t.Fatalf("no %s in %v", k, h)
+		}
+	}
+	if h[g1].CreateRevision != la.Token || h[g2].CreateRevision != lb.Token || field(t, h[g2+"/end"], "how") != EndReleased {
+		t.Fatalf("tenures %v; tokens %d, %d", h, la.Token, lb.Token)
+	}
+	// a third claim (of the named item: its generation read first) keeps the
+	// last 2 (the queue's limit), in its own transaction
+	lc, err := b.ClaimItem(ctx, item, "worker-c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h = historyKeys(t, admin, keys)
+	if _, ok := h[g1]; ok || len(h) != 3 || h[g3].CreateRevision != lc.Token {
+		t.Fatalf("after the third claim: %v", h)
+	}
+	if _, err := lc.Complete(ctx, "done"); err != nil {
+		t.Fatal(err)
+	}
+	// the queue's counts are unaffected: no field prefix holds a history key
+	for _, f := range []string{"items", "pending", "held", "claims", "results", "checkpoints", "failed"} {
+		if strings.HasPrefix(keys.History(), QueueKeysOf(DefaultRoot, q).FieldPrefix(f)) {
+			t.Fatalf("history under %s/", f)
+		}
+	}
+}

@@ -11,7 +11,7 @@ import (
 // tests/vectors/test_history_vectors.py), and historyLimit in a job's spec.
 
 type historyKeyVector struct {
-	Root, Namespace, Name                      string
+	Root, Namespace, Name, Queue, Item         string
 	History, Tenure, End, Checkpoints, Refused string
 	Generation                                 int64
 }
@@ -19,10 +19,11 @@ type historyKeyVector struct {
 func TestHistoryVectors(t *testing.T) {
 	var file struct {
 		Spec, Tenure, TenureEnd, TenureMark []vector
-		Keys                                []historyKeyVector
+		Keys, ItemKeys                      []historyKeyVector
 	}
 	load(t, "history.json", &file)
-	if len(file.Spec) == 0 || len(file.Tenure) == 0 || len(file.TenureEnd) == 0 || len(file.TenureMark) == 0 || len(file.Keys) == 0 {
+	if len(file.Spec) == 0 || len(file.Tenure) == 0 || len(file.TenureEnd) == 0 || len(file.TenureMark) == 0 ||
+		len(file.Keys) == 0 || len(file.ItemKeys) == 0 {
 		t.Fatal("history.json has an empty section")
 	}
 	meaning := func(v vector) map[string]any {
@@ -79,8 +80,12 @@ func TestHistoryVectors(t *testing.T) {
 		b, err := TenureMarkValue(flt(t, m, "at"))
 		check("tenureMark", v, b, err)
 	}
-	for _, k := range file.Keys {
+	// a job's history keys, and a queue item's (the same layout under its queue's history/<id>/)
+	for _, k := range append(file.Keys, file.ItemKeys...) {
 		keys := Keys(k.Root, JobRef{k.Namespace, k.Name})
+		if k.Item != "" {
+			keys = QueueKeysOf(k.Root, QueueRef{k.Namespace, k.Queue}).Item(k.Item)
+		}
 		ten := tenure{keys: keys, gen: k.Generation}
 		got := []string{keys.History(), ten.key(), ten.endKey(), ten.checkpoints(), ten.refused()}
 		want := []string{k.History, k.Tenure, k.End, k.Checkpoints, k.Refused}

@@ -69,11 +69,13 @@ const HistorySegment = "_history"
 // order is claim order.
 const GenerationDigits = 12
 
-// History is the job's tenure history prefix, <root>/<ns>/_history/<name>/
-// ("" for a queue item: items keep none).
+// History is the job's tenure history prefix, <root>/<ns>/_history/<name>/,
+// or a queue item's, <queue prefix>history/<id>/ (docs/history.md, "Queue
+// items": the same layout, under the queue, so it goes with the item's prune
+// and the queue's delete and under no field prefix a count reads).
 func (k JobKeys) History() string {
 	if k.IsItem() {
-		return ""
+		return k.Prefix + "history/" + k.ItemID + "/"
 	}
 	trimmed := strings.TrimSuffix(k.Prefix, "/")
 	i := strings.LastIndex(trimmed, "/")
@@ -117,7 +119,7 @@ type QueueKeys struct{ Prefix string }
 
 func (k QueueKeys) Spec() string { return k.Prefix + "spec" }
 
-// FieldPrefix is items/, pending/, held/, claims/, results/, checkpoints/ or failed/ under the queue.
+// FieldPrefix is items/, pending/, held/, claims/, results/, checkpoints/, failed/ or history/ under the queue.
 func (k QueueKeys) FieldPrefix(field string) string { return k.Prefix + field + "/" }
 
 // Item is the keys of one item of the queue.

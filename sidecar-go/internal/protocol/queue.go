@@ -107,6 +107,8 @@ func (c *Client) claimItem(ctx context.Context, item ItemRef, owner string, pend
 	job := itemJob(item)
 	refresh := false
 	var revoked []string
+	// the item's generation (claims version), once read; -1: not yet
+	gen := int64(-1)
 	for range 16 { // slot races are planned again here (picks are random)
 		specRev, spec, readRev, err := c.queueSpec(ctx, item.Queue, refresh)
 		if err != nil {
@@ -116,7 +118,7 @@ func (c *Client) claimItem(ctx context.Context, item ItemRef, owner string, pend
 			return nil, errs.Suspended(item.Queue.String(), readRev)
 		}
 		if pending == nil || refresh {
-			if pending, err = c.pendingOf(ctx, item, keys); err != nil {
+			if pending, gen, err = c.pendingOf(ctx, item, keys); err != nil {
 				return nil, err
 			}
 		}
@@ -139,7 +141,14 @@ func (c *Client) claimItem(ctx context.Context, item ItemRef, owner string, pend
 		if err != nil {
 			return nil, err
 		}
-		lease, _, err := c.claimOn(ctx, job, keys, owner, specRev, jobSpec, s, &revoked, pending.ModRevision, plan)
+		// A history's tenure key needs the generation: a claim-next candidate's
+		// is guessed from its round (exact for a first claim, the usual case);
+		// a wrong guess is refused by the claim's compare and the refresh reads it.
+		guess := gen
+		if guess < 0 {
+			guess = rec.AttemptsFrom
+		}
+		lease, _, err := c.claimOn(ctx, job, keys, owner, specRev, jobSpec, s, &revoked, pending.ModRevision, guess, plan)
 		if errs.Is(err, errs.KindExhausted) {
 			c.markFailed(ctx, keys, pending)
 			return nil, err
@@ -157,36 +166,37 @@ func (c *Client) claimItem(ctx context.Context, item ItemRef, owner string, pend
 	return nil, errs.Unavailable(fmt.Sprintf("claim of item %s did not settle after several attempts", item))
 }
 
-// pendingOf is the item's pending key, or the error that says why it has none
-// (no queue, never enqueued, completed, failed).
-func (c *Client) pendingOf(ctx context.Context, item ItemRef, keys JobKeys) (*etcd.KV, error) {
+// pendingOf is the item's pending key and generation (its claims version, read
+// with it), or the error that says why it has none (no queue, never
+// enqueued, completed, failed).
+func (c *Client) pendingOf(ctx context.Context, item ItemRef, keys JobKeys) (*etcd.KV, int64, error) {
 	r, err := retryRead(ctx, ReadBackTimeout, func() (etcd.TxnResult, error) {
 		return c.Store.Txn(ctx, nil, []etcd.Op{etcd.Get(keys.Pending()), etcd.Get(keys.Item()), etcd.Get(keys.Result()),
 			etcd.Get(keys.Claims()), etcd.Get(keys.Spec())}, nil)
 	})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	pending, record, result, claims, spec := r.KV(0), r.KV(1), r.KV(2), r.KV(3), r.KV(4)
-	switch {
-	case pending != nil:
-		return pending, nil
-	case spec == nil:
-		return nil, errs.QueueNotFound(item.Queue.String())
-	case record == nil:
-		return nil, errs.ItemNotFound(item.String())
-	case result != nil:
-		rec, err := DecodeResult(result.Value, result.ModRevision)
-		if err != nil {
-			return nil, err
-		}
-		return nil, errs.AlreadyCompleted(item.String(), rec.Owner, rec.Token, rec.Generation)
-	}
 	var gen int64
 	if claims != nil {
 		gen = claims.Version
 	}
-	return nil, errs.AttemptsExhausted(item.String(), gen, gen) // failed: out of the queue until retried
+	switch {
+	case pending != nil:
+		return pending, gen, nil
+	case spec == nil:
+		return nil, 0, errs.QueueNotFound(item.Queue.String())
+	case record == nil:
+		return nil, 0, errs.ItemNotFound(item.String())
+	case result != nil:
+		rec, err := DecodeResult(result.Value, result.ModRevision)
+		if err != nil {
+			return nil, 0, err
+		}
+		return nil, 0, errs.AlreadyCompleted(item.String(), rec.Owner, rec.Token, rec.Generation)
+	}
+	return nil, 0, errs.AttemptsExhausted(item.String(), gen, gen) // failed: out of the queue until retried
 }
 
 // itemRefused explains a failed claim of an item; (true, nil) when the

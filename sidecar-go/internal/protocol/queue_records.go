@@ -20,6 +20,9 @@ type QueueSpec struct {
 	Shards               int64 // items "0".."Shards-1" exist from creation
 	// Semaphores every item's claim takes slots of (as Spec.Semaphores).
 	Semaphores []SemaphoreUse
+	// HistoryLimit: tenures kept per item (docs/history.md, "Queue items"); 0:
+	// none. Written only when > 0, so a spec without it keeps its bytes.
+	HistoryLimit int64
 }
 
 // Encode is QueueSpec.encode.
@@ -29,10 +32,13 @@ func (q QueueSpec) Encode() ([]byte, error) {
 	if len(q.Semaphores) > 0 {
 		obj = append(obj, pyjson.KV{Key: "semaphores", Value: usesJSON(q.Semaphores)})
 	}
+	if q.HistoryLimit > 0 {
+		obj = append(obj, pyjson.KV{Key: "historyLimit", Value: q.HistoryLimit})
+	}
 	return pyjson.Sorted(obj)
 }
 
-// DecodeQueueSpec is QueueSpec.decode: absent maxAttempts, suspend and shards are 0, false, 0.
+// DecodeQueueSpec is QueueSpec.decode: absent maxAttempts, suspend, shards and historyLimit are 0, false, 0, 0.
 func DecodeQueueSpec(data []byte) (QueueSpec, error) {
 	obj, err := object("queue", data)
 	if err != nil {
@@ -59,6 +65,11 @@ func DecodeQueueSpec(data []byte) (QueueSpec, error) {
 			return q, err
 		}
 	}
+	if _, ok := obj["historyLimit"]; ok {
+		if q.HistoryLimit, err = intField("queue", obj, "historyLimit"); err != nil {
+			return q, err
+		}
+	}
 	q.Semaphores, err = decodeUses("queue", obj)
 	return q, err
 }
@@ -67,7 +78,7 @@ func DecodeQueueSpec(data []byte) (QueueSpec, error) {
 // the item's current round are counted from attemptsFrom (a retried item
 // gets maxAttempts new claims; its generation keeps increasing).
 func (q QueueSpec) jobSpec(attemptsFrom int64) Spec {
-	s := Spec{LeaseDurationSeconds: q.LeaseDurationSeconds, Semaphores: q.Semaphores}
+	s := Spec{LeaseDurationSeconds: q.LeaseDurationSeconds, Semaphores: q.Semaphores, HistoryLimit: q.HistoryLimit}
 	if q.MaxAttempts > 0 {
 		s.MaxAttempts = attemptsFrom + q.MaxAttempts
 	}

@@ -16,7 +16,7 @@ func decodedQueueRecord(record string, data []byte) (map[string]any, error) {
 	case "queue":
 		q, err := DecodeQueueSpec(data)
 		return map[string]any{"leaseDurationSeconds": q.LeaseDurationSeconds, "maxAttempts": q.MaxAttempts,
-			"suspend": q.Suspend, "shards": q.Shards}, err
+			"suspend": q.Suspend, "shards": q.Shards, "historyLimit": q.HistoryLimit}, err
 	case "item":
 		i, err := DecodeItem(data, 0)
 		return map[string]any{"payload": i.Payload, "enqueuedAt": i.EnqueuedAt}, err
@@ -37,7 +37,7 @@ func encodedQueueRecord(t *testing.T, record string, m map[string]any) []byte {
 	switch record {
 	case "queue":
 		b, err = QueueSpec{LeaseDurationSeconds: num(t, m, "leaseDurationSeconds"), MaxAttempts: num(t, m, "maxAttempts"),
-			Suspend: m["suspend"].(bool), Shards: num(t, m, "shards")}.Encode()
+			Suspend: m["suspend"].(bool), Shards: num(t, m, "shards"), HistoryLimit: num(t, m, "historyLimit")}.Encode()
 	case "item":
 		b, err = ItemRecord{Payload: m["payload"], EnqueuedAt: flt(t, m, "enqueuedAt")}.Encode()
 	case "pending":

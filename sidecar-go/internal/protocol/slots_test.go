@@ -380,7 +380,7 @@ func TestAnAmbiguousClaimThatCommittedGetsItsSlotsFromTheReadBack(t *testing.T) 
 	}
 	faults.LoseNextAnswers(etcdtest.Txn, 1) // the claim transaction's answer
 	var revoked []string
-	l, _, err := c.claimOn(ctx, job, keys, "w", specRev, spec, s, &revoked, 0, plan)
+	l, _, err := c.claimOn(ctx, job, keys, "w", specRev, spec, s, &revoked, 0, 0, plan)
 	if faults.LostAnswers(etcdtest.Txn) != 1 {
 		t.Fatalf("the claim's answer was not lost: the test did not test the read-back")
 	}
