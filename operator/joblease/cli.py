@@ -237,7 +237,42 @@ def semaphore_option(fn: F) -> F:
              "namespace) in its transaction (repeatable; docs/semaphores.md).")(fn)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The ``joblease`` group, whose heavier commands load when they are used.
+
+    ``operator`` (kopf, aiohttp), ``ledger`` (the web stack) and ``demo`` are
+    imported only when one of them is run, or its own help asked for: every other
+    command (``claim``, ``get``, ``queue ...``) starts without them, about a second
+    less on each start (docs/cli.md). ``joblease --help`` lists them by the
+    help in ``LAZY_COMMANDS``, which tests/cli/test_cli.py holds equal to the
+    loaded commands' own."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+            self.add_command(_load_optional(cmd_name), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        limit = formatter.width - 6 - max(len(name) for name in self.list_commands(ctx))
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in LAZY_COMMANDS and name not in self.commands:
+                # without importing it: its help's first paragraph, shortened as click does
+                summary = click.Command(name, help=LAZY_COMMANDS[name][1])
+                rows.append((name, summary.get_short_help_str(limit)))
+                continue
+            command = super().get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="joblease")
 def main() -> None:
     """Job leases with fencing tokens on etcd.
@@ -684,31 +719,38 @@ def _operator_command() -> click.Command:
     return operator_command
 
 
-def _register_optional_commands() -> None:
-    """Commands with heavier dependencies, imported only if installed (the
-    operator needs the ``operator`` extra: kopf). Plain imports inside functions,
-    not ``importlib``, so the import contracts (``.importlinter``: ``cli`` on top)
-    see what the CLI loads."""
-    for name, load in (("demo", _demo_command), ("ledger", _ledger_command),
-                       ("operator", _operator_command)):
-        try:
-            command = load()
-        except ImportError as e:
-            missing = f"{e} (pip install 'joblease[operator]')"
-
-            @main.command(name, context_settings={"ignore_unknown_options": True},
-                          add_help_option=False)
-            @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-            def unavailable(args: tuple[str, ...], _missing: str = missing,
-                            _name: str = name) -> None:
-                click.echo(f"joblease: {_name} needs an optional dependency: {_missing}",
-                           err=True)
-                sys.exit(JobLeaseError.exit_code)
-        else:
-            main.add_command(command)
+#: The commands with heavier dependencies (the operator needs the ``operator``
+#: extra: kopf), loaded by ``_Commands`` when used: their loader and the first
+#: paragraph of their help.
+#: Plain imports inside the loaders, not ``importlib``, so the import contracts
+#: (``.importlinter``: ``cli`` on top) see what the CLI loads.
+LAZY_COMMANDS: dict[str, tuple[Callable[[], click.Command], str]] = {
+    "demo": (_demo_command, "Run the seed example: A pauses past its TTL, B takes over, "
+             "A's late completion and A's late write are both rejected. Exit 0 only if "
+             "they are."),
+    "ledger": (_ledger_command, "Serve the example ledger destination: writes with a stale "
+               "fencing token get 409 (docs/fencing.md; examples/ledger.yaml runs it in a "
+               "cluster)."),
+    "operator": (_operator_command,
+                 "Register JobLeases in etcd and mirror etcd's decisions into their status."),
+}
 
 
-_register_optional_commands()
+def _load_optional(name: str) -> click.Command:
+    """The lazy command ``name``, or, when its dependency is not installed, a
+    command that says which and exits."""
+    try:
+        return LAZY_COMMANDS[name][0]()
+    except ImportError as e:
+        missing = f"{e} (pip install 'joblease[operator]')"
+
+    @click.command(name, context_settings={"ignore_unknown_options": True},
+                   add_help_option=False)
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def unavailable(args: tuple[str, ...]) -> None:
+        click.echo(f"joblease: {name} needs an optional dependency: {missing}", err=True)
+        sys.exit(JobLeaseError.exit_code)
+    return unavailable
 
 __all__ = ["main"]
 

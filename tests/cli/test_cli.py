@@ -216,3 +216,50 @@ def test_the_retired_sidecar_command_is_gone_and_names_its_replacement() -> None
                    if line.startswith("  ")), listed
     cli_doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
     assert "`joblease-sidecar`" in cli_doc
+
+
+# The commands with heavy imports load only when used (joblease.cli._Commands): run in
+# a fresh interpreter each, since this one has imported kopf already.
+_PROBE = ("import sys\n{block}from click.testing import CliRunner\n"
+          "from joblease.cli import main\n"
+          "r = CliRunner().invoke(main, sys.argv[1:])\n"
+          "print(r.exit_code, 'kopf' in sys.modules, 'aiohttp' in sys.modules)\n"
+          "print(r.output, file=sys.stderr)\n")
+
+
+def _probe(*argv: str, block: str = "") -> tuple[list[str], str]:
+    done = subprocess.run([sys.executable, "-c", _PROBE.format(block=block), *argv],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split(), done.stderr
+
+
+@pytest.mark.parametrize(("argv", "loaded"), [
+    (["--help"], False), (["get", "--help"], False), (["queue", "get", "--help"], False),
+    (["operator", "--help"], True)])
+def test_the_operator_and_ledger_modules_load_only_when_their_command_runs(
+        argv: list[str], loaded: bool) -> None:
+    (code, kopf, aiohttp), output = _probe(*argv)
+    assert code == "0", output
+    assert (kopf, aiohttp) == (str(loaded), str(loaded)), (argv, output)
+
+
+def test_the_lazy_commands_are_listed_with_their_own_help() -> None:
+    from joblease.cli import LAZY_COMMANDS, _load_optional
+
+    for name, (_, summary) in LAZY_COMMANDS.items():
+        command = _load_optional(name)
+        assert command.help is not None and command.short_help is None, name
+        first = " ".join(command.help.split("\n\n")[0].split())
+        assert summary == first, (name, summary, first)
+    listed = CliRunner().invoke(main, ["--help"], terminal_width=200).output
+    for name in LAZY_COMMANDS:
+        assert f"  {name} " in listed, listed
+
+
+def test_the_operator_without_its_extra_says_what_to_install() -> None:
+    (code, _, _), output = _probe("operator", "--namespace", "a",
+                                  block="sys.modules['kopf'] = None\n")
+    assert code == "1", output
+    assert "joblease: operator needs an optional dependency" in output, output
+    assert "pip install 'joblease[operator]'" in output, output
