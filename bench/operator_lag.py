@@ -485,14 +485,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(args.settle_extra)
                 row = {"jobleases": n, "create_s": round(created_s, 2), **settled,
                        **proc_memory(bench.pid), "loadavg": loadavg()}
+                if args.settle_later > args.settle_extra:
+                    # idle keep-alive connections of the burst closed meanwhile (aiohttp: 15 s)
+                    await asyncio.sleep(args.settle_later - args.settle_extra)
+                    row["later"] = {"after_s": args.settle_later, **proc_memory(bench.pid)}
                 if bench.traced:
                     row["tracemalloc"] = await bench.tracemalloc_summary()
                     print_tracemalloc(row["tracemalloc"])
                 report["sizes"].append(row)
                 print(f"N={n}: created in {row['create_s']} s, registered {row['registered_s']}"
                       f" s, statuses {row['statuses_s']} s, RSS {row['VmRSS']} MiB "
-                      f"(peak {row['VmHWM']}; {row['map']}), load {row['loadavg']}",
-                      flush=True)
+                      f"(peak {row['VmHWM']}; {row['map']}), load {row['loadavg']}"
+                      + (f"; {row['later']}" if "later" in row else ""), flush=True)
                 if i == 0 or args.lag_at_each_size:
                     lag = await bench.lag_run(client, lag_jobs_start, n)
                     lag_jobs_start = n
@@ -628,6 +632,8 @@ def main() -> None:
     parser.add_argument("--settle-timeout", type=float, default=1800.0)
     parser.add_argument("--settle-extra", type=float, default=5.0,
                         help="seconds to wait after settling before reading RSS")
+    parser.add_argument("--settle-later", type=float, default=0.0,
+                        help="seconds after settling to read RSS a second time (0: not)")
     parser.add_argument("--reuse", type=int, default=0, metavar="K",
                         help="claim+release the first K jobs repeatedly instead of one "
                              "claim+complete per job (repeated Events)")

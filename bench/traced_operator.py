@@ -105,8 +105,11 @@ def pymalloc_stats() -> dict[str, float]:
 
 
 def memory_map(pid: int | str = "self") -> dict[str, float]:
-    """Resident MiB of ``[heap]`` (glibc's main arena), of other anonymous mappings
-    (mmapped blocks, thread arenas, pymalloc arenas) and of file-backed mappings."""
+    """Resident MiB of ``[heap]`` (glibc's main arena), of the other anonymous
+    mappings (pymalloc's arenas, blocks glibc mapped on their own such as asyncio's
+    256 KiB TLS read buffers, thread arenas and stacks: the kernel merges adjacent
+    ones, so their sizes cannot tell them apart) and of file-backed mappings; and
+    the open sockets."""
     out = {"heap_mib": 0.0, "other_anonymous_mib": 0.0, "file_mib": 0.0}
     current = ""
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
@@ -117,7 +120,18 @@ def memory_map(pid: int | str = "self") -> dict[str, float]:
                        "file_mib" if inode != "0" else "other_anonymous_mib")
         elif line.startswith("Rss:"):
             out[current] += int(line.split()[1]) / 1024
-    return {k: round(v, 1) for k, v in out.items()}
+    rounded = {k: round(v, 1) for k, v in out.items()}
+    fds = Path(f"/proc/{pid}/fd")
+    rounded["sockets"] = sum(1 for fd in fds.iterdir()
+                             if _readlink(fd).startswith("socket:"))
+    return rounded
+
+
+def _readlink(path: Path) -> str:
+    try:
+        return str(path.readlink())
+    except OSError:  # closed meanwhile
+        return ""
 
 
 def object_sizes(top: int = 25) -> dict[str, list[float]]:
