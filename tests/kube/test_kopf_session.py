@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from joblease.operator.kube import kopf_session, login
+from joblease.operator.kube import KOPF_KEEPALIVE, kopf_session, login
 from tests.support.controlplane import ControlPlane
 from tests.support.operator import joblease
 
@@ -89,4 +89,30 @@ async def test_watch_streams_do_not_take_the_requests_slots(
     finally:
         for resp in watches:
             resp.close()
+        await session.close()
+
+
+async def test_an_idle_connection_is_closed_after_the_keepalive(
+        kubeconfig: ControlPlane, namespace: str) -> None:
+    """kopf's requests come in bursts; the connections (each with a 256 KiB TLS read
+    buffer) do not outlive them by more than ``KOPF_KEEPALIVE`` seconds."""
+    info = login()
+    session = kopf_session(info).aiohttp_session
+    created = _count_connections(session)
+    url = f"{info.server}{GROUP}/namespaces/{namespace}/jobleases"
+    try:
+        async def get() -> None:
+            async with session.get(url) as resp:
+                assert resp.status == 200
+                await resp.read()
+
+        await get()
+        await get()
+        assert created[0] == 1  # reused while fresh
+        # A timing property, not a synchronisation: idle past the keep-alive (aiohttp
+        # discards such a connection when it is next wanted, or at its cleanup tick).
+        await asyncio.sleep(2 * KOPF_KEEPALIVE + 1)
+        await get()
+        assert created[0] == 2
+    finally:
         await session.close()
