@@ -14,7 +14,8 @@ So the operator, on glibc:
 
 - fixes the ``mmap`` threshold (:data:`MMAP_THRESHOLD`, glibc's own initial value):
   blocks that large are mapped on their own and unmapped when freed, whatever was
-  freed before;
+  freed before (unless a free hole in the heap fits one: then it is reused, and the
+  trim below gives its pages back once it is free again);
 - caps the number of malloc arenas (:data:`ARENA_MAX`): each thread that allocates
   (gRPC's, the default executor's) may otherwise get an arena of its own, whose
   free memory the others cannot reuse;
