@@ -540,7 +540,7 @@ def print_tracemalloc(t: dict[str, Any], top: int = 15) -> None:
         print(f"  {row['mib']:>8.2f} MiB {row['blocks']:>8} blocks  {row['where']}")
     for row in t.get("top_tracebacks", [])[:top // 2]:
         print(f"  {row['mib']:>8.2f} MiB {row['blocks']:>8} blocks  "
-              + " <- ".join(row["frames"][:6]))
+              + " -> ".join(row["frames"][-6:]))  # oldest call first
     print(f"  pymalloc: {t.get('pymalloc')}\n  memory map: {t.get('memory_map')}")
     print("  objects (count, MiB): " + ", ".join(
         f"{k} {v[0]} {v[1]}" for k, v in list(t.get("object_sizes", {}).items())[:15]))
