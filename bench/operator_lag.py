@@ -37,7 +37,9 @@ generator, which talks to etcd only.
 once settled at each size the bench asks it (SIGUSR2) for the live allocations,
 grouped by the innermost non-stdlib frame. Tracing costs memory of its own (reported
 as ``tracemalloc_overhead_mib``), so RSS of a traced run is not comparable with an
-untraced one; run once with and once without.
+untraced one; run once with and once without. ``--heap-stats`` runs the same wrapper
+without tracing and reports only what needs none (pymalloc's arenas, the resident
+memory map, live objects by type): cheap enough for 10,000 JobLeases, RSS comparable.
 
 ``--baseline old.json``: print this run's figures beside a previous run's, with ratios.
 
@@ -47,7 +49,8 @@ job gets a Claimed and an Expired Event per cycle: the case Event aggregation is
 for. Lag is then measured for claims only (a release returns no revision).
 
     python bench/operator_lag.py [--sizes 1000,10000] [--rate 30] [--duration 30]
-                                 [--lag-at-each-size] [--tracemalloc] [--baseline old.json]
+                                 [--lag-at-each-size] [--tracemalloc | --heap-stats]
+                                 [--baseline old.json]
                                  [--json bench/results/operator_lag.json]
 """
 
@@ -73,6 +76,7 @@ sys.path.insert(0, str(HERE.parent))
 from bench.claims import pct  # noqa: E402
 from bench.etcd_binary import etcd_binary_or_none  # noqa: E402
 from bench.report import save  # noqa: E402
+from bench.traced_operator import memory_map  # noqa: E402
 from joblease import EtcdConfig, JobLeaseClient, JobRef  # noqa: E402
 from joblease.embedded import EtcdCluster  # noqa: E402
 
@@ -83,8 +87,9 @@ def loadavg() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
-def proc_memory(pid: int) -> dict[str, float]:
-    out: dict[str, float] = {}
+def proc_memory(pid: int) -> dict[str, Any]:
+    """VmRSS, VmHWM (MiB) and where the resident pages are (``memory_map``)."""
+    out: dict[str, Any] = {"map": memory_map(pid)}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
         if key in ("VmRSS", "VmHWM"):
@@ -159,9 +164,11 @@ class Bench:
         self.ssl = ssl_context(self.pki)
         self.base = f"{self.cp.server}{GROUP_PATH}/namespaces/{self.ns}/jobleases"
         self.op = BenchOperator(self.cp, self.config, self.ns, self.tmp / "operator.log")
-        self.traced = args.tracemalloc
+        self.traced = args.tracemalloc or args.heap_stats
         if self.traced:
             self.op.module = "bench.traced_operator"
+            if not args.tracemalloc:  # the summary's untraced parts only, RSS comparable
+                os.environ["JOBLEASE_TRACEMALLOC_FRAMES"] = "0"
             self.trace_out = self.tmp / "tracemalloc.json"
             os.environ["JOBLEASE_TRACEMALLOC_OUT"] = str(self.trace_out)
         self.created = 0
@@ -478,13 +485,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(args.settle_extra)
                 row = {"jobleases": n, "create_s": round(created_s, 2), **settled,
                        **proc_memory(bench.pid), "loadavg": loadavg()}
+                if args.settle_later > args.settle_extra:
+                    # idle keep-alive connections of the burst closed meanwhile (aiohttp: 15 s)
+                    await asyncio.sleep(args.settle_later - args.settle_extra)
+                    row["later"] = {"after_s": args.settle_later, **proc_memory(bench.pid)}
                 if bench.traced:
                     row["tracemalloc"] = await bench.tracemalloc_summary()
                     print_tracemalloc(row["tracemalloc"])
                 report["sizes"].append(row)
                 print(f"N={n}: created in {row['create_s']} s, registered {row['registered_s']}"
                       f" s, statuses {row['statuses_s']} s, RSS {row['VmRSS']} MiB "
-                      f"(peak {row['VmHWM']}), load {row['loadavg']}", flush=True)
+                      f"(peak {row['VmHWM']}; {row['map']}), load {row['loadavg']}"
+                      + (f"; {row['later']}" if "later" in row else ""), flush=True)
                 if i == 0 or args.lag_at_each_size:
                     lag = await bench.lag_run(client, lag_jobs_start, n)
                     lag_jobs_start = n
@@ -519,12 +531,19 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_tracemalloc(t: dict[str, Any], top: int = 15) -> None:
-    print(f"tracemalloc: {t['traced_mib']} MiB live in traced blocks, peak "
-          f"{t.get('traced_peak_mib', '-')} MiB (+{t['tracemalloc_overhead_mib']} MiB "
-          "tracemalloc's own)")
-    print("  by package: " + ", ".join(f"{k} {v}" for k, v in t["by_package_mib"].items()))
-    for row in t["top_owners"][:top]:
+    if "traced_mib" in t:
+        print(f"tracemalloc: {t['traced_mib']} MiB live in traced blocks, peak "
+              f"{t.get('traced_peak_mib', '-')} MiB (+{t['tracemalloc_overhead_mib']} MiB "
+              "tracemalloc's own)")
+        print("  by package: " + ", ".join(f"{k} {v}" for k, v in t["by_package_mib"].items()))
+    for row in t.get("top_owners", [])[:top]:
         print(f"  {row['mib']:>8.2f} MiB {row['blocks']:>8} blocks  {row['where']}")
+    for row in t.get("top_tracebacks", [])[:top // 2]:
+        print(f"  {row['mib']:>8.2f} MiB {row['blocks']:>8} blocks  "
+              + " -> ".join(row["frames"][-6:]))  # oldest call first
+    print(f"  pymalloc: {t.get('pymalloc')}\n  memory map: {t.get('memory_map')}")
+    print("  objects (count, MiB): " + ", ".join(
+        f"{k} {v[0]} {v[1]}" for k, v in list(t.get("object_sizes", {}).items())[:15]))
 
 
 def print_lag(lag: dict[str, Any]) -> None:
@@ -613,12 +632,17 @@ def main() -> None:
     parser.add_argument("--settle-timeout", type=float, default=1800.0)
     parser.add_argument("--settle-extra", type=float, default=5.0,
                         help="seconds to wait after settling before reading RSS")
+    parser.add_argument("--settle-later", type=float, default=0.0,
+                        help="seconds after settling to read RSS a second time (0: not)")
     parser.add_argument("--reuse", type=int, default=0, metavar="K",
                         help="claim+release the first K jobs repeatedly instead of one "
                              "claim+complete per job (repeated Events)")
     parser.add_argument("--tracemalloc", action="store_true",
                         help="run the operator under tracemalloc and report its live "
                              "allocations at each size (costs memory: RSS not comparable)")
+    parser.add_argument("--heap-stats", action="store_true",
+                        help="untraced, but at each size report pymalloc's arenas, the "
+                             "memory map and live objects by type (RSS comparable)")
     parser.add_argument("--split-history", action="store_true",
                         help="odd-numbered JobLeases keep no history (historyLimit 0): the "
                              "lag of jobs with and without status.recentTenures, one run")

@@ -8,27 +8,38 @@ what is live at that moment to ``JOBLEASE_TRACEMALLOC_OUT`` (JSON), then
 The summary attributes each live block to the innermost frame of *our* code or of
 a library that is not the standard library (kopf, aiohttp, grpc, protobuf,
 joblease), so ``json.loads`` called by kopf counts as kopf's, and also lists the
-top lines as tracemalloc sees them. tracemalloc's own bookkeeping
-(``tracemalloc.get_tracemalloc_memory()``) is reported too: it is part of the RSS
-of a traced process and not of an untraced one.
+top lines as tracemalloc sees them, and with more than one frame per
+allocation (``JOBLEASE_TRACEMALLOC_FRAMES``) the top tracebacks. tracemalloc's own
+bookkeeping (``tracemalloc.get_tracemalloc_memory()``) is reported too: it is part
+of the RSS of a traced process and not of an untraced one.
+
+Beside the live blocks it reports what RSS holds that they do not show: pymalloc's
+arenas (``sys._debugmallocstats``: bytes in used blocks against free blocks of
+arenas that cannot be returned while one block in them lives), the process's
+memory map (``[heap]``, the rest of the anonymous memory, file-backed pages) and
+the most numerous live object types (``gc.get_objects()``).
 
     python -m bench.traced_operator --namespace ns ...   (the operator's own arguments)
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import re
 import runpy
 import signal
 import sys
 import sysconfig
+import tempfile
 import tracemalloc
 from collections import defaultdict
 from pathlib import Path
 from types import FrameType
 
-#: Frames kept per allocation (``JOBLEASE_TRACEMALLOC_FRAMES``). 1 (tracemalloc's
+#: Frames kept per allocation (``JOBLEASE_TRACEMALLOC_FRAMES``); 0: no tracing, and
+#: the summary has only what needs none (``--heap-stats``). 1 (tracemalloc's
 #: default) attributes a block to the line that allocated it; more frames find the
 #: caller of ``json.loads`` and friends, but slowed the operator's creation handling
 #: about 15x at 12 frames on a loaded machine, too much for 1,000 JobLeases.
@@ -63,7 +74,86 @@ def _short(filename: str) -> str:
     return filename
 
 
+def pymalloc_stats() -> dict[str, float]:
+    """pymalloc's arena accounting (``sys._debugmallocstats``, written to fd 2), MiB."""
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        try:
+            sys.stderr.flush()
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    wanted = {"# arenas allocated current": "arenas_current",
+              "# arenas highwater mark": "arenas_highwater",
+              "# bytes in allocated blocks": "allocated_blocks_mib",
+              "# bytes in available blocks": "available_blocks_mib",
+              "Total": "in_arenas_mib"}
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        label, _, value = line.partition("=")
+        key = wanted.get(label.strip())
+        if "unused pools" in label:
+            key = "unused_pools_mib"
+        if key and key not in found and value.strip():
+            number = int(value.strip().replace(",", ""))
+            found[key] = number if key.startswith("arenas") else round(number / 2**20, 1)
+    return found
+
+
+def memory_map(pid: int | str = "self") -> dict[str, float]:
+    """Resident MiB of ``[heap]`` (glibc's main arena), of the other anonymous
+    mappings (pymalloc's arenas, blocks glibc mapped on their own such as asyncio's
+    256 KiB TLS read buffers, thread arenas and stacks: the kernel merges adjacent
+    ones, so their sizes cannot tell them apart) and of file-backed mappings; and
+    the open sockets."""
+    out = {"heap_mib": 0.0, "other_anonymous_mib": 0.0, "file_mib": 0.0}
+    current = ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = re.match(r"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ (\d+)\s*(.*)$", line)
+        if head:
+            inode, name = head.groups()
+            current = ("heap_mib" if name == "[heap]" else
+                       "file_mib" if inode != "0" else "other_anonymous_mib")
+        elif line.startswith("Rss:"):
+            out[current] += int(line.split()[1]) / 1024
+    rounded = {k: round(v, 1) for k, v in out.items()}
+    fds = Path(f"/proc/{pid}/fd")
+    rounded["sockets"] = sum(1 for fd in fds.iterdir()
+                             if _readlink(fd).startswith("socket:"))
+    return rounded
+
+
+def _readlink(path: Path) -> str:
+    try:
+        return str(path.readlink())
+    except OSError:  # closed meanwhile
+        return ""
+
+
+def object_sizes(top: int = 25) -> dict[str, list[float]]:
+    """Live objects the garbage collector tracks, by type: count and MiB of their own
+    ``sys.getsizeof`` (not of what they refer to; strings, bytes and numbers are not
+    tracked by the collector, so they show only inside the containers' figures)."""
+    sizes: dict[str, list[float]] = defaultdict(lambda: [0, 0])
+    for obj in gc.get_objects():
+        entry = sizes[f"{type(obj).__module__}.{type(obj).__qualname__}"]
+        entry[0] += 1
+        entry[1] += sys.getsizeof(obj)
+    ranked = sorted(sizes.items(), key=lambda kv: -kv[1][1])[:top]
+    return {k: [int(v[0]), round(v[1] / 2**20, 2)] for k, v in ranked}
+
+
 def summary(top: int = 30) -> dict[str, object]:
+    """What is live now. Without tracing (``JOBLEASE_TRACEMALLOC_FRAMES=0``) only the
+    parts that need no tracing: pymalloc, the memory map, the objects by type."""
+    untraced: dict[str, object] = {"pymalloc": pymalloc_stats(), "memory_map": memory_map(),
+                                   "object_sizes": object_sizes()}
+    if not tracemalloc.is_tracing():
+        return untraced
     snapshot = tracemalloc.take_snapshot()
     by_owner: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     by_package: dict[str, int] = defaultdict(int)
@@ -87,6 +177,11 @@ def summary(top: int = 30) -> dict[str, object]:
                        for k, v in owners],
         "top_lines": [{"where": f"{_short(s.traceback[0].filename)}:{s.traceback[0].lineno}",
                        "mib": round(s.size / mib, 2), "blocks": s.count} for s in lines],
+        "top_tracebacks": [
+            {"mib": round(s.size / mib, 2), "blocks": s.count,
+             "frames": [f"{_short(f.filename)}:{f.lineno}" for f in s.traceback]}
+            for s in (snapshot.statistics("traceback")[:top // 2] if FRAMES > 1 else [])],
+        **untraced,
     }
 
 
@@ -97,7 +192,8 @@ def _dump(_signum: int, _frame: FrameType | None) -> None:
 
 
 def main() -> None:
-    tracemalloc.start(FRAMES)
+    if FRAMES > 0:
+        tracemalloc.start(FRAMES)
     signal.signal(signal.SIGUSR2, _dump)
     sys.argv = ["joblease.operator", *sys.argv[1:]]
     runpy.run_module("joblease.operator", run_name="__main__", alter_sys=True)

@@ -42,7 +42,7 @@ DEFAULT_ROOT = "/joblease/v1"
 DEFAULT_NAMESPACE = "default"
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, slots=True, order=True)
 class JobRef:
     """A job's identity: the Kubernetes namespace and name of its JobLease."""
 

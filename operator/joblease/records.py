@@ -119,7 +119,7 @@ def encode_claim(owner: str, claim_id: str) -> bytes:
     return json.dumps({"owner": owner, "claimId": claim_id}, separators=(",", ":")).encode()
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, slots=True, order=True)
 class SemaphoreUse:
     """A claim's need: ``weight`` slots of the semaphore ``name`` (same namespace)."""
 
@@ -144,7 +144,7 @@ def _uses(obj: dict[str, Any]) -> tuple[SemaphoreUse, ...]:
     return tuple(SemaphoreUse.from_json(u) for u in uses)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """The registration: what the operator copies from the JobLease's spec."""
 
@@ -189,7 +189,7 @@ class JobSpec:
             )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Holder:
     """Who holds the job. ``token`` is the holder key's create revision."""
 
@@ -221,7 +221,7 @@ class Holder:
             return obj
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ResultRecord:
     """The accepted completion, written once."""
 
@@ -272,7 +272,7 @@ class ResultRecord:
                 "completedAt": self.completed_at, "revision": self.revision}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CheckpointRecord:
     """The last progress checkpoint, written by the holder named here.
 
@@ -315,7 +315,7 @@ class CheckpointRecord:
                 "checkpointedAt": self.checkpointed_at, "revision": self.revision}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobState:
     """Everything etcd knows about one job, as of ``revision``."""
 

@@ -26,7 +26,7 @@ Target = Literal["version", "create", "mod", "value", "lease"]
 Op = Literal["==", "!=", "<", ">"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class KeyValue:
     key: bytes
     value: bytes

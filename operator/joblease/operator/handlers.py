@@ -19,7 +19,7 @@ from joblease.client import JobLeaseClient
 from joblease.errors import FencedError, InvalidInputError, JobLeaseError, StoreUnavailableError
 from joblease.operator import queue_registration, registration, semaphore_registration
 from joblease.operator.election import Leadership
-from joblease.operator.kube import KubeApiError
+from joblease.operator.kube import KubeApiError, kopf_session
 from joblease.operator.mirror import Mirror
 from joblease.operator.periodic_mirror import PeriodicMirror
 from joblease.operator.queue_mirror import QueueMirror
@@ -82,9 +82,10 @@ def build_registry(client: JobLeaseClient, mirror: Mirror,
             leadership.fenced(str(exc))
 
     @kopf.on.login(id="login", registry=registry)
-    def authenticate(**_: Any) -> kopf.ConnectionInfo:
-        """The same credentials the mirror's API client uses."""
-        return login()
+    async def authenticate(**_: Any) -> kopf.AiohttpSession:
+        """The same credentials the mirror's API client uses, in a session with a
+        bounded number of requests in flight (:func:`kube.kopf_session`)."""
+        return kopf_session(login())
 
     async def _register(namespace: str | None, name: str, spec: Any, logger: Any) -> None:
         try:

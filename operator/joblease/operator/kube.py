@@ -19,7 +19,7 @@ import logging
 import os
 import socket
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -67,6 +67,69 @@ def login(settings: kopf.OperatorSettings | None = None) -> kopf.ConnectionInfo:
     if info is None:
         raise kopf.LoginError("no service account token and no kubeconfig found")
     return info
+
+
+#: kopf's API requests in flight at most, watch streams not counted (:func:`kopf_session`):
+#: aiohttp's own default pool size. 32 made kopf fall 40 s behind a creation burst of
+#: 10,000 JobLeases on a loaded machine (its backlog then cost more memory than the
+#: connections it saved).
+KOPF_REQUESTS = 100
+#: Seconds an idle connection of kopf's session stays open (aiohttp's default: 15). kopf's
+#: requests come in bursts (creations, deletions); its watch streams are not idle.
+KOPF_KEEPALIVE = 2.0
+
+
+class _BoundedRequests:
+    """An aiohttp client middleware: at most ``limit`` requests hold a connection at a
+    time, except watches (``watch=true``: a stream holds its connection for minutes,
+    and counting them could leave no slot for anything else).
+
+    kopf's own session has no connection limit (``limit=0``); in a creation burst it
+    opened a connection per concurrent request and kept them open (330-380 at 2,000
+    JobLeases being created, docs/benchmarks-operator.md), each with asyncio's 256 KiB
+    TLS read buffer. Here a request takes a slot and reads its body before giving the
+    slot back, so the connection is back in the pool first: the pool never needs more
+    than ``limit`` connections plus the watch streams. Requests beyond the limit wait
+    for a slot, as they would for a connection of a bounded pool. (Connections idle for
+    :data:`KOPF_KEEPALIVE` seconds after a burst are closed, and their buffers freed.)"""
+
+    def __init__(self, limit: int) -> None:
+        self._slots = asyncio.Semaphore(limit)
+
+    async def __call__(self, request: aiohttp.ClientRequest,
+                       handler: Callable[[aiohttp.ClientRequest],
+                                         Awaitable[aiohttp.ClientResponse]]
+                       ) -> aiohttp.ClientResponse:
+        if request.url.query.get("watch") in ("true", "1"):
+            return await handler(request)
+        async with self._slots:
+            response = await handler(request)
+            try:
+                await response.read()  # kept by the response for the caller's json()/text()
+            except BaseException:
+                response.close()
+                raise
+            return response
+
+
+def kopf_session(info: kopf.ConnectionInfo, *, requests: int = KOPF_REQUESTS
+                 ) -> kopf.AiohttpSession:
+    """kopf's API session as kopf builds it from ``info`` (its TLS context, auth
+    headers, proxy), but with at most ``requests`` requests in flight besides the
+    watch streams (:class:`_BoundedRequests`), and idle connections closed after
+    :data:`KOPF_KEEPALIVE` seconds. kopf closes it when it re-logs in (then the login
+    handler makes a new one) and when it stops."""
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ssl=info.as_ssl_context(),
+                                       keepalive_timeout=KOPF_KEEPALIVE),
+        headers=info.as_http_headers(),
+        proxy=info.proxy_url,
+        trust_env=info.trust_env,
+        middlewares=(_BoundedRequests(requests),),
+    )
+    return kopf.AiohttpSession(aiohttp_session=session, server=info.server,
+                               default_namespace=info.default_namespace,
+                               priority=info.priority, expiration=info.expiration)
 
 
 class KubeApi:

@@ -55,6 +55,7 @@ from joblease.client import JobLeaseClient
 from joblease.envvars import read_bool, read_float, read_int, read_list, read_str
 from joblease.errors import InvalidInputError, JobLeaseError
 from joblease.etcd_store import EtcdConfig, EtcdStore
+from joblease.operator import allocator
 from joblease.operator.election import DEFAULT_TTL as ELECTION_TTL
 from joblease.operator.election import MAX_TTL, MIN_TTL, Election, Leadership, check_name
 from joblease.operator.handlers import build_registry
@@ -365,7 +366,21 @@ async def run_operator(config: OperatorConfig) -> None:
     SIGTERM gives kopf ``STOP_GRACE`` seconds, then resigns so a standby takes over
     at once.
     A restart resyncs from an etcd snapshot.
+
+    On glibc the process's allocator is tuned and trimmed so that freed memory
+    goes back to the system (:mod:`joblease.operator.allocator`).
     """
+    # Before any other thread allocates (gRPC's start with the etcd store).
+    allocator.tune()
+    trimming = asyncio.create_task(allocator.trim_periodically(), name="joblease-malloc-trim")
+    try:
+        await _run_replica(config)
+    finally:
+        trimming.cancel()
+        await asyncio.gather(trimming, return_exceptions=True)
+
+
+async def _run_replica(config: OperatorConfig) -> None:
     etcd = config.etcd
     settings = build_settings(config)
     metrics = OperatorMetrics()

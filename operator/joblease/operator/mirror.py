@@ -23,7 +23,8 @@ The same reading tells an ``Expired`` Event from a ``Released`` or ``Revoked``
 one (:func:`joblease.operator.events.refine_ends`).
 
 The cache of the last object read or written per job (its
-``status.etcdRevision`` is the "last applied revision") is seeded from the API
+``status.etcdRevision`` is the "last applied revision";
+:mod:`joblease.operator.object_cache`, compressed) is seeded from the API
 server on first use, so a restarted operator continues where the status is.
 
 Each job is handled on its own: stored values are tenant-writable input, so a
@@ -40,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import fnmatch
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -70,6 +70,7 @@ from joblease.operator.kube import (
     NotFoundError,
 )
 from joblease.operator.metrics import OperatorMetrics
+from joblease.operator.object_cache import ObjectCache
 from joblease.operator.registration import spec_matches
 from joblease.operator.status import (
     DEFAULT_RESULT_LIMIT,
@@ -96,33 +97,6 @@ _TRANSIENT = (KubeApiError, aiohttp.ClientError, TimeoutError, StoreUnavailableE
 CONFLICT_RETRIES = 8
 #: Invalid job names remembered (to log each once); beyond that they are only counted.
 _INVALID_NAMES_KEPT = 1024
-
-
-_KEPT_METADATA = ("name", "namespace", "uid", "resourceVersion", "generation",
-                  "deletionTimestamp")
-
-
-def _slim(obj: dict[str, Any]) -> dict[str, Any]:
-    """What the mirror needs of a cached resource: identity, resourceVersion (the
-    status write is conditional on it), generation, spec and status. Dropping
-    managedFields and annotations keeps memory per JobLease small."""
-    meta = obj.get("metadata", {})
-    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
-            "metadata": {k: meta[k] for k in _KEPT_METADATA if k in meta},
-            "spec": obj.get("spec", {}), "status": obj.get("status", {})}
-
-
-def _pack(obj: dict[str, Any]) -> bytes:
-    """The slim object as compact JSON: one ``bytes`` per JobLease (about 1.3 KB)
-    instead of a tree of dicts and strings (about 5 KB: five conditions of six
-    fields each), which dominated the operator's memory at 10,000 JobLeases. Read
-    back with :func:`_unpack` only when the job is written, a few times per claim."""
-    return json.dumps(_slim(obj), separators=(",", ":")).encode()
-
-
-def _unpack(packed: bytes) -> dict[str, Any]:
-    obj: dict[str, Any] = json.loads(packed)
-    return obj
 
 
 @dataclass
@@ -174,7 +148,7 @@ class Mirror:
         self._limit = asyncio.Semaphore(concurrency)
         self._pending: dict[JobRef, _Pending] = {}
         self._writers: dict[JobRef, asyncio.Task[None]] = {}
-        self._objects: dict[JobRef, bytes] = {}  # _pack()ed: the last object read or written
+        self._objects = ObjectCache()  # the last object read or written, per job
         self._previous: dict[JobRef, JobState] = {}
         self._phases: dict[JobRef, Phase] = {}
         self._background = BackgroundTasks()
@@ -303,7 +277,7 @@ class Mirror:
             self.metrics.mirror_errors.labels("observe").inc()
             log.exception("refresh of %s skipped", job)
             return
-        self._objects.pop(job, None)  # the resource changed: read it again
+        self._objects.discard(job)  # the resource changed: read it again
         self.offer(state, [])
 
     # -- coalescing writers ------------------------------------------------------------------
@@ -347,7 +321,7 @@ class Mirror:
                                       job, backoff)
                     newer = self._pending.get(job)
                     self._pending[job] = entry.merge(newer) if newer else entry
-                    self._objects.pop(job, None)
+                    self._objects.discard(job)
                 await asyncio.sleep(backoff)  # outside the slot: others keep writing
                 backoff = min(10.0, backoff * 2)
         finally:
@@ -381,8 +355,7 @@ class Mirror:
         state = entry.state
         tenures: tuple[Tenure, ...] | None = None  # read at most once per write
         read = False
-        packed = self._objects.get(job)
-        obj = _unpack(packed) if packed is not None else None
+        obj = self._objects.get(job)
         try:
             if obj is None or not state.registered:
                 # An unregistered job is decided on a fresh read: the cached object
@@ -390,7 +363,7 @@ class Mirror:
                 obj = await self.kube.get(job)
             for _ in range(CONFLICT_RETRIES):
                 if _being_deleted(obj, state):
-                    self._objects.pop(job, None)
+                    self._objects.discard(job)
                     return
                 previous = obj.get("status") or {}
                 if not should_apply(previous, state):
@@ -434,7 +407,7 @@ class Mirror:
                     self.metrics.status_patches.labels("rejected").inc()
                     log.warning("status of %s at revision %d refused by the API server: %s",
                                 job, state.revision, exc)
-                    self._objects.pop(job, None)
+                    self._objects.discard(job)
                     return
                 self.metrics.status_patches.labels("applied").inc()
                 self.metrics.status_lag.observe(time.monotonic() - entry.received)
@@ -448,12 +421,12 @@ class Mirror:
                 raise _ContendedError(f"{CONFLICT_RETRIES} conflicting writes in a row")
         except NotFoundError:
             self.metrics.status_patches.labels("not_found").inc()
-            self._objects.pop(job, None)
+            self._objects.discard(job)
             return
         if state.registered or state.corrupt is not None:
-            self._objects[job] = _pack(obj)
+            self._objects.put(job, obj)
         else:
-            self._objects.pop(job, None)
+            self._objects.discard(job)
         for event in refine_ends(entry.events, tenures or ()):
             # Informational, written in the background (aggregated: event_recorder).
             self.events.record(obj, event)
