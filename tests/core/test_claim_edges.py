@@ -30,7 +30,12 @@ from joblease import (
 from joblease.errors import ClaimOutcomeUnknownError, ClaimRevokedError
 from joblease.etcd_store import EtcdStore
 from joblease.store import Compare, TxnOp, TxnResult
-from tests.support.faulty_store import FaultyStore, is_claim, is_unregister
+from tests.support.faulty_store import (
+    FaultyStore,
+    delay_the_first_claim_until_the_revoke,
+    is_claim,
+    is_unregister,
+)
 from tests.support.waiting import poll
 
 
@@ -203,32 +208,6 @@ async def test_ambiguous_claim_whose_read_back_finds_another_workers_holder_is_r
     await b.release()
 
 
-def _delay_the_first_claim_until_the_revoke(store: FaultyStore) -> dict[str, Any]:
-    """The first claim transaction is held back (its sender told "outcome unknown")
-    and lands just before the next lease revoke applies, as a delayed copy of a
-    request would. Returns what happened: ``request``, then ``landed`` (its result)."""
-    delayed: dict[str, Any] = {}
-    one_at_a_time = asyncio.Lock()
-
-    async def hold_the_claim_back(
-        compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp]
-    ) -> TxnResult:
-        if is_claim(success) and "request" not in delayed:
-            delayed["request"] = (compares, success, failure)
-            raise OutcomeUnknownError("test: sent; the copy is still on its way")
-        return await store.inner.txn(compares, success, failure)
-
-    async def copy_lands_just_before_the_revoke(lease_id: int) -> None:
-        async with one_at_a_time:  # the copy lands before any revoke applies
-            if "request" in delayed and "landed" not in delayed:
-                delayed["landed"] = await store.inner.txn(*delayed["request"])
-            await store.inner.revoke(lease_id)
-
-    store.on_txn = hold_the_claim_back
-    store.on_revoke = copy_lands_just_before_the_revoke
-    return delayed
-
-
 async def test_claim_copy_committing_between_read_back_and_revoke_is_reported_truthfully(
     faulty: tuple[JobLeaseClient, FaultyStore], client: JobLeaseClient,
 ) -> None:
@@ -239,7 +218,7 @@ async def test_claim_copy_committing_between_read_back_and_revoke_is_reported_tr
     c, store = faulty
     job = JobRef("default", "late-copy")
     await client.register(job, JobSpec(30, 1))
-    delayed = _delay_the_first_claim_until_the_revoke(store)
+    delayed = delay_the_first_claim_until_the_revoke(store)
     with pytest.raises(AttemptsExhaustedError) as info:
         await c.claim(job, "worker-a")
     landed: TxnResult = delayed["landed"]
@@ -262,7 +241,7 @@ async def test_claim_copy_committing_before_the_revoke_is_followed_by_a_fresh_cl
     c, store = faulty
     job = JobRef("default", "late-copy-retry")
     await client.register(job, JobSpec(30, 3))
-    delayed = _delay_the_first_claim_until_the_revoke(store)
+    delayed = delay_the_first_claim_until_the_revoke(store)
     lease = await c.claim(job, "worker-a")
     assert delayed["landed"].succeeded
     assert lease.generation == 2 and lease.token > delayed["landed"].revision

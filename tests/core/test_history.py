@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
 import pytest
 
@@ -21,7 +20,7 @@ from joblease.etcd_store import EtcdStore
 from joblease.history import recent_tenures
 from joblease.records import TenureEnd
 from joblease.store import Compare, Put, TxnOp, TxnResult
-from tests.support.faulty_store import FaultyStore, is_claim
+from tests.support.faulty_store import FaultyStore, delay_the_first_claim_until_the_revoke, is_claim
 
 
 @pytest.fixture
@@ -193,24 +192,7 @@ async def test_a_claim_revoked_while_settling_reads_revoked_and_the_retry_is_the
     c, store = faulty
     job = JobRef("default", "history-revoked")
     await client.register(job, JobSpec(30, 3, history_limit=5))
-    delayed: dict[str, Any] = {}
-    one_at_a_time = asyncio.Lock()
-
-    async def hold_the_claim_back(compares: Sequence[Compare], success: Sequence[TxnOp],
-                                  failure: Sequence[TxnOp]) -> TxnResult:
-        if is_claim(success) and "request" not in delayed:
-            delayed["request"] = (compares, success, failure)
-            raise OutcomeUnknownError("test: sent; the copy is still on its way")
-        return await store.inner.txn(compares, success, failure)
-
-    async def copy_lands_just_before_the_revoke(lease_id: int) -> None:
-        async with one_at_a_time:
-            if "request" in delayed and "landed" not in delayed:
-                delayed["landed"] = await store.inner.txn(*delayed["request"])
-            await store.inner.revoke(lease_id)
-
-    store.on_txn = hold_the_claim_back
-    store.on_revoke = copy_lands_just_before_the_revoke
+    delayed = delay_the_first_claim_until_the_revoke(store)
     lease = await c.claim(job, "w")
     landed: TxnResult = delayed["landed"]
     assert landed.succeeded and lease.generation == 2

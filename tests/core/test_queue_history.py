@@ -10,21 +10,21 @@ never touching the queue's counts.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
-from typing import Any
-
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient, StaleTokenError
-from joblease.errors import InvalidInputError, OutcomeUnknownError
+from joblease.errors import InvalidInputError
 from joblease.etcd_store import EtcdStore
 from joblease.keys import ItemRef, QueueRef
 from joblease.queue import Queues
 from joblease.records import QueueSpec, TenureEnd
-from joblease.store import Compare, Put, TxnOp, TxnResult
+from joblease.store import TxnResult
 from tests.support.etcd_keys import snapshot
-from tests.support.faulty_store import FaultyStore
+from tests.support.faulty_store import (
+    FaultyStore,
+    delay_the_first_claim_until_the_revoke,
+    is_item_claim,
+)
 
 TTL = 2
 
@@ -180,11 +180,6 @@ async def test_a_queue_history_limit_out_of_range_is_refused(client: JobLeaseCli
     assert await snapshot(client.store, Queues(client).keys(q).prefix) == {}
 
 
-def _is_item_claim(success: Sequence[TxnOp]) -> bool:
-    """An item's claim: it puts a ``held/`` key under an etcd lease."""
-    return any(isinstance(op, Put) and b"/held/" in op.key and op.lease for op in success)
-
-
 async def test_an_item_claim_revoked_while_settling_reads_revoked(
     etcd_config: EtcdConfig, client: JobLeaseClient,
 ) -> None:
@@ -195,25 +190,8 @@ async def test_an_item_claim_revoked_while_settling_reads_revoked(
     await Queues(client).create(q, QueueSpec(30, 3, history_limit=3))
     await Queues(client).enqueue(q, [("x", None)])
     store = FaultyStore(EtcdStore(etcd_config))
-    delayed: dict[str, Any] = {}
-    one_at_a_time = asyncio.Lock()
-
-    async def hold_the_claim_back(compares: Sequence[Compare], success: Sequence[TxnOp],
-                                  failure: Sequence[TxnOp]) -> TxnResult:
-        if _is_item_claim(success) and "request" not in delayed:
-            delayed["request"] = (compares, success, failure)
-            raise OutcomeUnknownError("test: sent; the copy is still on its way")
-        return await store.inner.txn(compares, success, failure)
-
-    async def copy_lands_just_before_the_revoke(lease_id: int) -> None:
-        async with one_at_a_time:
-            if "request" in delayed and "landed" not in delayed:
-                delayed["landed"] = await store.inner.txn(*delayed["request"])
-            await store.inner.revoke(lease_id)
-
     async with JobLeaseClient(etcd_config, store=store, read_back_timeout=0.5) as c:
-        store.on_txn = hold_the_claim_back
-        store.on_revoke = copy_lands_just_before_the_revoke
+        delayed = delay_the_first_claim_until_the_revoke(store, is_item_claim)
         lease = await Queues(c).claim(ItemRef(q, "x"), "w")
         store.on_txn = store.on_revoke = None
         landed: TxnResult = delayed["landed"]

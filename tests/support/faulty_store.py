@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 from joblease.errors import OutcomeUnknownError, StoreUnavailableError
 from joblease.etcd_store import EtcdStore
@@ -47,6 +48,11 @@ def is_claim(success: Sequence[TxnOp]) -> bool:
     """A claim: it puts a holder key under an etcd lease."""
     return any(isinstance(op, Put) and op.key.endswith(b"/holder") and op.lease
                for op in success)
+
+
+def is_item_claim(success: Sequence[TxnOp]) -> bool:
+    """A queue item's claim: it puts a ``held/`` key under an etcd lease."""
+    return any(isinstance(op, Put) and b"/held/" in op.key and op.lease for op in success)
 
 
 def is_unregister(success: Sequence[TxnOp]) -> bool:
@@ -273,3 +279,33 @@ class FaultyKeepAlive:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+def delay_the_first_claim_until_the_revoke(
+        store: FaultyStore, is_this: Callable[[Sequence[TxnOp]], bool] = is_claim,
+) -> dict[str, Any]:
+    """The first claim transaction (``is_this``: a job's by default) is held back
+    (its sender told "outcome unknown") and lands just before the next lease
+    revoke applies, as a delayed copy of a request would. Sets ``store``'s
+    ``on_txn`` and ``on_revoke``; returns what happened: ``request``, then
+    ``landed`` (its result)."""
+    delayed: dict[str, Any] = {}
+    one_at_a_time = asyncio.Lock()
+
+    async def hold_the_claim_back(
+        compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp]
+    ) -> TxnResult:
+        if is_this(success) and "request" not in delayed:
+            delayed["request"] = (compares, success, failure)
+            raise OutcomeUnknownError("test: sent; the copy is still on its way")
+        return await store.inner.txn(compares, success, failure)
+
+    async def copy_lands_just_before_the_revoke(lease_id: int) -> None:
+        async with one_at_a_time:  # the copy lands before any revoke applies
+            if "request" in delayed and "landed" not in delayed:
+                delayed["landed"] = await store.inner.txn(*delayed["request"])
+            await store.inner.revoke(lease_id)
+
+    store.on_txn = hold_the_claim_back
+    store.on_revoke = copy_lands_just_before_the_revoke
+    return delayed
