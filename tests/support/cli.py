@@ -46,16 +46,17 @@ def doc_block(doc: Path, language: str, section: str | None = None) -> str:
     return text.split(f"```{language}\n", 1)[1].split("```", 1)[0]
 
 
-def run_doc_sh(config: EtcdConfig, script: str, tmp_path: Path, timeout: float = 300
-               ) -> subprocess.CompletedProcess[str]:
-    """Run a doc's shell block with ``sh -e``, ``joblease`` (this checkout's CLI, under this
-    interpreter) first on PATH and pointed at ``config``'s etcd; asserts it exits 0."""
+def run_doc_sh(config: EtcdConfig, script: str, tmp_path: Path, timeout: float = 300,
+               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a doc's shell block with ``sh -e`` (in ``cwd`` when given, for a block that names
+    files of its own directory), ``joblease`` (this checkout's CLI, under this interpreter)
+    first on PATH and pointed at ``config``'s etcd; asserts it exits 0."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     (bindir / "joblease").write_text(f"#!/bin/sh\nexec {sys.executable} -m joblease.cli \"$@\"\n")
     (bindir / "joblease").chmod(0o755)
     env = {**cli_env(config), "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run(["sh", "-e", "-c", script], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run(["sh", "-e", "-c", script], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
     assert done.returncode == 0, (done.stdout, done.stderr)
     return done
