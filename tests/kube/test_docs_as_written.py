@@ -6,6 +6,7 @@ stored and validated but no pod runs: what the pods then do is tests/cluster's).
   install it follows (steps 1 and 2a of the install block, also as written): the CRDs
   applied server-side over the installed ones, and ``helm upgrade --reuse-values`` of
   release ``joblease`` in ``joblease-system`` deployed as revision 2;
+- step 2b of the install (the operator against your own etcd), once the Secrets it names exist;
 - docs/helm.md's opt-in block ("Sidecar injection webhook") and docs/fencing.md's ledger
   block ("In a cluster: the example ledger") in namespace ``team-a``, which both name.
 
@@ -103,3 +104,32 @@ def test_the_team_a_opt_in_and_ledger_blocks_apply_as_written(
     assert labels.get("joblease.io/inject") == "enabled"
     for kind in ("deployment", "service"):  # 'Deployment + Service "ledger"'
         control_plane.kubectl("get", kind, "ledger", "-n", team_a, check=True)
+
+
+def test_the_own_etcd_install_step_installs_as_written(
+        control_plane: ControlPlane, crds_installed: ControlPlane, documented_release: None,
+        tmp_path: Path) -> None:
+    """Step 2b of docs/helm.md's install, as written, once the two Secrets it names exist
+    in ``joblease-system`` (the reader's own: the chart refuses a missing root Secret):
+    the operator is given the two endpoints of the block's ``--set-json``."""
+    step = "\n".join(documented_install_steps()["2b"])
+    assert "--set etcd.enabled=false" in step
+    cp = control_plane
+    if cp.kubectl("get", "namespace", "joblease-system").returncode != 0:
+        cp.kubectl("create", "namespace", "joblease-system", check=True)
+    for secret, data in (("etcd-client-tls", ["ca.crt=-", "tls.crt=-", "tls.key=-"]),
+                         ("etcd-credentials", ["username=root", "password=not-used-here"])):
+        cp.kubectl("delete", "secret", secret, "-n", "joblease-system", "--ignore-not-found")
+        cp.kubectl("create", "secret", "generic", secret, "-n", "joblease-system",
+                   *[f"--from-literal={d}" for d in data], check=True)
+    try:
+        _bash(step, _doc_env(cp, tmp_path))
+        deployment = json.loads(cp.kubectl(
+            "get", "deployment", "joblease-joblease-operator", "-n", "joblease-system", "-o",
+            "json", check=True).stdout)
+    finally:
+        for secret in ("etcd-client-tls", "etcd-credentials"):
+            cp.kubectl("delete", "secret", secret, "-n", "joblease-system", "--ignore-not-found")
+    env = {e["name"]: e.get("value")
+           for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["JOBLEASE_ETCD_ENDPOINTS"] == "https://etcd-0.etcd:2379,https://etcd-1.etcd:2379"
