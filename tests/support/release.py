@@ -179,8 +179,9 @@ def install_as_documented(rel: Release, timeout: float = 600) -> None:
                             capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, (
         f"docs/helm.md's install failed:\n{script}\n{result.stdout}\n{result.stderr}")
-    found = result.stdout.strip().splitlines()[-2:]
-    assert found == [kubectl_binary(), helm_binary()], (
+    # the same files, however reached: a worktree's .venv may be a link to the main one
+    found = [os.path.realpath(p) for p in result.stdout.strip().splitlines()[-2:]]
+    assert found == [os.path.realpath(p) for p in (kubectl_binary(), helm_binary())], (
         f"docs/helm.md's PATH finds {found}, the tests use "
         f"{[kubectl_binary(), helm_binary()]}")
     rel.wait_ready(timeout)
