@@ -58,7 +58,8 @@ BLOCKS: dict[tuple[str, str], str] = {
         "tests/support/release.py::install_as_documented",
     ("docs/helm.md", "kubectl -n joblease-system get secret joblease-etcd-client -o "
                      "jsonpath='{.data.ca\\.crt}' | base64 -d > ca.crt"):
-        CLUSTER + "a running etcd pod to port-forward to",
+        "tests/cluster/test_helm_backup_docs.py::"
+        "test_the_backup_block_saves_a_snapshot_as_written",
     ("docs/helm.md", "kubectl apply --server-side -f crds/      # or "
                      "charts/joblease-operator/crds/"):
         "tests/kube/test_docs_as_written.py::"
