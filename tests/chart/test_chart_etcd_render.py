@@ -101,6 +101,11 @@ def test_members_run_restricted_with_data_on_the_volume() -> None:
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert flags(etcd)["--data-dir"] == "/var/lib/etcd/data"
+    # generated passwords only: the cheapest bcrypt etcd accepts (values.yaml says why)
+    assert flags(etcd)["--bcrypt-cost"] == "4"
+    (raised,) = one(render({"etcd.bcryptCost": 12}), "StatefulSet")["spec"]["template"][
+        "spec"]["containers"]
+    assert flags(raised)["--bcrypt-cost"] == "12"
     assert {"name": "data", "mountPath": "/var/lib/etcd"} in etcd["volumeMounts"]
     # persistence by default: a claim per member, no emptyDir
     (claim,) = sts["spec"]["volumeClaimTemplates"]
@@ -185,8 +190,10 @@ def test_own_etcd_renders_no_etcd_objects() -> None:
     (["--set", "etcd.workerSecret.namespaces[0]=Team_A"],
      "at '/etcd/workerSecret/namespaces/0'"),
     (["--set", "etcd.bogus=1"], "additional properties 'bogus' not allowed"),
+    (["--set", "etcd.bcryptCost=3"], "at '/etcd/bcryptCost': minimum: got 3, want 4"),
+    (["--set", "etcd.bcryptCost=32"], "at '/etcd/bcryptCost': maximum: got 32, want 31"),
 ], ids=["two-members", "own-etcd-without-endpoints",
-        "bad-size", "bad-namespace", "unknown-key"])
+        "bad-size", "bad-namespace", "unknown-key", "bcrypt-too-low", "bcrypt-too-high"])
 def test_schema_refuses_bad_values(args: list[str], message: str) -> None:
     result = helm_template(*args)
     assert result.returncode != 0, result.stdout

@@ -3,7 +3,8 @@
 A JobSemaphore is created in etcd with its limit, follows limit changes, is deleted
 with its resource (every key of it: spec, slots, waiters); its status holds the
 holders, live slots and waiters ``Semaphores.status()`` reads, never moves
-backwards, and its gauges follow. Claims go through the library, as workers'
+backwards, and its gauges follow; its Events (``SlotGranted``, ``Saturated``,
+``HasRoom``) are aggregated with a count. Claims go through the library, as workers'
 would. Every wait is a condition with a deadline.
 """
 
@@ -164,6 +165,20 @@ async def test_a_jobsemaphore_is_created_mirrored_followed_and_deleted_in_etcd(
         s, _ = await mirrored(kube, sems, ref, live=2, waiters=0)
         assert conditions(s)["Saturated"] == "False"
 
+        # Events: one SlotGranted series for the three grants (each seen in some
+        # status: mirrored() waited for each), showing the latest; saturation and
+        # room again (a status read between the limit's raise and the waiter's grant
+        # may add one of each more).
+        last = leases[-1].slots[0].token
+        sem_events = await wait_for("the semaphore's Events", lambda: _events_where(
+            kube, "db", lambda e: e.get("SlotGranted", {}).get("count") == 3
+            and "HasRoom" in e))
+        granted = sem_events["SlotGranted"]
+        assert granted["type"] == "Normal" and granted["involvedObject"]["kind"] == "JobSemaphore"
+        assert f"owner worker-2, token {last})" in granted["message"], granted["message"]
+        assert sem_events["Saturated"]["count"] >= 1 and sem_events["HasRoom"]["count"] >= 1
+        assert set(sem_events) == {"SlotGranted", "Saturated", "HasRoom"}, sem_events
+
         # delete: the finalizer waits until every key of the semaphore is gone.
         prefix = sems.keys(ref).prefix
         r = await kube.run("delete", "jsem", "db", "--wait=true", "--timeout=60s")
@@ -183,6 +198,20 @@ async def test_a_jobsemaphore_is_created_mirrored_followed_and_deleted_in_etcd(
     assert len(served) >= 3, served
     revisions = [x["etcdRevision"] for x in served]
     assert revisions == sorted(revisions), revisions
+
+
+async def _events_where(kube: Kube, name: str, check: Any) -> dict[str, Any] | None:
+    """The JobSemaphore's Events by reason (one series each), once ``check`` holds."""
+    obj = await kube.get_object("jsem", name)
+    assert obj is not None
+    r = await kube.run("get", "events", "-o", "json", "--field-selector",
+                       f"involvedObject.uid={obj['metadata']['uid']}")
+    assert r.returncode == 0, r.stderr
+    by_reason: dict[str, dict[str, Any]] = {}
+    for e in json.loads(r.stdout)["items"]:
+        assert e["reason"] not in by_reason, f"two {e['reason']} Events, not one with a count"
+        by_reason[e["reason"]] = e
+    return by_reason if check(by_reason) else None
 
 
 async def _where(kube: Kube, name: str, check: Any) -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""Kubernetes Events of JobLeases, aggregated with ``count`` as Kubernetes' own recorder does.
+"""Kubernetes Events of JobLeases and JobSemaphores, aggregated with ``count`` as
+Kubernetes' own recorder does.
 
 A job claimed, expired and claimed again (attempts left), or a ``Failed`` job
 reported again, would otherwise leave one Event object per occurrence. Like
@@ -117,7 +118,8 @@ class EventRecorder:
         return len(self._series)
 
     def record(self, obj: dict[str, Any], event: JobEvent) -> None:
-        """Note one occurrence of ``event`` for JobLease ``obj``; written in the background."""
+        """Note one occurrence of ``event`` for ``obj`` (a JobLease unless its ``kind``
+        says otherwise); written in the background."""
         meta = obj["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
         key: _Key = (namespace, name, uid, event.type, event.reason)
@@ -130,7 +132,8 @@ class EventRecorder:
             self._series.move_to_end(key)
         else:
             series = _Series(namespace=namespace, involved={
-                "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": name,
+                "apiVersion": str(obj.get("apiVersion") or f"{GROUP}/{VERSION}"),
+                "kind": str(obj.get("kind") or KIND), "name": name,
                 "namespace": namespace, "uid": uid},
                 type=event.type, reason=event.reason, message=message, first=stamp,
                 last=stamp, seen=now)

@@ -502,7 +502,8 @@ async def _run_active(config: OperatorConfig, settings: kopf.OperatorSettings,
         tasks.append(asyncio.create_task(supervise(tenants), name="joblease-tenants"))
     queue_mirror = QueueMirror(client, kube, metrics, interval=config.queue_interval)
     # Semaphores on the queues' timer: both are one small read per object per interval.
-    semaphore_mirror = SemaphoreMirror(client, kube, metrics, interval=config.queue_interval)
+    semaphore_mirror = SemaphoreMirror(client, kube, metrics, interval=config.queue_interval,
+                                       events=mirror.events)
     registry = build_registry(client, mirror, credentials, tenants, leadership, queue_mirror,
                               semaphore_mirror)
     ready_flag, stop_flag = asyncio.Event(), asyncio.Event()

@@ -99,6 +99,12 @@ class PeriodicMirror(abc.ABC, Generic[RefT, StateT]):
     async def after_write(self, ref: RefT, obj: dict[str, Any], state: StateT | None) -> None:
         """Work after the status write of a refresh (a queue's retention)."""
 
+    def written(self, obj: dict[str, Any], previous: dict[str, Any],
+                status: dict[str, Any]) -> None:
+        """``status`` replaced ``previous`` on ``obj`` (the API server took it): a
+        semaphore's Events. Called once per status actually written, never for a
+        refused, stale or unchanged one."""
+
     # -- tracking ----------------------------------------------------------------------------
     def track(self, ref: RefT) -> None:
         """Refresh ``ref`` from now on, the first time as soon as the interval allows."""
@@ -192,6 +198,7 @@ class PeriodicMirror(abc.ABC, Generic[RefT, StateT]):
                             self.kind, ref, revision, exc)
                 return
             self.metrics.status_patches.labels("applied").inc()
+            self.written(obj, previous, status)
             return
         self.metrics.status_patches.labels("contended").inc()
         raise _ContendedError

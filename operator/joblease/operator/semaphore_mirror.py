@@ -4,7 +4,9 @@
 Each refresh reads the semaphore with ``Semaphores.status`` (one read-only
 transaction: spec, slots, waiters). Slots come and go with every claim; a timer,
 not a watch, keeps the operator's work per semaphore at one read per interval
-however busy it is.
+however busy it is. Each status written also gives the semaphore's Events
+(:mod:`joblease.operator.semaphore_events`), through the operator's one
+aggregating :class:`~joblease.operator.event_recorder.EventRecorder`.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from prometheus_client import Counter
 from joblease.client import JobLeaseClient
 from joblease.errors import SemaphoreNotFoundError
 from joblease.keys import SemaphoreRef
+from joblease.operator.event_recorder import EventRecorder
 from joblease.operator.kube import KubeApi
 from joblease.operator.metrics import OperatorMetrics
 from joblease.operator.periodic_mirror import DEFAULT_INTERVAL, PeriodicMirror
+from joblease.operator.semaphore_events import derive_semaphore_events
 from joblease.operator.semaphore_registration import spec_matches
 from joblease.operator.semaphore_status import same_facts, status_from_semaphore
 from joblease.operator.status import observed_generation_for
@@ -34,9 +38,10 @@ class SemaphoreMirror(PeriodicMirror[SemaphoreRef, SemaphoreStatus]):
     kind = "semaphore"
 
     def __init__(self, client: JobLeaseClient, kube: KubeApi, metrics: OperatorMetrics,
-                 **options: Any) -> None:
+                 *, events: EventRecorder | None = None, **options: Any) -> None:
         super().__init__(kube, metrics, **options)
         self.semaphores = Semaphores(client)
+        self.events = events or EventRecorder(kube, metrics, instance=kube.instance)
 
     async def read(self, ref: SemaphoreRef) -> tuple[int, SemaphoreStatus | None]:
         try:
@@ -58,6 +63,11 @@ class SemaphoreMirror(PeriodicMirror[SemaphoreRef, SemaphoreStatus]):
 
     def same_facts(self, previous: dict[str, Any], status: dict[str, Any]) -> bool:
         return same_facts(previous, status)
+
+    def written(self, obj: dict[str, Any], previous: dict[str, Any],
+                status: dict[str, Any]) -> None:
+        for event in derive_semaphore_events(previous, status):
+            self.events.record(obj, event)
 
     def refreshes(self) -> Counter:
         return self.metrics.semaphore_refreshes
