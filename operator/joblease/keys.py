@@ -154,6 +154,10 @@ class SemaphoreRef:
         return f"{self.namespace}/{self.name}"
 
 
+#: slot keys kept per semaphore's keys (a limit is at most 10,000: slots.MAX_LIMIT)
+_SLOT_KEYS_KEPT = 10_001
+
+
 @dataclass(frozen=True)
 class SemaphoreKeys:
     """``<root>/<ns>/_semaphores/<name>/``: ``spec``, ``slots/<index>``, ``waiters/<id>``
@@ -175,11 +179,29 @@ class SemaphoreKeys:
         """The end of the ``slots/`` range (for "no key at or above the limit")."""
         return prefix_end(self.slots)
 
+    # Slot keys are built three times per claim that takes a slot (compares,
+    # puts, grants) and parsed back at every change the semaphore's view
+    # applies: kept per index, a pure function of the prefix (never stale).
+    @functools.cached_property
+    def _slot_keys(self) -> dict[int, bytes]:
+        return {}
+
+    @functools.cached_property
+    def _slot_indexes(self) -> dict[bytes, int]:
+        return {}
+
     def slot(self, index: int) -> bytes:
-        return self.slots + str(index).zfill(SLOT_DIGITS).encode()
+        key = self._slot_keys.get(index)
+        if key is None:
+            key = self.slots + str(index).zfill(SLOT_DIGITS).encode()
+            if len(self._slot_keys) < _SLOT_KEYS_KEPT:
+                self._slot_keys[index] = key
+                self._slot_indexes[key] = index
+        return key
 
     def slot_index(self, key: bytes) -> int:
-        return int(key[len(self.slots):])
+        index = self._slot_indexes.get(key)
+        return int(key[len(self.slots):]) if index is None else index
 
     @functools.cached_property
     def waiters(self) -> bytes:

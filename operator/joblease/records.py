@@ -672,6 +672,10 @@ class SlotRecord:
     claim_id: str
 
     def encode(self) -> bytes:
+        if _exact(self.claim_id, str) and _exact(self.holder, str) and _exact(self.owner, str):
+            # once per slot claim: formatted in _dumps's (sorted) key order, not encoded
+            return (f'{{"claimId":{_string(self.claim_id)},"holder":{_string(self.holder)},'
+                    f'"owner":{_string(self.owner)}}}').encode()
         return _dumps({"claimId": self.claim_id, "holder": self.holder, "owner": self.owner})
 
     @classmethod

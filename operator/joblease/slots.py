@@ -174,14 +174,16 @@ def plan(job: str, states: Sequence[tuple[SemaphoreState, int]], ticket: Ticket 
                 f"{state.limit}: it could never be granted")
         ahead = [w for w in state.waiters
                  if ticket is None or w.create_revision < ticket.revision]
-        over = [i for i in state.slots if i >= state.limit]
-        free = [i for i in range(state.limit) if i not in state.slots]
-        if ahead or over or len(free) < weight:
+        slots, limit = state.slots, state.limit
+        free = [i for i in range(limit) if i not in slots]
+        if ahead or len(free) < weight or any(i >= limit for i in slots):
             raise SemaphoreFullError(str(state.ref), job, state.limit, state.live,
                                      len(state.waiters), weight)
-        taken = (reserved or {}).get(state.keys.prefix, set())
-        preferred = [i for i in free if i not in taken]
-        chosen = random.sample(preferred if len(preferred) >= weight else free, weight)
+        taken = (reserved or {}).get(state.keys.prefix)
+        preferred = [i for i in free if i not in taken] if taken else free
+        pool = preferred if len(preferred) >= weight else free
+        # one slot (the common weight): a choice, a fifth of a sample's cost
+        chosen = [random.choice(pool)] if weight == 1 else random.sample(pool, weight)
         picks.append((state, tuple(sorted(chosen))))
     return SlotPlan(tuple(picks), ticket)
 

@@ -1,6 +1,6 @@
 """The claim path's formatted records are byte for byte the generic encoding.
 
-The holder value, the ``claims`` value and the result record are formatted
+The holder value, the ``claims`` value, the slot record and the result record are formatted
 directly on the claim and completion path (joblease.records), instead of
 building a dict and running ``json.dumps`` per record; the result's JSON,
 already produced by validation, is spliced into its record instead of being
@@ -21,7 +21,14 @@ from typing import Any
 import pytest
 
 from joblease import validation
-from joblease.records import Holder, ResultRecord, _dumps, encode_claim, new_claim_id
+from joblease.records import (
+    Holder,
+    ResultRecord,
+    SlotRecord,
+    _dumps,
+    encode_claim,
+    new_claim_id,
+)
 
 OWNERS = ["bench-worker", "worker-7d9f-x2k4q", 'quote"back\\slash', "tab\tnew\nline\x01",
           "ünïcødé", "emoji \U0001f600", "", "a/b:c@d", "\u2028\u2029"]
@@ -50,6 +57,15 @@ def test_claims_value_is_the_generic_encoding_in_its_key_order(owner: str) -> No
     assert encode_claim(owner, claim_id) == json.dumps(
         {"owner": owner, "claimId": claim_id}, separators=(",", ":")).encode()
     assert json.loads(encode_claim(owner, claim_id)) == {"owner": owner, "claimId": claim_id}
+
+
+@pytest.mark.parametrize("owner", OWNERS)
+def test_slot_record_is_the_generic_encoding(owner: str) -> None:
+    for holder in ("bench/job-7", "ns/queue/item-1", *OWNERS):
+        record = SlotRecord(holder, owner, new_claim_id())
+        assert record.encode() == _dumps(
+            {"claimId": record.claim_id, "holder": holder, "owner": owner})
+        assert SlotRecord.decode(record.encode()) == record
 
 
 @pytest.mark.parametrize("result", RESULTS, ids=repr)

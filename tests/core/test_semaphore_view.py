@@ -9,6 +9,7 @@ import asyncio
 import time
 
 from joblease import JobLeaseClient, JobRef, JobSpec
+from joblease.errors import SemaphoreFullError
 from joblease.keys import SemaphoreRef
 from joblease.records import SemaphoreUse
 from joblease.semaphore import Semaphores
@@ -87,3 +88,35 @@ async def test_a_release_wakes_the_next_waiter_in_line_hand_over_after_hand_over
     assert served == [job.name for job in jobs[1:]]
     status = await sems.status(DB)
     assert (status.live, status.waiters) == (0, 0)
+
+
+async def test_kept_slot_keys_and_warm_views_follow_a_deleted_and_recreated_semaphore(
+        client: JobLeaseClient) -> None:
+    """The claim path keeps slot keys per index (joblease.keys.SemaphoreKeys) and
+    plans from a warm view: after the semaphore is deleted and created again
+    with a smaller limit, every claim takes a slot below the new limit, the
+    limit holds in etcd, and the keys kept are the ones the formula gives."""
+    sems = Semaphores(client)
+    await sems.create(DB, 4)
+    jobs = await _jobs(client, 7, ttl=30)
+    first = [await client.claim(job, "before") for job in jobs[:4]]  # every index 0..3 kept
+    assert sorted(lease.slots[0].indexes[0] for lease in first) == [0, 1, 2, 3]
+    for lease in first:
+        await lease.complete()
+    await sems.delete(DB)
+    await sems.create(DB, 2)
+    held = [await client.claim(job, "after") for job in jobs[4:6]]
+    assert sorted(lease.slots[0].indexes[0] for lease in held) == [0, 1]
+    try:
+        await client.claim(jobs[6], "third")
+    except SemaphoreFullError:
+        pass
+    else:
+        raise AssertionError("a third slot was granted under a limit of 2")
+    assert await _live_in_etcd(client) == {0, 1}
+    keys = client.keys.semaphore(DB)
+    for index in (0, 1, 2, 3, 4, 9999):
+        formula = keys.slots + str(index).zfill(6).encode()
+        assert keys.slot(index) == formula and keys.slot_index(formula) == index
+    for lease in held:
+        await lease.release()

@@ -1,17 +1,29 @@
-"""kopf's API session (the operator's login handler gives kopf this one): at most
-``requests`` connections for requests, however many are in flight, and watch streams
-beside them without taking a slot; every response still readable. Real kube-apiserver."""
+"""The operator's two API sessions, bounded. kopf's (the operator's login handler gives
+kopf this one): at most ``requests`` connections for requests, however many are in
+flight, and watch streams beside them without taking a slot; every response still
+readable. The operator's own (``KubeApi``: the mirrors' status writes, the Event
+recorder's writes): at most ``connections`` connections in a burst of writes, every write
+landing, and a request waiting for a connection still bounded by its timeout.
+Real kube-apiserver (and its etcd), the admin kubeconfig; nothing faked."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import aiohttp
 import pytest
 
-from joblease.operator.kube import KOPF_KEEPALIVE, kopf_session, login
+from joblease.keys import JobRef
+from joblease.operator.kube import (
+    API_KEEPALIVE,
+    KUBE_API_CONNECTIONS,
+    KubeApi,
+    kopf_session,
+    login,
+)
 from tests.support.controlplane import ControlPlane
 from tests.support.operator import joblease
 
@@ -95,7 +107,7 @@ async def test_watch_streams_do_not_take_the_requests_slots(
 async def test_an_idle_connection_is_closed_after_the_keepalive(
         kubeconfig: ControlPlane, namespace: str) -> None:
     """kopf's requests come in bursts; the connections (each with a 256 KiB TLS read
-    buffer) do not outlive them by more than ``KOPF_KEEPALIVE`` seconds."""
+    buffer) do not outlive them by more than ``API_KEEPALIVE`` seconds."""
     info = login()
     session = kopf_session(info).aiohttp_session
     created = _count_connections(session)
@@ -111,8 +123,114 @@ async def test_an_idle_connection_is_closed_after_the_keepalive(
         assert created[0] == 1  # reused while fresh
         # A timing property, not a synchronisation: idle past the keep-alive (aiohttp
         # discards such a connection when it is next wanted, or at its cleanup tick).
-        await asyncio.sleep(2 * KOPF_KEEPALIVE + 1)
+        await asyncio.sleep(2 * API_KEEPALIVE + 1)
         await get()
         assert created[0] == 2
     finally:
         await session.close()
+
+
+async def test_a_burst_of_status_writes_and_events_opens_at_most_the_bound(
+    kubeconfig: ControlPlane, namespace: str
+) -> None:
+    """Twice :data:`KUBE_API_CONNECTIONS` writes at once (a status write per JobLease and
+    an Event each, as a claim storm makes them): at most that many connections (the
+    unbounded session opened one per write), and every write lands."""
+    n = KUBE_API_CONNECTIONS
+    names = [f"burst-{i}" for i in range(n)]
+    items = [json.loads(joblease(name, {"leaseDurationSeconds": 30})) for name in names]
+    applied = await asyncio.to_thread(
+        kubeconfig.kubectl,
+        "-n",
+        namespace,
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+    )
+    assert applied.returncode == 0, applied.stderr
+    kube = KubeApi(login)
+    try:
+        created = _count_connections(await kube._client())  # the real session
+        objs = await asyncio.wait_for(
+            asyncio.gather(*(kube.get(JobRef(namespace, name)) for name in names)), 60
+        )
+
+        def event(obj: dict[str, Any]) -> dict[str, Any]:
+            meta = obj["metadata"]
+            return {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
+                "involvedObject": {
+                    "apiVersion": obj["apiVersion"],
+                    "kind": obj["kind"],
+                    "name": meta["name"],
+                    "namespace": namespace,
+                    "uid": meta["uid"],
+                },
+                "type": "Normal",
+                "reason": "Burst",
+                "message": "one of a burst",
+                "count": 1,
+            }
+
+        await asyncio.wait_for(
+            asyncio.gather(
+                *(kube.replace_status(obj, {"etcdRevision": 7}) for obj in objs),
+                *(kube.create_event(namespace, event(obj)) for obj in objs),
+            ),
+            120,
+        )
+        assert 1 <= created[0] <= n, created[0]
+        after = await asyncio.wait_for(
+            asyncio.gather(*(kube.get(JobRef(namespace, name)) for name in names)), 60
+        )
+        assert [o["status"]["etcdRevision"] for o in after] == [7] * n
+        events = await kube._request(  # one list, not n gets
+            "GET", f"/api/v1/namespaces/{namespace}/events"
+        )
+        assert sorted(
+            e["involvedObject"]["name"] for e in events["items"] if e["reason"] == "Burst"
+        ) == sorted(names)
+    finally:
+        await kube.close()
+
+
+async def test_a_request_waiting_for_a_connection_is_still_subject_to_its_timeout(
+    kubeconfig: ControlPlane, namespace: str
+) -> None:
+    """One connection, held by a watch stream: a request waiting for it fails after the
+    request's timeout (not never), and goes through once the connection is free again."""
+    await asyncio.to_thread(
+        kubeconfig.kubectl,
+        "-n",
+        namespace,
+        "apply",
+        "-f",
+        "-",
+        input=joblease("held", {"leaseDurationSeconds": 30}),
+    )
+    kube = KubeApi(login, timeout=2.0, connections=1)
+    ref = JobRef(namespace, "held")
+    try:
+        session = await kube._client()  # the real session
+        watch = await asyncio.wait_for(
+            session.get(
+                f"{kube._server}{GROUP}/namespaces/{namespace}/jobleases",
+                params={"watch": "true", "timeoutSeconds": "120"},
+                timeout=aiohttp.ClientTimeout(total=None),
+            ),
+            30,
+        )
+        assert watch.status == 200
+        try:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(kube.get(ref), 30)
+            assert time.monotonic() - started < 20  # the request's 2 s, not wait_for's 30
+        finally:
+            watch.close()
+        assert (await asyncio.wait_for(kube.get(ref), 30))["metadata"]["name"] == "held"
+    finally:
+        await kube.close()

@@ -74,9 +74,20 @@ def login(settings: kopf.OperatorSettings | None = None) -> kopf.ConnectionInfo:
 #: 10,000 JobLeases on a loaded machine (its backlog then cost more memory than the
 #: connections it saved).
 KOPF_REQUESTS = 100
-#: Seconds an idle connection of kopf's session stays open (aiohttp's default: 15). kopf's
-#: requests come in bursts (creations, deletions); its watch streams are not idle.
-KOPF_KEEPALIVE = 2.0
+#: Seconds an idle connection of either API session (kopf's, :func:`kopf_session`, and the
+#: operator's own, :class:`KubeApi`) stays open (aiohttp's default: 15). Requests come in
+#: bursts (creations, deletions, a claim storm); each idle TLS connection keeps a 256 KiB
+#: read buffer, and a burst's connections would otherwise hold them for 15 s after it.
+API_KEEPALIVE = 2.0
+#: The operator's own requests in flight at most (:class:`KubeApi`: status writes, Events,
+#: reads). It had no limit: 111 connections in a load run at 10,000 JobLeases, mostly the
+#: Event recorder's background writes (one per series, not bounded by anything). 48 is the
+#: mirrors' own bounds by default (the JobLease mirror's ``--concurrency`` 32, the queue
+#: and semaphore mirrors' 8 each), so the mirrors never queue behind each other; Events
+#: queue for a connection beyond that. Nothing holds a connection while it waits for
+#: another (:meth:`KubeApi._request` reads the whole body first), so the bound cannot
+#: deadlock, and the wait for a connection is inside the request's timeout.
+KUBE_API_CONNECTIONS = 48
 
 
 class _BoundedRequests:
@@ -91,7 +102,7 @@ class _BoundedRequests:
     slot back, so the connection is back in the pool first: the pool never needs more
     than ``limit`` connections plus the watch streams. Requests beyond the limit wait
     for a slot, as they would for a connection of a bounded pool. (Connections idle for
-    :data:`KOPF_KEEPALIVE` seconds after a burst are closed, and their buffers freed.)"""
+    :data:`API_KEEPALIVE` seconds after a burst are closed, and their buffers freed.)"""
 
     def __init__(self, limit: int) -> None:
         self._slots = asyncio.Semaphore(limit)
@@ -117,11 +128,11 @@ def kopf_session(info: kopf.ConnectionInfo, *, requests: int = KOPF_REQUESTS
     """kopf's API session as kopf builds it from ``info`` (its TLS context, auth
     headers, proxy), but with at most ``requests`` requests in flight besides the
     watch streams (:class:`_BoundedRequests`), and idle connections closed after
-    :data:`KOPF_KEEPALIVE` seconds. kopf closes it when it re-logs in (then the login
+    :data:`API_KEEPALIVE` seconds. kopf closes it when it re-logs in (then the login
     handler makes a new one) and when it stops."""
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, ssl=info.as_ssl_context(),
-                                       keepalive_timeout=KOPF_KEEPALIVE),
+                                       keepalive_timeout=API_KEEPALIVE),
         headers=info.as_http_headers(),
         proxy=info.proxy_url,
         trust_env=info.trust_env,
@@ -133,12 +144,20 @@ def kopf_session(info: kopf.ConnectionInfo, *, requests: int = KOPF_REQUESTS
 
 
 class KubeApi:
-    """JobLease, JobQueue and JobSemaphore reads, status replacement, Event create/patch."""
+    """JobLease, JobQueue and JobSemaphore reads, status replacement, Event create/patch.
+
+    At most ``connections`` requests hold a connection at a time
+    (:data:`KUBE_API_CONNECTIONS`); the others wait for one, and ``timeout`` (aiohttp's
+    ``total``) counts that wait too, so a request never waits for a connection forever.
+    Idle connections are closed after :data:`API_KEEPALIVE` seconds."""
 
     def __init__(self, login_fn: Callable[[], kopf.ConnectionInfo], *,
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, connections: int = KUBE_API_CONNECTIONS) -> None:
+        if connections < 1:
+            raise ValueError("connections must be at least 1")  # aiohttp's 0 is unbounded
         self._login = login_fn
         self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._connections = connections
         self._session: aiohttp.ClientSession | None = None
         self._server = ""
         self._lock = asyncio.Lock()
@@ -153,7 +172,9 @@ class KubeApi:
                 info = self._login()  # re-read: service account tokens rotate
                 self._server = str(info.server).rstrip("/")
                 self._session = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(ssl=info.as_ssl_context()),
+                    connector=aiohttp.TCPConnector(ssl=info.as_ssl_context(),
+                                                   limit=self._connections, limit_per_host=0,
+                                                   keepalive_timeout=API_KEEPALIVE),
                     headers={**info.as_http_headers(), "User-Agent": COMPONENT},
                     timeout=self._timeout,
                 )
