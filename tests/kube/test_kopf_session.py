@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 from typing import Any
 
@@ -47,6 +48,11 @@ def _count_connections(session: aiohttp.ClientSession) -> list[int]:
     trace.freeze()
     session._trace_configs.append(trace)  # the session's own list, read per request
     return created
+
+
+async def _apply(cp: ControlPlane, namespace: str, doc: str) -> subprocess.CompletedProcess[str]:
+    """``kubectl apply -f -`` of ``doc`` in ``namespace``, in a thread."""
+    return await asyncio.to_thread(cp.kubectl, "-n", namespace, "apply", "-f", "-", input=doc)
 
 
 async def test_many_requests_in_flight_use_at_most_the_limits_connections(
@@ -139,14 +145,8 @@ async def test_a_burst_of_status_writes_and_events_opens_at_most_the_bound(
     n = KUBE_API_CONNECTIONS
     names = [f"burst-{i}" for i in range(n)]
     items = [json.loads(joblease(name, {"leaseDurationSeconds": 30})) for name in names]
-    applied = await asyncio.to_thread(
-        kubeconfig.kubectl,
-        "-n",
-        namespace,
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+    applied = await _apply(
+        kubeconfig, namespace, json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
     )
     assert applied.returncode == 0, applied.stderr
     kube = KubeApi(login)
@@ -202,15 +202,7 @@ async def test_a_request_waiting_for_a_connection_is_still_subject_to_its_timeou
 ) -> None:
     """One connection, held by a watch stream: a request waiting for it fails after the
     request's timeout (not never), and goes through once the connection is free again."""
-    await asyncio.to_thread(
-        kubeconfig.kubectl,
-        "-n",
-        namespace,
-        "apply",
-        "-f",
-        "-",
-        input=joblease("held", {"leaseDurationSeconds": 30}),
-    )
+    await _apply(kubeconfig, namespace, joblease("held", {"leaseDurationSeconds": 30}))
     kube = KubeApi(login, timeout=2.0, connections=1)
     ref = JobRef(namespace, "held")
     try:
