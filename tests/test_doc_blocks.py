@@ -115,7 +115,7 @@ def tagged_blocks() -> dict[tuple[str, str], str]:
     """(doc, first line) -> language of every tagged block the docs have now."""
     found: dict[tuple[str, str], str] = {}
     for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        for language, _section, text in fenced_blocks(doc):
+        for language, text in fenced_blocks(doc):
             if language in TAGGED:
                 first = next(line.strip() for line in text.splitlines() if line.strip())
                 key = (str(doc.relative_to(ROOT)), first)

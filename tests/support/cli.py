@@ -62,21 +62,19 @@ def run_doc_sh(config: EtcdConfig, script: str, tmp_path: Path, timeout: float =
     return done
 
 
-def fenced_blocks(doc: Path) -> list[tuple[str, str, str]]:
-    """Every fenced block of ``doc`` as (language, ``## section`` or "", text), in order;
-    language is "" for an untagged fence. Fences may be indented (inside a list item)."""
-    blocks: list[tuple[str, str, str]] = []
-    section, fence = "", None
+def fenced_blocks(doc: Path) -> list[tuple[str, str]]:
+    """Every fenced block of ``doc`` as (language, text), in order; language is "" for an
+    untagged fence. Fences may be indented (inside a list item)."""
+    blocks: list[tuple[str, str]] = []
+    fence: str | None = None
     lines: list[str] = []
     for line in doc.read_text().splitlines():
         stripped = line.strip()
         if fence is None:
             if stripped.startswith("```"):
                 fence, lines = stripped[3:], []
-            elif line.startswith("## "):
-                section = line[3:]
         elif stripped == "```":
-            blocks.append((fence, section, "\n".join(lines) + "\n"))
+            blocks.append((fence, "\n".join(lines) + "\n"))
             fence = None
         else:
             lines.append(line)
