@@ -135,12 +135,30 @@ async def chart_operator(crds_installed: ControlPlane, namespace: str, release: 
         yield running
 
 
+# How a refused request shows in the operator's log: our KubeApi raises "HTTP 403: ...",
+# kopf raises APIForbiddenError, aiohttp prints "403, message='Forbidden'", kopf's
+# own RBAC self-check says "Not enough permissions". A bare "403" is not matched: it
+# also turns up in log timestamps (",403") and revisions, which once failed CI.
+FORBIDDEN = ("HTTP 403", "403, message", "orbidden", "Not enough permissions")
+
+
 def forbidden_lines(log: str) -> list[str]:
-    return [line for line in log.splitlines()
-            if "403" in line or "orbidden" in line or "Not enough permissions" in line]
+    return [line for line in log.splitlines() if any(sign in line for sign in FORBIDDEN)]
 
 
 # ----------------------------------------------------------------------------- tests
+def test_forbidden_lines_finds_refusals_and_not_timestamps_or_revisions() -> None:
+    log = "\n".join([
+        "2026-12-03 13:32:49,403 INFO kopf.objects: registered ns/nightly in etcd (revision 2669)",
+        "2026-12-03 13:32:50,001 INFO kopf.objects: registered ns/other in etcd (revision 14030)",
+        "2026-12-03 13:32:51,000 ERROR joblease: HTTP 403: events is forbidden: User ...",
+        "kopf._cogs.clients.errors.APIForbiddenError: ('jobleases.joblease.io is forbidden', {})",
+        "aiohttp.client_exceptions.ClientResponseError: 403, message='Forbidden', url=...",
+        "2026-12-03 13:32:52,000 WARNING kopf.activities: Not enough permissions to watch",
+    ])
+    assert forbidden_lines(log) == log.splitlines()[2:]
+
+
 async def test_operator_with_the_chart_rbac_runs_a_joblease_through_its_life(
         crds_installed: ControlPlane, namespace: str, chart_operator: ChartOperator,
         client: JobLeaseClient) -> None:
