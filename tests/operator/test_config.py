@@ -9,6 +9,7 @@ because only the reading of the configuration is under test; nothing connects.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -23,7 +24,9 @@ from joblease.errors import InvalidInputError
 from joblease.etcd_store import EtcdConfig
 from joblease.operator import command
 from joblease.operator.injection import SidecarSettings
-from joblease.operator.main import ENV, OperatorConfig
+from joblease.operator.kube import KUBE_API_CONNECTIONS, api_connections
+from joblease.operator.main import ENV, OperatorConfig, kube_api
+from joblease.operator.periodic_mirror import PeriodicMirror
 from joblease.operator.webhook import WebhookConfig
 from tests.support.chart import CHART
 
@@ -392,3 +395,15 @@ def test_kopf_lists_jobleases_in_pages() -> None:
     from joblease.operator.main import LIST_CHUNK, build_settings
 
     assert build_settings(OperatorConfig()).watching.chunk_size == LIST_CHUNK == 500
+
+
+@pytest.mark.parametrize("concurrency", [1, 8, 32, 100])
+def test_the_operators_api_connections_follow_its_concurrency(concurrency: int) -> None:
+    """``--concurrency`` status writes at once and the periodic mirrors' own (their
+    defaults) each find a connection: a raised ``--concurrency`` is not held back by a
+    connection pool sized for the default. Nothing connects (the session is lazy)."""
+    each = inspect.signature(PeriodicMirror.__init__).parameters["concurrency"].default
+    mirrors = 2 * each  # the queue and the semaphore mirror, both at the default
+    api = kube_api(OperatorConfig(concurrency=concurrency), login_fn=lambda: None)  # type: ignore[arg-type, return-value]
+    assert api.connections == concurrency + mirrors
+    assert api_connections(OperatorConfig().concurrency) == KUBE_API_CONNECTIONS

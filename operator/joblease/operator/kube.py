@@ -88,6 +88,17 @@ API_KEEPALIVE = 2.0
 #: another (:meth:`KubeApi._request` reads the whole body first), so the bound cannot
 #: deadlock, and the wait for a connection is inside the request's timeout.
 KUBE_API_CONNECTIONS = 48
+#: The queue and semaphore mirrors' bounds together (8 each), which do not change with
+#: ``--concurrency``.
+PERIODIC_MIRROR_CONNECTIONS = 16
+
+
+def api_connections(mirror_concurrency: int) -> int:
+    """The bound for :class:`KubeApi` when the JobLease mirror writes up to
+    ``mirror_concurrency`` statuses at once (``--concurrency``): that many plus the
+    periodic mirrors', so a raised ``--concurrency`` is not throttled back to 32 by the
+    connection pool (48 at the default 32)."""
+    return max(1, mirror_concurrency) + PERIODIC_MIRROR_CONNECTIONS
 
 
 class _BoundedRequests:
@@ -162,6 +173,11 @@ class KubeApi:
         self._server = ""
         self._lock = asyncio.Lock()
         self.instance = socket.gethostname()
+
+    @property
+    def connections(self) -> int:
+        """Requests that may hold a connection at once."""
+        return self._connections
 
     async def _client(self, *, relogin: bool = False) -> aiohttp.ClientSession:
         async with self._lock:

@@ -59,7 +59,7 @@ from joblease.operator import allocator
 from joblease.operator.election import DEFAULT_TTL as ELECTION_TTL
 from joblease.operator.election import MAX_TTL, MIN_TTL, Election, Leadership, check_name
 from joblease.operator.handlers import build_registry
-from joblease.operator.kube import KubeApi, login
+from joblease.operator.kube import KubeApi, api_connections, login
 from joblease.operator.metrics import OperatorMetrics, serve
 from joblease.operator.mirror import Mirror
 from joblease.operator.queue_mirror import DEFAULT_INTERVAL as QUEUE_INTERVAL
@@ -287,6 +287,12 @@ def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     return settings
 
 
+def kube_api(config: OperatorConfig, login_fn: Callable[[], kopf.ConnectionInfo]) -> KubeApi:
+    """The operator's own API session, its connections bounded to what the mirrors can
+    have in flight at once: ``--concurrency`` status writes and the periodic mirrors'."""
+    return KubeApi(login_fn, connections=api_connections(config.concurrency))
+
+
 def operator_identity() -> Identity:
     """Who this operator process is, for kopf (peering records, logs).
 
@@ -391,7 +397,7 @@ async def _run_replica(config: OperatorConfig) -> None:
     def credentials() -> kopf.ConnectionInfo:
         return login(settings)
 
-    kube = KubeApi(credentials)
+    kube = kube_api(config, credentials)
     replica = _Replica()
     # -- always-on parts: every replica, leader or not ----------------------------------
     # The webhook first, independent of kopf and etcd: every replica answers admissions.
