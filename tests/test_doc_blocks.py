@@ -60,7 +60,7 @@ BLOCKS: dict[tuple[str, str], str] = {
                      "jsonpath='{.data.ca\\.crt}' | base64 -d > ca.crt"):
         "tests/cluster/test_helm_backup_docs.py::"
         "test_the_backup_block_saves_a_snapshot_as_written",
-    ("docs/helm.md", "kubectl apply --server-side -f crds/      # or "
+    ("docs/helm.md", "kubectl apply --server-side --force-conflicts -f crds/      # or "
                      "charts/joblease-operator/crds/"):
         "tests/kube/test_docs_as_written.py::"
         "test_the_crd_upgrade_block_upgrades_the_documented_install",

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,9 +44,14 @@ def _doc_env(cp: ControlPlane, tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _bash(script: str, env: dict[str, str]) -> str:
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO_ROOT, env=env,
+def _run_bash(script: str, env: dict[str, str], cwd: Path = REPO_ROOT
+              ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
+
+
+def _bash(script: str, env: dict[str, str], cwd: Path = REPO_ROOT) -> str:
+    done = _run_bash(script, env, cwd)
     assert done.returncode == 0, f"{script}\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -133,3 +140,57 @@ def test_the_own_etcd_install_step_installs_as_written(
     env = {e["name"]: e.get("value")
            for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["JOBLEASE_ETCD_ENDPOINTS"] == "https://etcd-0.etcd:2379,https://etcd-1.etcd:2379"
+
+
+def _crd_managers(cp: ControlPlane, crd: str) -> list[dict[str, Any]]:
+    managers: list[dict[str, Any]] = json.loads(cp.kubectl(
+        "get", "crd", crd, "-o", "json", "--show-managed-fields", check=True).stdout
+    )["metadata"]["managedFields"]
+    return managers
+
+
+def test_the_crd_upgrade_block_takes_over_crds_that_helm_install_created(
+        tmp_path: Path) -> None:
+    """docs/helm.md's upgrade block, as written, where the reader skipped step 1 and
+    ``helm install`` created the CRDs (so the API server records ``helm`` as their
+    manager) and the chart's CRD has changed since: it applies the new CRD and
+    upgrades. Without the block's ``--force-conflicts`` the same apply is refused as a
+    conflict with ``helm``, which is why the block carries it.
+
+    Its own control plane (API server and etcd): the shared one's CRDs were created
+    by ``kubectl apply`` and other tests rely on them."""
+    upgrade = doc_block(HELM_DOC, "sh", "CRDs: installed once, never upgraded by Helm")
+    assert "--force-conflicts" in upgrade
+    # the chart as it was: its JobLease CRD without the Holder printer column
+    old = tmp_path / "old"
+    chart = Path("charts") / "joblease-operator"
+    shutil.copytree(REPO_ROOT / chart, old / chart)
+    old_crd = old / chart / "crds" / "jobleases.joblease.io.yaml"
+    holder = ("        - name: Holder\n          type: string\n"
+              "          jsonPath: .status.holderIdentity\n")
+    assert holder in old_crd.read_text()
+    old_crd.write_text(old_crd.read_text().replace(holder, "", 1))
+    crd = "jobleases.joblease.io"
+
+    def columns(cp: ControlPlane) -> list[str]:
+        obj = json.loads(cp.kubectl("get", "crd", crd, "-o", "json", check=True).stdout)
+        return [c["name"] for c in obj["spec"]["versions"][0]["additionalPrinterColumns"]]
+
+    with ControlPlane() as cp:
+        env = _doc_env(cp, tmp_path)
+        _bash("\n".join(documented_install_steps()["2a"]), env, cwd=old)  # no step 1
+        assert "Holder" not in columns(cp)
+        assert any(m["manager"] == "helm" for m in _crd_managers(cp, crd))
+
+        unforced = _run_bash(upgrade.replace(" --force-conflicts", ""), env)
+        assert unforced.returncode != 0 and "conflict" in unforced.stderr.lower(), (
+            unforced.stdout, unforced.stderr)
+        assert "Holder" not in columns(cp)  # refused whole: nothing changed
+
+        _bash(upgrade, env)
+        assert "Holder" in columns(cp)
+        assert any(m["manager"] == "kubectl" and m["operation"] == "Apply"
+                   for m in _crd_managers(cp, crd))
+        history = json.loads(_bash("helm history joblease -n joblease-system -o json", env))
+        assert [(h["revision"], h["status"]) for h in history] == [
+            (1, "superseded"), (2, "deployed")]
