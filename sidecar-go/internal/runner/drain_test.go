@@ -318,7 +318,9 @@ func TestADrainingRunnersSessionKeepsOnlyTheHeldItemsLossCallback(t *testing.T) 
 // check or a new session per item added to it fails here.
 func TestADrainingRunnerSendsTwoTransactionsPerItem(t *testing.T) {
 	ep, _ := etcdtest.Start(t)
-	q, producer := newQueue(t, ep, "per-item", protocol.QueueSpec{LeaseDurationSeconds: 30, MaxAttempts: 3})
+	// TTL 60: the session's first keep-alive (and the holder check after it,
+	// a transaction) comes 20 s in, long after the drain
+	q, producer := newQueue(t, ep, "per-item", protocol.QueueSpec{LeaseDurationSeconds: 60, MaxAttempts: 3})
 	const items = 2 * protocol.ReadAhead
 	for i := range items {
 		enqueue(t, producer, q, fmt.Sprintf("i%02d", i))
