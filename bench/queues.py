@@ -26,7 +26,9 @@ etcd); a side's figure is its total work over its total time across rounds.
    ``POST /v1/complete``; side ``sidecar_next``: one exchange per item,
    ``POST /v1/complete?next=10`` answering with the next item), against the library's
    ``claim_next`` + ``complete`` at concurrency 1 on a queue of the same size
-   (one claimer, as one sidecar is). Target: >= 200 items/s per pod.
+   (one claimer, as one sidecar is). Target: >= 200 items/s per pod. After
+   each drain, ``EXCHANGES`` plain ``GET /v1/lease`` of the drained sidecar
+   (no etcd behind them) time the worker's HTTP exchange alone ("one GET").
 5. **history**: claim+complete cycles/s of items on a queue with
    ``historyLimit`` 3 (each claim also puts the item's tenure and compares its
    generation) against one with none, at ``--history-concurrency``, in
@@ -113,7 +115,7 @@ def combine(runs: list[dict[str, Any]], unit: str) -> dict[str, Any]:
     if all("txns" in r for r in runs) and done:
         out["txns_per_cycle"] = round(sum(r["txns"] for r in runs) / done, 3)
         out["reads_per_cycle"] = round(sum(r["reads"] for r in runs) / done, 3)
-    for name in ("claim", "complete", "batch"):
+    for name in ("claim", "complete", "batch", "exchange"):
         lat = [x for r in runs for x in r.get(name, [])]
         if lat:
             out[f"{name}_p50_ms"] = round(pct(lat, 0.5) * 1000, 2)
@@ -493,6 +495,9 @@ async def item_history_at_limit(client: JobLeaseClient, limit: int) -> dict[str,
 #: The sidecar's token files go to tmpfs where there is one, as in an injected
 #: pod (its /run/joblease is an emptyDir with medium Memory): a disk would
 #: measure the disk.
+#: GET /v1/lease exchanges timed after each drain (the worker's HTTP cost alone).
+EXCHANGES = 200
+
 TOKEN_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
@@ -601,11 +606,32 @@ async def drain_sidecar(config: EtcdConfig, binary: str, n: int, *, poll: bool =
                     done.add(body["item"])
                     t = t2
                 seconds = time.perf_counter() - start
+                # The worker's HTTP exchange alone: GET /v1/lease with no
+                # etcd behind it (the queue is drained, the sidecar waiting: it
+                # answers 503 at once), what each of the items' requests cost
+                # the worker and the sidecar besides the transactions.
+                exchange: list[float] = []
+                for _ in range(EXCHANGES):
+                    t0 = time.perf_counter()
+                    await http.get("/v1/lease")
+                    exchange.append(time.perf_counter() - t0)
+                rss_kib = vm_rss_kib(proc.pid)
         finally:
             proc.terminate()
             await asyncio.to_thread(proc.wait, 10)
     return {"n": n, "seconds": seconds, "claim": claim, "complete": completion,
-            "polls": polls}
+            "polls": polls, "exchange": exchange, "rss_kib": rss_kib}
+
+
+def vm_rss_kib(pid: int) -> int | None:
+    """The process's resident set (VmRSS, KiB), or None where /proc cannot say."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 async def bench_sidecar(config: EtcdConfig, binary: str, n: int, rounds: int,
@@ -636,6 +662,9 @@ async def bench_sidecar(config: EtcdConfig, binary: str, n: int, rounds: int,
         if side != "library":
             out[side]["polls_per_item"] = round(
                 sum(r["polls"] for r in runs[side]) / sum(r["n"] for r in runs[side]), 3)
+            rss = [r["rss_kib"] for r in runs[side] if r.get("rss_kib")]
+            if rss:
+                out[side]["rss_mib_max"] = round(max(rss) / 1024, 1)
     if compare:
         out["compare_binary"] = compare
     return out
@@ -727,7 +756,8 @@ def print_report(report: dict[str, Any]) -> None:
                   "item) vs the library's claim_next + complete at concurrency 1")
             print(f"{'side':>15} {'items/s':>8} {'x library':>9} {'x sidecar':>9} "
                   f"{'claim p50/p99 ms':>17} "
-                  f"{'complete p50/p99 ms':>20} {'GETs/item that found none':>26}")
+                  f"{'complete p50/p99 ms':>20} {'GETs/item that found none':>26} "
+                  f"{'one GET p50/p99 ms':>18} {'RSS MiB':>7}")
             for name in ("sidecar", "sidecar_next", "sidecar_poll", "sidecar_compare", "library"):
                 if name not in s:
                     continue
@@ -736,9 +766,14 @@ def print_report(report: dict[str, Any]) -> None:
                       f"{side['x_sidecar']:>9} "
                       f"{side['claim_p50_ms']:>8}/{side['claim_p99_ms']:<8} "
                       f"{side['complete_p50_ms']:>9}/{side['complete_p99_ms']:<10} "
-                      f"{side.get('polls_per_item', ''):>26}")
+                      f"{side.get('polls_per_item', ''):>26} "
+                      + (f"{side['exchange_p50_ms']:>9}/{side['exchange_p99_ms']:<8}"
+                         if "exchange_p50_ms" in side else f"{'':>18}")
+                      + f" {side.get('rss_mib_max', ''):>7}")
             print("(a sidecar's claim: from the completion's answer until the worker saw the "
-                  "next item held)")
+                  "next item held; one GET: GET /v1/lease of the drained sidecar, no etcd "
+                  "behind it, the worker's HTTP exchange alone; RSS: the sidecar's resident "
+                  "set after its drain, the largest of the rounds)")
             if "compare_binary" in s:
                 print(f"sidecar_compare: {s['compare_binary']}")
 

@@ -63,6 +63,9 @@ type Lease struct {
 	// tenure is this claim's tenure in the job's history (nil: the job keeps
 	// none); release and checkpoint record themselves in it (a completion by its result).
 	tenure *tenure
+	// unlisten unregisters the session's loss callback once the lease ended
+	// (the session lives on for the next claims; nil until registered).
+	unlisten func()
 }
 
 func newLease(store *etcd.Store, s *session.Session, job JobRef, keys JobKeys, owner, claimID string,
@@ -78,7 +81,16 @@ func newLease(store *etcd.Store, s *session.Session, job JobRef, keys JobKeys, o
 		defer cancel()
 		l.Check(ctx)
 	})
-	s.OnLoss(func(why string) { l.lose("etcd lease lost: " + why) })
+	unlisten := s.OnLoss(func(why string) { l.lose("etcd lease lost: " + why) })
+	l.mu.Lock()
+	if l.state == Held {
+		l.unlisten = unlisten
+	} else {
+		l.mu.Unlock()
+		unlisten() // lost already (the session was): nothing to keep
+		return l
+	}
+	l.mu.Unlock()
 	return l
 }
 
@@ -155,16 +167,26 @@ func (l *Lease) lose(reason string) {
 	}
 	l.state, l.reason = LostState, reason
 	close(l.done)
+	unlisten := l.unlisten
+	l.unlisten = nil
 	l.mu.Unlock()
+	if unlisten != nil {
+		unlisten()
+	}
 	slog.Warn(fmt.Sprintf("lease on %s (token %d) lost: %s", l.Job, l.Token, reason))
 }
 
 func (l *Lease) finish(st State) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	var unlisten func()
 	if l.state == Held {
 		l.state = st
 		close(l.done)
+		unlisten, l.unlisten = l.unlisten, nil
+	}
+	l.mu.Unlock()
+	if unlisten != nil {
+		unlisten()
 	}
 }
 

@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/joblease/joblease/sidecar-go/internal/config"
 	"github.com/joblease/joblease/sidecar-go/internal/etcd"
@@ -244,5 +248,123 @@ func TestADrainingRunnerThatLostAnItemClaimsTheNextWithSignal(t *testing.T) {
 	}
 	if o := r.Complete(nextToken, next); o.Answer != Done {
 		t.Fatalf("complete %s: %+v", next, o)
+	}
+}
+
+// A draining sidecar holds item after item on one session: each ended item's
+// lease unregisters its loss callback, so the session keeps the held item's
+// alone, not one per item ever held (which kept every ended lease, its
+// payload and records, in memory for as long as the session lived: ~1.4 KB
+// an item, BenchmarkDrain's heapB/item). Ended by completion, by release, and
+// by loss (the holder key deleted behind the sidecar's back).
+func TestADrainingRunnersSessionKeepsOnlyTheHeldItemsLossCallback(t *testing.T) {
+	ep, _ := etcdtest.Start(t)
+	admin := etcdtest.NewStore(t, ep)
+	q, producer := newQueue(t, ep, "listeners", protocol.QueueSpec{LeaseDurationSeconds: 30, MaxAttempts: 3})
+	for i := range 12 {
+		enqueue(t, producer, q, fmt.Sprintf("i%02d", i))
+	}
+	r, _ := drainer(t, ep, q, false)
+	heldLease := func(after int64) *protocol.Lease {
+		t.Helper()
+		_, token, _ := heldView(t, r, after)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.lease == nil || r.lease.Token != token {
+			t.Fatalf("held token %d, lease %+v", token, r.lease)
+		}
+		return r.lease
+	}
+	var token int64
+	for i := range 11 {
+		l := heldLease(token)
+		token = l.Token
+		if n := l.Session().Listening(); n != 1 {
+			t.Fatalf("item %d held: the session has %d loss callbacks, want 1 (the held lease's)", i, n)
+		}
+		switch i % 3 {
+		case 0, 1:
+			if o := r.Complete(token, nil); o.Answer != Done {
+				t.Fatalf("complete: %+v", o)
+			}
+		case 2:
+			if i == 2 {
+				if o := r.Release(token); o.Answer != Done {
+					t.Fatalf("release: %+v", o)
+				}
+			} else { // lost: the holder deleted under it; the next holder check notices
+				if _, err := admin.Txn(context.Background(), nil, []etcd.Op{etcd.Delete(
+					protocol.QueueKeysOf(protocol.DefaultRoot, q).Item(l.Item.ID).Holder())}, nil); err != nil {
+					t.Fatal(err)
+				}
+				l.Check(context.Background())
+				if l.State() != protocol.LostState {
+					t.Fatalf("lease not lost after its holder key went: %v", l.State())
+				}
+			}
+		}
+	}
+	l := heldLease(token)
+	if n := l.Session().Listening(); n != 1 {
+		t.Fatalf("after 11 items the session has %d loss callbacks, want 1", n)
+	}
+}
+
+// Every etcd request a draining sidecar sends, counted at its gRPC client:
+// per item one claim transaction and one completion transaction, plus a
+// candidate read per pool (protocol.ReadAhead items); no range read, no read
+// of the item's state, no second lease. Guards the per-item path
+// (docs/benchmarks.md, "Where an item's time goes"): a read-back, a holder
+// check or a new session per item added to it fails here.
+func TestADrainingRunnerSendsTwoTransactionsPerItem(t *testing.T) {
+	ep, _ := etcdtest.Start(t)
+	// TTL 60: the session's first keep-alive (and the holder check after it,
+	// a transaction) comes 20 s in, long after the drain
+	q, producer := newQueue(t, ep, "per-item", protocol.QueueSpec{LeaseDurationSeconds: 60, MaxAttempts: 3})
+	const items = 2 * protocol.ReadAhead
+	for i := range items {
+		enqueue(t, producer, q, fmt.Sprintf("i%02d", i))
+	}
+	var mu sync.Mutex
+	calls := map[string]int{}
+	store, err := etcd.New(etcd.Config{Endpoints: []string{ep}, RequestTimeout: 5 * time.Second,
+		UnaryInterceptor: func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+			invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			mu.Lock()
+			calls[method[strings.LastIndexByte(method, '/')+1:]]++
+			mu.Unlock()
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	cfg := config.Config{Queue: &q, ExitWhenEmpty: true, Owner: "drainer", OnLoss: "none", OnFinal: "serve",
+		Backoff: config.Backoff{Initial: 0.05, Maximum: 0.2, Multiplier: 2}, RegistrationWait: 5}
+	r := New(cfg, protocol.NewClient(store, protocol.DefaultRoot), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t.Cleanup(func() { r.RequestStop(""); r.cancel() })
+	done := make(chan End, 1)
+	go r.Lifecycle(done)
+	var token int64
+	for range items {
+		_, token, _ = heldView(t, r, token)
+		if o := r.Complete(token, nil); o.Answer != Done {
+			t.Fatalf("complete: %+v", o)
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("not drained (phase %s)", r.PhaseNow())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// items claims + items completions + one candidate read per ReadAhead
+	// items and the last read, which finds none (the queue's spec is a Range).
+	if want := 2*items + items/protocol.ReadAhead + 1; calls["Txn"] != want {
+		t.Fatalf("%d transactions for %d items, want %d (all calls: %v)", calls["Txn"], items, want, calls)
+	}
+	if calls["Range"] != 1 || calls["LeaseGrant"] != 1 || len(calls) != 3 {
+		t.Fatalf("calls besides the transactions: %v; want one Range (the queue's spec) and one LeaseGrant", calls)
 	}
 }

@@ -35,7 +35,8 @@ type Session struct {
 	lostReason string
 	closing    bool
 	lost       chan struct{}
-	listeners  []func(string)
+	listeners  []listener
+	listenerID uint64
 	check      func()
 	checking   atomic.Bool
 	done       chan struct{}
@@ -114,17 +115,46 @@ func (s *Session) LostReason() string {
 // Lost is closed once the session is lost.
 func (s *Session) Lost() <-chan struct{} { return s.lost }
 
-// OnLoss registers a callback run (once) when the session is lost.
-func (s *Session) OnLoss(fn func(string)) {
+type listener struct {
+	id uint64
+	fn func(string)
+}
+
+// OnLoss registers a callback run (once) when the session is lost (at once
+// if it already is). The function returned unregisters it: a lease that
+// ended calls it, because one session outlives many leases (a draining
+// sidecar's holds item after item on it), and a callback kept for each would
+// keep every ended lease in memory for as long as the session lives.
+func (s *Session) OnLoss(fn func(string)) (unregister func()) {
 	s.mu.Lock()
 	reason := s.lostReason
+	var id uint64
 	if reason == "" {
-		s.listeners = append(s.listeners, fn)
+		s.listenerID++
+		id = s.listenerID
+		s.listeners = append(s.listeners, listener{id, fn})
 	}
 	s.mu.Unlock()
 	if reason != "" {
 		fn(reason)
 	}
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for i, l := range s.listeners {
+			if l.id == id {
+				s.listeners = append(s.listeners[:i], s.listeners[i+1:]...)
+				return
+			}
+		}
+	}
+}
+
+// Listening is how many loss callbacks are registered (for tests).
+func (s *Session) Listening() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.listeners)
 }
 
 // Lose marks the session lost (idempotent) and tells the listeners.
@@ -142,8 +172,8 @@ func (s *Session) Lose(reason string, expected bool) {
 	if !expected {
 		slog.Warn("etcd lease lost", "leaseId", s.LeaseID, "reason", reason)
 	}
-	for _, fn := range listeners {
-		fn(reason)
+	for _, l := range listeners {
+		l.fn(reason)
 	}
 }
 

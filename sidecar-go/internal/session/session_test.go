@@ -99,3 +99,33 @@ func TestAHangingKeepAliveStreamOpenIsALossAtTheSafetyDeadline(t *testing.T) {
 		t.Fatalf("lost for %q", why)
 	}
 }
+
+// OnLoss's unregister: an unregistered callback is not run at the loss, the
+// others still are; registering on a lost session runs the callback at once.
+func TestAnUnregisteredLossCallbackIsNotRunAndTheOthersAre(t *testing.T) {
+	ep, _ := etcdtest.Start(t)
+	s, err := Start(context.Background(), etcdtest.NewStore(t, ep), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background(), true)
+	ran := map[string]bool{}
+	var unregister []func()
+	for _, name := range []string{"a", "b", "c"} {
+		unregister = append(unregister, s.OnLoss(func(string) { ran[name] = true }))
+	}
+	unregister[1]()
+	unregister[1]() // twice is fine
+	if n := s.Listening(); n != 2 {
+		t.Fatalf("%d callbacks registered, want 2", n)
+	}
+	s.Lose("test", true)
+	if !ran["a"] || ran["b"] || !ran["c"] {
+		t.Fatalf("ran %v, want a and c", ran)
+	}
+	late := false
+	s.OnLoss(func(string) { late = true })()
+	if !late || s.Listening() != 0 {
+		t.Fatalf("a callback registered after the loss: ran %v, %d registered", late, s.Listening())
+	}
+}
