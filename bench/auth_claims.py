@@ -56,6 +56,7 @@ async def main_async(args: argparse.Namespace, open_etcd: EtcdCluster,
                      auth_etcd: EtcdCluster) -> dict[str, Any]:
     open_endpoints, auth_endpoints = open_etcd.endpoints, auth_etcd.endpoints
     pids = {"open": cpu_cost.pids_of(open_etcd), "auth": cpu_cost.pids_of(auth_etcd)}
+    endpoints = {"open": open_endpoints, "auth": auth_endpoints}
     rows = []
     for i, conc in enumerate(args.concurrency):
         cycles = max(args.cycles if conc > 1 else args.cycles // 6, 50)
@@ -75,7 +76,8 @@ async def main_async(args: argparse.Namespace, open_etcd: EtcdCluster,
                 before = cpu_cost.etcd_rpc_counts(auth_endpoints[0])
                 result, cost = await cpu_cost.measured(side, functools.partial(
                     bench_joblease, configs[side], per_round, conc, root=roots[side],
-                    prefix=f"r{r}", etcd_pids=pids[side]))
+                    prefix=f"r{r}", etcd_pids=pids[side],
+                    rpc_endpoint=endpoints[side][0]))
                 after = cpu_cost.etcd_rpc_counts(auth_endpoints[0])
                 if side == "auth":
                     authenticates.append(after.get("Authenticate", 0)
@@ -83,6 +85,10 @@ async def main_async(args: argparse.Namespace, open_etcd: EtcdCluster,
                 runs[side].append(result)
                 costs.append(cost)
         merged = {side: _merged(results) for side, results in runs.items()}
+        for side, results in runs.items():  # etcd's calls per cycle, the rounds' median
+            methods = {m for x in results for m in x.get("rpcs_per_cycle", {})}
+            merged[side]["rpcs_per_cycle"] = {m: statistics.median(
+                x.get("rpcs_per_cycle", {}).get(m, 0) for x in results) for m in sorted(methods)}
         rows.append({"concurrency": conc, **merged,
                      "ratio_cycles": round(merged["auth"]["cycles_per_s"]
                                            / merged["open"]["cycles_per_s"], 3),
@@ -123,6 +129,8 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"{row['concurrency']:>4}  ratio auth+tenant role / auth off, cycles/s = "
               f"{row['ratio_cycles']} (sums over the rounds); Authenticate calls per auth "
               f"round: {row['authenticate_calls_per_auth_round']}")
+        print(f"{row['concurrency']:>4}  etcd calls per cycle: open "
+              f"{row['open']['rpcs_per_cycle']}, auth {row['auth']['rpcs_per_cycle']}")
         print(cpu_cost.format_row(f"c={row['concurrency']}", row["cpu"], "open", "auth"))
 
 

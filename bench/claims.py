@@ -113,9 +113,12 @@ async def run_pool(jobs: list[Any], concurrency: int, cycle: Any,
 
 async def bench_joblease(config: EtcdConfig, cycles: int, concurrency: int,
                          history_limit: int = 0, root: str | None = None, *,
-                         prefix: str = "job", etcd_pids: Sequence[int] = ()) -> dict[str, Any]:
+                         prefix: str = "job", etcd_pids: Sequence[int] = (),
+                         rpc_endpoint: str | None = None) -> dict[str, Any]:
     """``root``: the key root (default a fresh one; a tenant's role is bound to it);
-    ``prefix``: of the jobs' names (a fresh one per run on one root)."""
+    ``prefix``: of the jobs' names (a fresh one per run on one root);
+    ``rpc_endpoint``: an etcd whose gRPC calls per cycle (by method, from its
+    metrics, read just before and after the timed part) go in ``rpcs_per_cycle``."""
     async with JobLeaseClient(config.with_(root=root or f"/bench/jl-{uuid.uuid4().hex[:6]}")
                               ) as c:
         # Every job's spec stays cached, as a long-lived worker's jobs' do: with more
@@ -142,17 +145,26 @@ async def bench_joblease(config: EtcdConfig, cycles: int, concurrency: int,
             await lease.complete({"ok": True})
             return t1 - t0, time.perf_counter() - t1
 
+        before = cpu_cost.etcd_rpc_counts(rpc_endpoint) if rpc_endpoint else {}
         result = await run_pool(jobs, concurrency, cycle, etcd_pids)
+        if rpc_endpoint:
+            after = cpu_cost.etcd_rpc_counts(rpc_endpoint)
+            result["rpcs_per_cycle"] = {
+                m: round((n - before.get(m, 0)) / max(result["cycles"], 1), 3)
+                for m, n in after.items() if n != before.get(m, 0)}
         result["spec_cache_fill_s"] = round(spec_reads_s, 3)
         return result
 
 
-async def bench_raw(config: EtcdConfig, cycles: int, concurrency: int) -> dict[str, Any]:
-    root = f"/bench/raw-{uuid.uuid4().hex[:6]}"
+async def bench_raw(config: EtcdConfig, cycles: int, concurrency: int, *,
+                    root: str | None = None, prefix: str = "job",
+                    etcd_pids: Sequence[int] = ()) -> dict[str, Any]:
+    """``root``, ``prefix``, ``etcd_pids``: as :func:`bench_joblease`'s."""
+    root = root or f"/bench/raw-{uuid.uuid4().hex[:6]}"
     async with JobLeaseClient(config.with_(root=root)) as c:
-        jobs = await register_jobs(c, cycles, "job")
+        jobs = await register_jobs(c, cycles, prefix)
         store = c.store
-        _, kvs = await store.get(f"{root}/".encode(), prefix=True)
+        _, kvs = await store.get(c.keys.namespace_prefix("bench"), prefix=True)
         spec_rev = {kv.key: kv.mod_revision for kv in kvs}
         lease_id, _ = await store.grant(30)
         holder_value = json.dumps({"owner": "bench-worker", "claimId": "x" * 32, "ttl": 30,
@@ -181,7 +193,7 @@ async def bench_raw(config: EtcdConfig, cycles: int, concurrency: int) -> dict[s
             assert r2.succeeded
             return t1 - t0, time.perf_counter() - t1
 
-        out = await run_pool(jobs, concurrency, cycle)
+        out = await run_pool(jobs, concurrency, cycle, etcd_pids)
         await store.revoke(lease_id)
         return out
 
