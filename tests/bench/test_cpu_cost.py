@@ -148,6 +148,7 @@ def test_ratios_read_like_cycles_per_second_and_take_out_a_slower_host() -> None
                                 _round("on", 1.5, etcd_ms=0.75, ref_ms=30.0))
     assert slow["client_cpu"] == pytest.approx(1.0)
     assert slow["etcd_cpu"] == pytest.approx(1.0)
+    assert slow["total_cpu_unscaled"] == pytest.approx(1.5 / 2.25)
     # no etcd reading (an --endpoints run): no etcd or total ratio, the rest still
     none = cpu_cost.pair_ratios(_round("off", 1.0, etcd_ms=None), _round("on", 2.0,
                                                                          etcd_ms=None))
