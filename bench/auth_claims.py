@@ -5,15 +5,24 @@ Two etcds of the same binary and flags, started by this run: one without auth,
 one with auth on and the benchmark's namespace as a tenant (``joblease-ns-bench``,
 READWRITE on ``<root>/bench/`` only, exactly as the operator makes it). The same
 ``bench_joblease`` loop (bench/claims.py) runs against each, alternating which goes
-first per concurrency, and the ratio auth/no-auth is printed (target >= 0.9).
+first per round (``--rounds``), and the ratio auth/no-auth is printed (target >= 0.9):
+cycles/s over the rounds' sums, and beside it the medians of the paired rounds'
+ratios of cycles/s and of CPU per cycle, the client's and etcd's
+(bench/cpu_cost.py), which say where auth's cost sits. Each auth round connects
+(and authenticates) once, before its timed part; the count of ``Authenticate``
+calls etcd handled per round is printed to show it.
 
-    python bench/auth_claims.py [--cycles 3000] [--concurrency 1,64] [--json out.json]
+    python bench/auth_claims.py [--cycles 3000] [--concurrency 1,64] [--rounds 6]
+                                [--bcrypt-cost 4] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import os
+import statistics
 import sys
 import uuid
 from pathlib import Path
@@ -21,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import cpu_cost
 from bench.claims import bench_joblease
 from bench.etcd_binary import etcd_binary_or_none
 from bench.report import save
@@ -42,26 +52,61 @@ async def tenant_config(endpoints: tuple[str, ...], root: str) -> EtcdConfig:
     return creds.etcd_config(plain)
 
 
-async def main_async(args: argparse.Namespace, open_endpoints: tuple[str, ...],
-                     auth_endpoints: tuple[str, ...]) -> dict[str, Any]:
+async def main_async(args: argparse.Namespace, open_etcd: EtcdCluster,
+                     auth_etcd: EtcdCluster) -> dict[str, Any]:
+    open_endpoints, auth_endpoints = open_etcd.endpoints, auth_etcd.endpoints
+    pids = {"open": cpu_cost.pids_of(open_etcd), "auth": cpu_cost.pids_of(auth_etcd)}
+    endpoints = {"open": open_endpoints, "auth": auth_endpoints}
     rows = []
     for i, conc in enumerate(args.concurrency):
         cycles = max(args.cycles if conc > 1 else args.cycles // 6, 50)
+        per_round = max(cycles // args.rounds, 20)
         root = f"/bench/auth-{uuid.uuid4().hex[:6]}"
         tenant = await tenant_config(auth_endpoints, root) if i == 0 else await \
             _tenant_again(auth_endpoints, root)
-        runs: dict[str, dict[str, Any]] = {}
-        order = ("open", "auth") if i % 2 == 0 else ("auth", "open")
-        for side in order:
-            if side == "open":
-                runs[side] = await bench_joblease(EtcdConfig(endpoints=open_endpoints),
-                                                  cycles, conc)
-            else:
-                runs[side] = await bench_joblease(tenant, cycles, conc, root=root)
-        rows.append({"concurrency": conc, **runs,
-                     "ratio_cycles": round(runs["auth"]["cycles_per_s"]
-                                           / runs["open"]["cycles_per_s"], 3)})
-    return {"benchmark": "auth_claims", "rows": rows}
+        configs = {"open": EtcdConfig(endpoints=open_endpoints), "auth": tenant}
+        roots = {"open": f"/bench/open-{uuid.uuid4().hex[:6]}", "auth": root}
+        runs: dict[str, list[dict[str, Any]]] = {"open": [], "auth": []}
+        costs: list[cpu_cost.RoundCost] = []
+        authenticates: list[int] = []
+        for r in range(args.rounds):
+            # alternate per round, and the first round's order per row
+            order = ("open", "auth") if (r + i) % 2 == 0 else ("auth", "open")
+            for side in order:
+                before = cpu_cost.etcd_rpc_counts(auth_endpoints[0])
+                result, cost = await cpu_cost.measured(side, functools.partial(
+                    bench_joblease, configs[side], per_round, conc, root=roots[side],
+                    prefix=f"r{r}", etcd_pids=pids[side],
+                    rpc_endpoint=endpoints[side][0]))
+                after = cpu_cost.etcd_rpc_counts(auth_endpoints[0])
+                if side == "auth":
+                    authenticates.append(after.get("Authenticate", 0)
+                                         - before.get("Authenticate", 0))
+                runs[side].append(result)
+                costs.append(cost)
+        merged = {side: _merged(results) for side, results in runs.items()}
+        for side, results in runs.items():  # etcd's calls per cycle, the rounds' median
+            methods = {m for x in results for m in x.get("rpcs_per_cycle", {})}
+            merged[side]["rpcs_per_cycle"] = {m: statistics.median(
+                x.get("rpcs_per_cycle", {}).get(m, 0) for x in results) for m in sorted(methods)}
+        rows.append({"concurrency": conc, **merged,
+                     "ratio_cycles": round(merged["auth"]["cycles_per_s"]
+                                           / merged["open"]["cycles_per_s"], 3),
+                     "authenticate_calls_per_auth_round": authenticates,
+                     "cpu": cpu_cost.summarize(costs, "open", "auth")})
+    return {"benchmark": "auth_claims", "rounds": args.rounds,
+            "bcrypt_cost": args.bcrypt_cost, "rows": rows}
+
+
+def _merged(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's rounds: cycles/s over the sums, latencies the median of the rounds'."""
+    total, seconds = sum(x["cycles"] for x in results), sum(x["seconds"] for x in results)
+    out: dict[str, Any] = {"cycles": total, "seconds": round(seconds, 3),
+                           "cycles_per_s": round(total / seconds, 1),
+                           "round_cycles_per_s": [x["cycles_per_s"] for x in results]}
+    for key in ("claim_p50_ms", "claim_p99_ms", "complete_p50_ms", "complete_p99_ms"):
+        out[key] = round(statistics.median(x[key] for x in results), 2)
+    return out
 
 
 async def _tenant_again(endpoints: tuple[str, ...], root: str) -> EtcdConfig:
@@ -82,7 +127,11 @@ def print_table(report: dict[str, Any]) -> None:
                   f"{r['claim_p50_ms']:>7}ms {r['claim_p99_ms']:>7}ms "
                   f"{r['complete_p50_ms']:>7}ms {r['complete_p99_ms']:>7}ms")
         print(f"{row['concurrency']:>4}  ratio auth+tenant role / auth off, cycles/s = "
-              f"{row['ratio_cycles']}")
+              f"{row['ratio_cycles']} (sums over the rounds); Authenticate calls per auth "
+              f"round: {row['authenticate_calls_per_auth_round']}")
+        print(f"{row['concurrency']:>4}  etcd calls per cycle: open "
+              f"{row['open']['rpcs_per_cycle']}, auth {row['auth']['rpcs_per_cycle']}")
+        print(cpu_cost.format_row(f"c={row['concurrency']}", row["cpu"], "open", "auth"))
 
 
 def main() -> None:
@@ -90,13 +139,23 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=3000)
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                         default=[1, 64])
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="alternating rounds per concurrency, each of cycles/rounds cycles")
+    parser.add_argument("--bcrypt-cost", type=int, default=4,
+                        help="etcd's --bcrypt-cost, both etcds (default 4, the chart's)")
     parser.add_argument("--json", help="write the report here")
     args = parser.parse_args()
     binary = etcd_binary_or_none()
-    with EtcdCluster(1, binary=binary) as open_etcd, EtcdCluster(1, binary=binary) as auth_etcd:
-        report = asyncio.run(main_async(args, open_etcd.endpoints, auth_etcd.endpoints))
+    extra = ("--unsafe-no-fsync", f"--bcrypt-cost={args.bcrypt_cost}")
+    load_before = os.getloadavg()
+    with EtcdCluster(1, binary=binary, extra_args=extra) as open_etcd, \
+            EtcdCluster(1, binary=binary, extra_args=extra) as auth_etcd:
+        report = asyncio.run(main_async(args, open_etcd, auth_etcd))
         report["etcd_binary"] = open_etcd.binary
+    report["loadavg_before"] = [round(x, 2) for x in load_before]
+    report["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     print_table(report)
+    print(f"load average before {report['loadavg_before']}, after {report['loadavg_after']}")
     save(report, args.json)
 
 

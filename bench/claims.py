@@ -30,16 +30,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import statistics
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import cpu_cost
+from bench.cpu_cost import Snapshot
 from bench.etcd_binary import etcd_binary_or_none
 from bench.report import save
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
@@ -68,7 +72,10 @@ async def register_jobs(client: JobLeaseClient, n: int, prefix: str,
     return jobs
 
 
-async def run_pool(jobs: list[Any], concurrency: int, cycle: Any) -> dict[str, Any]:
+async def run_pool(jobs: list[Any], concurrency: int, cycle: Any,
+                   etcd_pids: Sequence[int] = ()) -> dict[str, Any]:
+    """``jobs`` by ``concurrency`` workers; ``cpu``: what the timed part cost
+    (bench/cpu_cost.py; etcd's CPU if its ``etcd_pids`` are given)."""
     queue: asyncio.Queue[Any] = asyncio.Queue()
     for j in jobs:
         queue.put_nowait(j)
@@ -82,11 +89,14 @@ async def run_pool(jobs: list[Any], concurrency: int, cycle: Any) -> dict[str, A
             claim_lat.append(c)
             complete_lat.append(d)
 
+    snap = Snapshot.take(etcd_pids)
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - start
+    cpu = snap.until(Snapshot.take(etcd_pids))
     n = len(claim_lat)
     return {
+        "cpu": cpu,
         "cycles": n,
         "seconds": round(elapsed, 3),
         "cycles_per_s": round(n / elapsed, 1),
@@ -102,15 +112,20 @@ async def run_pool(jobs: list[Any], concurrency: int, cycle: Any) -> dict[str, A
 
 
 async def bench_joblease(config: EtcdConfig, cycles: int, concurrency: int,
-                         history_limit: int = 0, root: str | None = None) -> dict[str, Any]:
-    """``root``: the key root (default a fresh one; a tenant's role is bound to it)."""
+                         history_limit: int = 0, root: str | None = None, *,
+                         prefix: str = "job", etcd_pids: Sequence[int] = (),
+                         rpc_endpoint: str | None = None) -> dict[str, Any]:
+    """``root``: the key root (default a fresh one; a tenant's role is bound to it);
+    ``prefix``: of the jobs' names (a fresh one per run on one root);
+    ``rpc_endpoint``: an etcd whose gRPC calls per cycle (by method, from its
+    metrics, read just before and after the timed part) go in ``rpcs_per_cycle``."""
     async with JobLeaseClient(config.with_(root=root or f"/bench/jl-{uuid.uuid4().hex[:6]}")
                               ) as c:
         # Every job's spec stays cached, as a long-lived worker's jobs' do: with more
         # jobs than the cache holds (1024), the warm-up below would be evicted and
         # every claim would pay a spec read the raw side never sends.
         c._spec_cache_size = max(c._spec_cache_size, cycles)
-        jobs = await register_jobs(c, cycles, "job", history_limit)
+        jobs = await register_jobs(c, cycles, prefix, history_limit)
         # Warm the per-job spec cache the way a long-lived worker has it, and
         # count that read separately (it is paid once per job, not per claim).
         t = time.perf_counter()
@@ -130,17 +145,26 @@ async def bench_joblease(config: EtcdConfig, cycles: int, concurrency: int,
             await lease.complete({"ok": True})
             return t1 - t0, time.perf_counter() - t1
 
-        result = await run_pool(jobs, concurrency, cycle)
+        before = cpu_cost.etcd_rpc_counts(rpc_endpoint) if rpc_endpoint else {}
+        result = await run_pool(jobs, concurrency, cycle, etcd_pids)
+        if rpc_endpoint:
+            after = cpu_cost.etcd_rpc_counts(rpc_endpoint)
+            result["rpcs_per_cycle"] = {
+                m: round((n - before.get(m, 0)) / max(result["cycles"], 1), 3)
+                for m, n in after.items() if n != before.get(m, 0)}
         result["spec_cache_fill_s"] = round(spec_reads_s, 3)
         return result
 
 
-async def bench_raw(config: EtcdConfig, cycles: int, concurrency: int) -> dict[str, Any]:
-    root = f"/bench/raw-{uuid.uuid4().hex[:6]}"
+async def bench_raw(config: EtcdConfig, cycles: int, concurrency: int, *,
+                    root: str | None = None, prefix: str = "job",
+                    etcd_pids: Sequence[int] = ()) -> dict[str, Any]:
+    """``root``, ``prefix``, ``etcd_pids``: as :func:`bench_joblease`'s."""
+    root = root or f"/bench/raw-{uuid.uuid4().hex[:6]}"
     async with JobLeaseClient(config.with_(root=root)) as c:
-        jobs = await register_jobs(c, cycles, "job")
+        jobs = await register_jobs(c, cycles, prefix)
         store = c.store
-        _, kvs = await store.get(f"{root}/".encode(), prefix=True)
+        _, kvs = await store.get(c.keys.namespace_prefix("bench"), prefix=True)
         spec_rev = {kv.key: kv.mod_revision for kv in kvs}
         lease_id, _ = await store.grant(30)
         holder_value = json.dumps({"owner": "bench-worker", "claimId": "x" * 32, "ttl": 30,
@@ -169,22 +193,30 @@ async def bench_raw(config: EtcdConfig, cycles: int, concurrency: int) -> dict[s
             assert r2.succeeded
             return t1 - t0, time.perf_counter() - t1
 
-        out = await run_pool(jobs, concurrency, cycle)
+        out = await run_pool(jobs, concurrency, cycle, etcd_pids)
         await store.revoke(lease_id)
         return out
 
 
 async def paired(config: EtcdConfig, cycles: int, concurrency: int, rounds: int, *,
-                 first_history: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+                 first_history: bool, etcd_pids: Sequence[int] = ()
+                 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The joblease side without and with a history, in ``rounds`` alternating
     rounds of ``cycles / rounds`` cycles each; per side, cycles/s over the sums,
-    latencies the median of the rounds'."""
+    latencies the median of the rounds'; and the CPU per cycle of both
+    (bench/cpu_cost.py: medians of paired rounds)."""
     per_round = max(cycles // rounds, 20)
     runs: dict[int, list[dict[str, Any]]] = {0: [], HISTORY_LIMIT: []}
+    costs: list[cpu_cost.RoundCost] = []
     for r in range(rounds):
         order = [0, HISTORY_LIMIT] if (r % 2 == 0) != first_history else [HISTORY_LIMIT, 0]
         for limit in order:
-            runs[limit].append(await bench_joblease(config, per_round, concurrency, limit))
+            result, cost = await cpu_cost.measured(
+                "history" if limit else "off",
+                functools.partial(bench_joblease, config, per_round, concurrency, limit,
+                                  etcd_pids=etcd_pids))
+            runs[limit].append(result)
+            costs.append(cost)
 
     def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
         total, seconds = sum(x["cycles"] for x in results), sum(x["seconds"] for x in results)
@@ -195,7 +227,8 @@ async def paired(config: EtcdConfig, cycles: int, concurrency: int, rounds: int,
             out[key] = round(statistics.median(x[key] for x in results), 2)
         return out
 
-    return merged(runs[0]), merged(runs[HISTORY_LIMIT])
+    return (merged(runs[0]), merged(runs[HISTORY_LIMIT]),
+            cpu_cost.summarize(costs, "off", "history"))
 
 
 async def history_at_limit(config: EtcdConfig, limit: int) -> dict[str, Any]:
@@ -218,15 +251,18 @@ async def history_at_limit(config: EtcdConfig, limit: int) -> dict[str, Any]:
                 "tenures": len((await c.history(job)).tenures)}
 
 
-async def main_async(args: argparse.Namespace, endpoints: tuple[str, ...]) -> dict[str, Any]:
+async def main_async(args: argparse.Namespace, endpoints: tuple[str, ...],
+                     etcd_pids: Sequence[int] = ()) -> dict[str, Any]:
     config = EtcdConfig(endpoints=endpoints)
     rows = []
     for n, conc in enumerate(args.concurrency):
         cycles = max(args.cycles if conc > 1 else args.cycles // 6, 50)
         # alternate the order so neither side always runs on a warmer etcd
         raw = await bench_raw(config, cycles, conc)
-        jl, hist = await paired(config, cycles, conc, args.rounds, first_history=n % 2 == 1)
+        jl, hist, cpu = await paired(config, cycles, conc, args.rounds,
+                                     first_history=n % 2 == 1, etcd_pids=etcd_pids)
         rows.append({"concurrency": conc, "joblease": jl, "raw": raw, "history": hist,
+                     "history_cpu": cpu,
                      "ratio_cycles": round(jl["cycles_per_s"] / raw["cycles_per_s"], 3),
                      "ratio_history": round(hist["cycles_per_s"] / jl["cycles_per_s"], 3)})
     return {"benchmark": "claims", "etcd_endpoints": list(endpoints), "rows": rows,
@@ -249,6 +285,8 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"{row['concurrency']:>4}  ratio joblease/raw cycles/s = {row['ratio_cycles']}")
         print(f"{row['concurrency']:>4}  ratio history/joblease cycles/s = "
               f"{row['ratio_history']}")
+        print(cpu_cost.format_row(f"c={row['concurrency']}", row["history_cpu"], "off",
+                                  "history"))
     at = report["history_at_limit"]
     print(f"history at its limit ({at['limit']} tenures after {at['claims']} claims): "
           f"{at['history_keys']} keys, {at['history_bytes']} bytes "
@@ -269,7 +307,8 @@ def main() -> None:
         report = asyncio.run(main_async(args, tuple(args.endpoints.split(","))))
     else:
         with EtcdCluster(1, binary=etcd_binary_or_none()) as cluster:
-            report = asyncio.run(main_async(args, cluster.endpoints))
+            report = asyncio.run(main_async(args, cluster.endpoints,
+                                            cpu_cost.pids_of(cluster)))
             report["etcd_binary"] = cluster.binary
     print_table(report)
     save(report, args.json)

@@ -35,8 +35,10 @@ etcd); a side's figure is its total work over its total time across rounds.
    rotated rounds; and the etcd keys and bytes of one item's history at the
    limit (``limit + 5`` claims, each tenure with a checkpoint, a refused
    completion and a release: all four keys) and of an item claimed once and
-   completed, the usual case (docs/history.md, "Queue items"). Run only
-   when named (``--parts history``).
+   completed, the usual case (docs/history.md, "Queue items"). Beside the
+   cycles/s, each round's client and etcd CPU per cycle (bench/cpu_cost.py)
+   and the medians of the paired rounds' ratios, which a busy machine moves
+   less than it moves cycles/s. Run only when named (``--parts history``).
 
     python bench/queues.py [--quick] [--json bench/results/queue.json]
     python bench/queues.py --parts history --json bench/results/queue-history.json
@@ -47,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -55,6 +58,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +67,9 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from bench import cpu_cost  # noqa: E402
 from bench.claims import bench_joblease, pct  # noqa: E402
+from bench.cpu_cost import Snapshot  # noqa: E402
 from bench.etcd_binary import etcd_binary_or_none  # noqa: E402
 from bench.report import save  # noqa: E402
 from joblease import EtcdConfig, JobLeaseClient  # noqa: E402
@@ -210,8 +216,10 @@ async def bench_enqueue(client: JobLeaseClient, n: int, batch: int, in_flight: l
 
 # -- 2. claim + complete --------------------------------------------------------------------
 
-async def pool(n: int, concurrency: int, cycle: Any) -> dict[str, Any]:
-    """``n`` cycles by ``concurrency`` workers; latencies of both halves."""
+async def pool(n: int, concurrency: int, cycle: Any,
+               etcd_pids: Sequence[int] = ()) -> dict[str, Any]:
+    """``n`` cycles by ``concurrency`` workers; latencies of both halves; ``cpu``:
+    what they cost (bench/cpu_cost.py; etcd's CPU if its ``etcd_pids`` are given)."""
     left = [n]
     claim: list[float] = []
     complete: list[float] = []
@@ -223,16 +231,18 @@ async def pool(n: int, concurrency: int, cycle: Any) -> dict[str, Any]:
             claim.append(c)
             complete.append(d)
 
+    snap = Snapshot.take(etcd_pids)
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return {"n": len(claim), "seconds": time.perf_counter() - start,
-            "claim": claim, "complete": complete}
+    seconds = time.perf_counter() - start
+    return {"n": len(claim), "cycles": len(claim), "seconds": seconds,
+            "cpu": snap.until(Snapshot.take(etcd_pids)), "claim": claim, "complete": complete}
 
 
 async def cycles_queue(client: JobLeaseClient, n: int, concurrency: int, *,
                        backlog: int | None = None, queue: QueueRef | None = None,
-                       queues: Queues | None = None, history_limit: int = 0
-                       ) -> dict[str, Any]:
+                       queues: Queues | None = None, history_limit: int = 0,
+                       etcd_pids: Sequence[int] = ()) -> dict[str, Any]:
     """``claim_next`` + ``complete`` through one :class:`Queues` (its claimers
     share one candidate pool, as a worker process's do)."""
     queues = queues or Queues(client)
@@ -255,7 +265,7 @@ async def cycles_queue(client: JobLeaseClient, n: int, concurrency: int, *,
     assert first is not None
     await first.complete({"ok": True})
     with TxnCounter(client) as counted:
-        out = await pool(n, concurrency, cycle)
+        out = await pool(n, concurrency, cycle, etcd_pids)
     out["txns"], out["reads"] = counted.txns, counted.reads
     return out
 
@@ -436,18 +446,23 @@ QUEUE_HISTORY_LIMIT = 3
 
 
 async def bench_history(client: JobLeaseClient, n: int, concurrency: list[int],
-                        rounds: int) -> dict[str, Any]:
+                        rounds: int, etcd_pids: Sequence[int] = ()) -> dict[str, Any]:
     rows = []
     for conc in concurrency:
         m = n if conc > 1 else max(50, n // 4)
         runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+        costs: list[cpu_cost.RoundCost] = []
         for order in rotations(["off", "on"], rounds):
             for side in order:
                 limit = QUEUE_HISTORY_LIMIT if side == "on" else 0
-                runs[side].append(await cycles_queue(client, m, conc, history_limit=limit))
+                result, cost = await cpu_cost.measured(side, functools.partial(
+                    cycles_queue, client, m, conc, history_limit=limit, etcd_pids=etcd_pids))
+                runs[side].append(result)
+                costs.append(cost)
         row: dict[str, Any] = {"concurrency": conc,
                                **{side: combine(r, "cycles") for side, r in runs.items()}}
         row["ratio"] = round(row["on"]["cycles_per_s"] / row["off"]["cycles_per_s"], 3)
+        row["cpu"] = cpu_cost.summarize(costs, "off", "on")
         rows.append(row)
     return {"limit": QUEUE_HISTORY_LIMIT, "rows": rows,
             "at_limit": await item_history_at_limit(client, QUEUE_HISTORY_LIMIT)}
@@ -672,7 +687,8 @@ async def bench_sidecar(config: EtcdConfig, binary: str, n: int, rounds: int,
 
 # -- the run --------------------------------------------------------------------------------
 
-async def run(args: argparse.Namespace, endpoints: tuple[str, ...]) -> dict[str, Any]:
+async def run(args: argparse.Namespace, endpoints: tuple[str, ...],
+              etcd_pids: Sequence[int] = ()) -> dict[str, Any]:
     config = EtcdConfig(endpoints=endpoints, root=f"/bench/queue-{uuid.uuid4().hex[:6]}")
     report: dict[str, Any] = {"benchmark": "queue", "etcd_endpoints": list(endpoints),
                               "args": {k: v for k, v in vars(args).items() if k != "json"}}
@@ -689,7 +705,8 @@ async def run(args: argparse.Namespace, endpoints: tuple[str, ...]) -> dict[str,
                                                     args.backlog_concurrency, args.rounds)
         if "history" in parts:
             report["history"] = await bench_history(client, args.cycles,
-                                                    args.history_concurrency, args.rounds)
+                                                    args.history_concurrency, args.rounds,
+                                                    etcd_pids)
     if "sidecar" in parts:
         binary, why = sidecar_queue_mode()
         if binary is None:
@@ -740,6 +757,8 @@ def print_report(report: dict[str, Any]) -> None:
             cells = [f"{r[s]['cycles_per_s']} ({r[s]['claim_p50_ms']}/{r[s]['claim_p99_ms']})"
                      for s in ("off", "on")]
             print(f"{r['concurrency']:>4}  {cells[0]:>20} {cells[1]:>20} {r['ratio']:>6}")
+        for r in h["rows"]:
+            print(cpu_cost.format_row(f"c={r['concurrency']}", r["cpu"], "off", "on"))
         at = h["at_limit"]
         print(f"one item's history at its limit ({at['tenures']} tenures after {at['claims']} "
               f"claims, every tenure with all 4 keys): {at['history_keys']} keys, "
@@ -814,7 +833,7 @@ def main() -> None:
         report = asyncio.run(run(args, tuple(args.endpoints.split(","))))
     else:
         with EtcdCluster(1, binary=etcd_binary_or_none()) as cluster:
-            report = asyncio.run(run(args, cluster.endpoints))
+            report = asyncio.run(run(args, cluster.endpoints, cpu_cost.pids_of(cluster)))
             report["etcd_binary"] = cluster.binary
     report["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                          "loadavg_before": [round(x, 2) for x in load_before],
