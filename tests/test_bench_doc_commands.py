@@ -32,7 +32,7 @@ from tests.support.cli import fenced_blocks
 
 DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 #: a documented command with a placeholder for what the reader supplies
-PLACEHOLDER = re.compile(r"\.\.\.|<[a-z][a-z -]*>")
+PLACEHOLDER = re.compile(r"\.\.\.|<[^<>]+>")
 
 
 def _commands(text: str) -> Iterator[str]:
