@@ -10,6 +10,7 @@ import (
 
 	"github.com/joblease/joblease/sidecar-go/internal/etcd"
 	"github.com/joblease/joblease/sidecar-go/internal/session"
+	"github.com/joblease/joblease/sidecar-go/internal/startup"
 )
 
 // minSessionLeft: a session with less local safety left takes no new claim.
@@ -32,6 +33,9 @@ type Client struct {
 	queueSpecs map[QueueRef]cachedQueueSpec
 	// pools: each queue's candidates as the last claim-next read found them (queue.go).
 	pools map[QueueRef]*candidatePool
+	// Timeline gets the spec read, lease grant and claim steps of the
+	// sidecar's start (nil: none; the runner closes it once held).
+	Timeline *startup.Timeline
 }
 
 // NewClient over store, keys under root.
@@ -50,10 +54,12 @@ func (c *Client) readSpec(ctx context.Context, job JobRef, keys JobKeys, refresh
 		return c.specRev, *c.spec, nil
 	}
 	// one read of the spec and the generation (what a history's tenure key needs)
+	begin := time.Now()
 	r, err := c.Store.Txn(ctx, nil, []etcd.Op{etcd.Get(keys.Spec()), etcd.Get(keys.Claims())}, nil)
 	if err != nil {
 		return 0, Spec{}, err
 	}
+	c.Timeline.Step("spec read", begin)
 	kv := r.KV(0)
 	c.generation = 0
 	if claims := r.KV(1); claims != nil {
@@ -79,10 +85,12 @@ func (c *Client) sessionFor(ctx context.Context, ttl int64) (*session.Session, e
 	if s != nil {
 		c.dropSession("replaced")
 	}
+	begin := time.Now()
 	s, err := session.Start(ctx, c.Store, ttl)
 	if err != nil {
 		return nil, err
 	}
+	c.Timeline.Step("lease grant", begin)
 	c.session = s
 	return s, nil
 }
@@ -217,7 +225,11 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 		}
 		success = append(success, writes...)
 	}
+	begin := time.Now()
 	r, err := c.Store.Txn(ctx, cmps, success, failure)
+	if err == nil {
+		c.Timeline.Step("claim", begin)
+	}
 	switch {
 	case errs.Is(err, errs.KindLeaseNotFound):
 		c.dropSession("etcd no longer knows the lease")
