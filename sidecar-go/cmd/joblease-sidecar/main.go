@@ -60,6 +60,8 @@ func run() int {
 	}
 	store.SetTimeline(timeline)
 	timeline.Mark("etcd client")
+	// Connect and authenticate now, while the listeners start, not on the first request.
+	store.Warm()
 	rn := runner.New(cfg, protocol.NewClient(store, cfg.Etcd.Root), log)
 	rn.SetTimeline(timeline)
 	store.SetRefusalHook(func() { rn.Metrics.Inc(rn.Metrics.AuthFailures) })

@@ -163,6 +163,27 @@ func New(cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// Warm starts, in the background, what the first request would otherwise do
+// first and wait for: the connection to the current endpoint (DNS, TCP, the
+// TLS handshake, HTTP/2's preface) and, with credentials, the authentication
+// (etcd's password check and its raft write). Main calls it as soon as the
+// configuration is read, so they run while the listeners start. It changes
+// no outcome: the first request waits for an authentication in flight
+// (authMu) and uses its token, or authenticates itself if it failed (a refusal
+// is counted each time etcd refuses); a failed connection is dialled again
+// by gRPC as before.
+func (s *Store) Warm() {
+	c, err := s.conn(s.currentIndex())
+	if err != nil {
+		return // the first request reports it
+	}
+	c.Connect()
+	if s.cfg.Username == "" {
+		return
+	}
+	go func() { _, _, _ = s.authContext(context.Background()) }()
+}
+
 // Endpoints as dialled (schemes stripped).
 func (s *Store) Endpoints() []string { return s.endpoints }
 
