@@ -26,7 +26,10 @@ func enableAuth(t *testing.T, ep, password string) {
 	a := pb.NewAuthClient(conn)
 	steps := []func() error{
 		func() error { _, err := a.RoleAdd(ctx, &pb.AuthRoleAddRequest{Name: "root"}); return err },
-		func() error { _, err := a.UserAdd(ctx, &pb.AuthUserAddRequest{Name: "root", Password: password}); return err },
+		func() error {
+			_, err := a.UserAdd(ctx, &pb.AuthUserAddRequest{Name: "root", Password: password})
+			return err
+		},
 		func() error {
 			_, err := a.UserGrantRole(ctx, &pb.AuthUserGrantRoleRequest{User: "root", Role: "root"})
 			return err
