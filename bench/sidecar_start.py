@@ -28,7 +28,7 @@ more; the proxy's own hop is in those figures too). This machine's kernel has
 no ``netem`` qdisc, so a delaying network namespace is not possible here.
 
     python bench/sidecar_start.py [--starts 12] [--binary main=/tmp/sidecar-main --binary new=...]
-                                  [--delay-ms 0,5] [--json out.json]
+                                  [--delay-ms 0,5] [--lease-ttl-hint 30] [--json out.json]
 """
 
 from __future__ import annotations
@@ -130,13 +130,14 @@ def timeline(log: str) -> dict[str, Any] | None:
 
 def step_times(tl: dict[str, Any]) -> dict[str, float]:
     """Per step, ms. A request waits for what it needs first: "authenticate" is
-    counted from the connection being ready, "spec read" from the token (the first
-    request dials and authenticates before it is sent)."""
+    counted from the connection being ready, "spec read" and "lease grant" from the
+    token (the first request dials and authenticates before it is sent)."""
     out: dict[str, float] = {}
     spans = {s["step"]: (s["atMs"], s["atMs"] + s["ms"]) for s in tl["steps"]}
     for s in tl["steps"]:
         out[s["step"]] = out.get(s["step"], 0.0) + s["ms"]
-    needs = {"authenticate": ["connect"], "spec read": ["connect", "authenticate"]}
+    needs = {"authenticate": ["connect"], "spec read": ["connect", "authenticate"],
+             "lease grant": ["connect", "authenticate"]}
     for step, before in needs.items():
         if step in spans:
             begin = max([spans[step][0]] + [spans[b][1] for b in before if b in spans])
@@ -204,6 +205,9 @@ def main() -> None:
                         help="NAME=PATH, repeated (default: this tree's build, as 'this')")
     parser.add_argument("--delay-ms", default="0",
                         help="comma-separated added round-trip delays (0: loopback)")
+    parser.add_argument("--lease-ttl-hint", type=int, default=0,
+                        help="set JOBLEASE_LEASE_TTL to this for every binary (the jobs' TTL "
+                             f"is {TTL}; binaries without the setting ignore it); 0: unset")
     parser.add_argument("--json", default=None, help="write the report here")
     args = parser.parse_args()
     binaries = dict(b.split("=", 1) for b in args.binary) or {"this": go_sidecar_binary()}
@@ -211,6 +215,7 @@ def main() -> None:
     count = args.starts * len(binaries) * len(delays)
     jobs = [JobRef(NAMESPACE, f"st-{uuid.uuid4().hex[:8]}") for _ in range(count)]
     report: dict[str, Any] = {"benchmark": "sidecar_start", "binaries": binaries,
+                              "lease_ttl_hint": args.lease_ttl_hint,
                               "load_before": load(), "results": {}}
     with tempfile.TemporaryDirectory() as tmp:
         pki = write_pki(Path(tmp))
@@ -240,6 +245,8 @@ def main() -> None:
                             d = Path(tmp) / job.name
                             d.mkdir()
                             env = sidecar_env(pki, endpoint, user, password_file, job, d)
+                            if args.lease_ttl_hint:
+                                env["JOBLEASE_LEASE_TTL"] = str(args.lease_ttl_hint)
                             results[name].append(start_once([binaries[name]], env, d))
                     report["results"][f"{delay:g}ms"] = {
                         n: summarize(r) | {"starts": r} for n, r in results.items()}

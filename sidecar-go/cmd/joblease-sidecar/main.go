@@ -62,7 +62,9 @@ func run() int {
 	timeline.Mark("etcd client")
 	// Connect and authenticate now, while the listeners start, not on the first request.
 	store.Warm()
-	rn := runner.New(cfg, protocol.NewClient(store, cfg.Etcd.Root), log)
+	client := protocol.NewClient(store, cfg.Etcd.Root)
+	client.LeaseTTLHint = cfg.LeaseTTL
+	rn := runner.New(cfg, client, log)
 	rn.SetTimeline(timeline)
 	store.SetRefusalHook(func() { rn.Metrics.Inc(rn.Metrics.AuthFailures) })
 	tracer := tracing.New(tracing.FromEnv(os.Getenv)) // nil without the OTEL_* variables: no spans

@@ -36,6 +36,12 @@ type Client struct {
 	// Timeline gets the spec read, lease grant and claim steps of the
 	// sidecar's start (nil: none; the runner closes it once held).
 	Timeline *startup.Timeline
+	// LeaseTTLHint: the TTL the job's spec is expected to have (the sidecar's
+	// JOBLEASE_LEASE_TTL; 0: none). With no session yet, a claim grants a lease
+	// of this TTL while it reads the spec, instead of after it; if the spec
+	// says otherwise, sessionFor revokes that lease and grants one of the
+	// spec's TTL before the claim, as it does when a job's TTL changes.
+	LeaseTTLHint int64
 }
 
 // NewClient over store, keys under root.
@@ -75,6 +81,37 @@ func (c *Client) readSpec(ctx context.Context, job JobRef, keys JobKeys, refresh
 	}
 	c.specRev, c.spec = kv.ModRevision, &spec
 	return kv.ModRevision, spec, nil
+}
+
+// readSpecGranting is readSpec; with a TTL hint and no session yet, it also
+// grants the session's lease of the hinted TTL at the same time (one round
+// trip instead of two). The claim still reads the spec first and compares its
+// revision; a lease of the wrong TTL is replaced by sessionFor before the
+// claim, and a grant that failed is made again there.
+func (c *Client) readSpecGranting(ctx context.Context, job JobRef, keys JobKeys, refresh bool) (int64, Spec, error) {
+	if c.LeaseTTLHint <= 0 || c.session != nil || (!refresh && c.spec != nil) {
+		return c.readSpec(ctx, job, keys, refresh)
+	}
+	type granted struct {
+		s   *session.Session
+		err error
+	}
+	done := make(chan granted, 1)
+	go func() {
+		begin := time.Now()
+		s, err := session.Start(ctx, c.Store, c.LeaseTTLHint)
+		if err == nil {
+			c.Timeline.Step("lease grant", begin)
+		}
+		done <- granted{s, err}
+	}()
+	specRev, spec, err := c.readSpec(ctx, job, keys, refresh)
+	if g := <-done; g.err == nil {
+		c.session = g.s // sessionFor keeps it if the spec's TTL is the hinted one
+	} else {
+		slog.Debug("the lease grant beside the spec read failed; granting after it", "reason", g.err.Error())
+	}
+	return specRev, spec, err
 }
 
 func (c *Client) sessionFor(ctx context.Context, ttl int64) (*session.Session, error) {
@@ -134,7 +171,7 @@ func (c *Client) ClaimInLine(ctx context.Context, job JobRef, owner string, tick
 	// (picks are random) are planned again, up to 16 tries in all.
 	unsettled := 0
 	for range 16 {
-		specRev, spec, err := c.readSpec(ctx, job, keys, refresh)
+		specRev, spec, err := c.readSpecGranting(ctx, job, keys, refresh)
 		if err != nil {
 			return nil, err
 		}
