@@ -108,6 +108,11 @@ func (c *Client) readSpecGranting(ctx context.Context, job JobRef, keys JobKeys,
 	specRev, spec, err := c.readSpec(ctx, job, keys, refresh)
 	if g := <-done; g.err == nil {
 		c.session = g.s // sessionFor keeps it if the spec's TTL is the hinted one
+		if err != nil {
+			// no claim follows (not registered yet, etcd unavailable): revoke
+			// it rather than keep it alive through the wait
+			c.dropSession("the spec read beside its grant failed")
+		}
 	} else {
 		slog.Debug("the lease grant beside the spec read failed; granting after it", "reason", g.err.Error())
 	}

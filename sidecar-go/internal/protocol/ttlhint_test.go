@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/joblease/joblease/sidecar-go/internal/errs"
 	"github.com/joblease/joblease/sidecar-go/internal/etcd"
 	"github.com/joblease/joblease/sidecar-go/internal/etcdtest"
 )
@@ -146,6 +147,31 @@ func TestAWrongTTLHintIsCorrectedBeforeTheClaim(t *testing.T) {
 		t.Fatalf("the holder's lease has TTL %d in etcd, want the spec's 10", granted)
 	}
 	// the hinted lease is revoked (in the background), not left to expire
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, remaining := leaseTTL(t, ep, grants[0].leaseID); remaining == -1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the hinted lease was not revoked within 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A hinted lease granted beside a spec read that found no job is revoked, not
+// kept alive while the sidecar waits for the registration.
+func TestAHintedLeaseIsRevokedWhenTheJobIsNotRegistered(t *testing.T) {
+	ep, _ := startEtcd(t)
+	c, rec := hintedClient(t, ep, 10)
+	_, err := c.Claim(context.Background(), JobRef{"default", "unregistered"}, "worker-a")
+	if !errs.Is(err, errs.KindNotRegistered) {
+		t.Fatalf("claim: %v, want not registered", err)
+	}
+	grants := rec.of(etcdtest.LeaseGrant)
+	if len(grants) != 1 {
+		t.Fatalf("%d grants, want the hinted one", len(grants))
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, remaining := leaseTTL(t, ep, grants[0].leaseID); remaining == -1 {
