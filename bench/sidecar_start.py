@@ -15,7 +15,8 @@ offset from the top of ``main`` and duration (config, etcd client, listen,
 connect = TCP + TLS until gRPC calls the connection ready, authenticate, spec
 read, lease grant, claim, token files). "before main" is the Popen → token
 file time minus the timeline's total: exec, the Go runtime and package
-initialisation (and the poll's granularity).
+initialisation (and the poll's granularity); the same is measured alone as
+``--help``'s Popen → exit, three times ``--starts`` times per binary.
 
 Several binaries alternate start by start in one run (``--binary NAME=PATH``,
 repeated; default: this tree's build), so a change is measured beside its
@@ -28,7 +29,8 @@ more; the proxy's own hop is in those figures too). This machine's kernel has
 no ``netem`` qdisc, so a delaying network namespace is not possible here.
 
     python bench/sidecar_start.py [--starts 12] [--binary main=/tmp/sidecar-main --binary new=...]
-                                  [--delay-ms 0,5] [--lease-ttl-hint 30] [--json out.json]
+                                  [--delay-ms 0,5] [--lease-ttl-hint 30 [--hinted new]]
+                                  [--json out.json]
 """
 
 from __future__ import annotations
@@ -145,6 +147,20 @@ def step_times(tl: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def help_exits(binaries: dict[str, str], count: int) -> dict[str, dict[str, float]]:
+    """Popen → exit of ``--help``, alternating the binaries: exec, the Go runtime and
+    package init (and exit), nothing of etcd's."""
+    times: dict[str, list[float]] = {n: [] for n in binaries}
+    for i in range(count):
+        for name in (list(binaries) if i % 2 == 0 else list(reversed(binaries))):
+            t0 = time.perf_counter()
+            subprocess.run([binaries[name], "--help"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=True)
+            times[name].append((time.perf_counter() - t0) * 1000)
+    return {n: {"p50": round(statistics.median(t), 2), "min": round(min(t), 2),
+                "max": round(max(t), 2)} for n, t in times.items()}
+
+
 def start_once(argv: list[str], env: dict[str, str], workdir: Path) -> dict[str, Any]:
     token = workdir / "token"
     err = workdir / "stderr"
@@ -208,14 +224,18 @@ def main() -> None:
     parser.add_argument("--lease-ttl-hint", type=int, default=0,
                         help="set JOBLEASE_LEASE_TTL to this for every binary (the jobs' TTL "
                              f"is {TTL}; binaries without the setting ignore it); 0: unset")
+    parser.add_argument("--hinted", default=None,
+                        help="comma-separated names of the binaries that get --lease-ttl-hint "
+                             "(default: all); one path may be given under two names")
     parser.add_argument("--json", default=None, help="write the report here")
     args = parser.parse_args()
     binaries = dict(b.split("=", 1) for b in args.binary) or {"this": go_sidecar_binary()}
     delays = [float(d) for d in args.delay_ms.split(",")]
+    hinted = set(args.hinted.split(",")) if args.hinted else set(binaries)
     count = args.starts * len(binaries) * len(delays)
     jobs = [JobRef(NAMESPACE, f"st-{uuid.uuid4().hex[:8]}") for _ in range(count)]
     report: dict[str, Any] = {"benchmark": "sidecar_start", "binaries": binaries,
-                              "lease_ttl_hint": args.lease_ttl_hint,
+                              "lease_ttl_hint": args.lease_ttl_hint, "hinted": sorted(hinted),
                               "load_before": load(), "results": {}}
     with tempfile.TemporaryDirectory() as tmp:
         pki = write_pki(Path(tmp))
@@ -245,14 +265,19 @@ def main() -> None:
                             d = Path(tmp) / job.name
                             d.mkdir()
                             env = sidecar_env(pki, endpoint, user, password_file, job, d)
-                            if args.lease_ttl_hint:
+                            if args.lease_ttl_hint and name in hinted:
                                 env["JOBLEASE_LEASE_TTL"] = str(args.lease_ttl_hint)
                             results[name].append(start_once([binaries[name]], env, d))
                     report["results"][f"{delay:g}ms"] = {
                         n: summarize(r) | {"starts": r} for n, r in results.items()}
+    report["help_exit_ms"] = help_exits(binaries, 3 * args.starts)
     report["load_after"] = load()
     print(f"load average before {report['load_before']}, after {report['load_after']}")
     first = next(iter(binaries))
+    print(f"\n--help, Popen → exit (exec, Go runtime, package init), ms, n={3 * args.starts}:")
+    for name, h in report["help_exit_ms"].items():
+        print(f"  {name:<10} p50 {h['p50']:>7.2f}  min {h['min']:>7.2f}  max {h['max']:>7.2f}"
+              f"  (p50 / {first}'s: {h['p50'] / report['help_exit_ms'][first]['p50']:.2f})")
     for delay, by_binary in report["results"].items():
         print(f"\nadded round-trip delay {delay}: Popen → token file, ms")
         base = by_binary[first]["held_ms"]["p50"]
