@@ -8,7 +8,17 @@ Measures (issues 18 and 25, "Measure"):
   0.2 s: what a user watching the status sees, operator lag included);
 - **start -> held** inside a pod: the sidecar process's start (``/proc/<pid>/stat``
   of the container's first process, found by cgroup) to the claim's
-  ``claimedAt`` in etcd; and pod creation (``kubectl apply``) to ``claimedAt``;
+  ``claimedAt`` in etcd; and pod creation (``kubectl apply``) to ``claimedAt``. The
+  sidecars run at ``JOBLEASE_LOG_LEVEL=DEBUG``: each one's "start timeline" line
+  (``kubectl logs``) breaks its start down step by step as bench/sidecar_start.py
+  does on the host, and the time from the process's start to the top of the Go
+  ``main`` (the line's ``ts`` minus its total) is "before main". The starts
+  alternate ``--start-variants``: ``plain`` (the example's sidecar), ``hint``
+  (``JOBLEASE_LEASE_TTL``, as injection sets it), ``fqdn`` (the hint, and the etcd
+  endpoint as an absolute name, ``...svc.cluster.local.``: no search-list lookups
+  under the pod's ``ndots:5``). After each start, the worker container (curl) times
+  the endpoint's DNS lookup and TCP connect with each name (glibc's resolver, the
+  pod's resolv.conf: the sidecar's own Go resolver follows the same search rules);
 - **pod deletion -> next claim** and **pod kill -> next claim**: a chain of pods
   on one JobLease; pod *i+1* starts and waits ("held by another owner"), pod *i*
   (the holder) is deleted (``kubectl delete pod``: the sidecar releases on
@@ -33,7 +43,8 @@ reuses a running ``hack/cluster up --name NAME`` one (node access kept). The cha
 installed as release ``joblease`` in ``joblease-system`` unless it is there already.
 
     python bench/e2e.py [--name NAME] [--keep] [--trials 10] [--completions 3]
-                        [--starts 5] [--kill-ttl 3] [--kill-backoff-max 0.5|default]
+                        [--starts 5] [--start-variants plain,hint,fqdn]
+                        [--kill-ttl 3] [--kill-backoff-max 0.5|default]
                         [--burst-pods 100] [--burst-ttl 30] [--burst-deadline 600]
                         [--only completions,starts,delete,kill,burst,images]
                         [--json bench/results/e2e.json]
@@ -59,6 +70,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.claims import pct  # noqa: E402
+from bench.sidecar_start import step_times, timeline  # noqa: E402
 from tests.support.binaries import cache_dir, kubectl_binary  # noqa: E402
 from tests.support.cluster import (  # noqa: E402
     Cluster,
@@ -141,30 +153,90 @@ def joblease_status_phase(cluster: Cluster, ns: str, name: str) -> str:
     return r.stdout.strip()
 
 
-def measure_starts(cluster: Cluster, ns: str, n: int) -> dict[str, list[float]]:
-    """Single pods on fresh JobLeases: process start -> held, apply -> held, memory."""
-    out: dict[str, list[float]] = {"process_start_to_held": [], "apply_to_held": [],
-                                   "usage_mib": [], "working_set_mib": [], "rss_mib": []}
+#: The example's etcd endpoint (the chart's: fewer dots than ndots:5, so the pod's
+#: resolver tries the search list first) and the same as an absolute name.
+ETCD_HOST = "joblease-etcd.joblease-system.svc"
+ETCD_FQDN = ETCD_HOST + ".cluster.local."
+TTL_S = 30
+#: The sidecar's settings per start variant (see the module docstring).
+START_VARIANTS: dict[str, dict[str, str]] = {
+    "plain": {"JOBLEASE_LOG_LEVEL": "DEBUG"},
+    "hint": {"JOBLEASE_LOG_LEVEL": "DEBUG", "JOBLEASE_LEASE_TTL": str(TTL_S)},
+    "fqdn": {"JOBLEASE_LOG_LEVEL": "DEBUG", "JOBLEASE_LEASE_TTL": str(TTL_S),
+             "JOBLEASE_ETCD_ENDPOINTS": f"https://{ETCD_FQDN}:2379",
+             "JOBLEASE_ETCD_SERVER_NAME": ETCD_HOST},
+}
+
+
+def curl_times(cluster: Cluster, ns: str, pod: str, host: str) -> dict[str, float] | None:
+    """The worker container's curl to ``host``:2379: DNS lookup and TCP connect, ms
+    (plain HTTP to the TLS port: the exchange fails after the connect, which is all
+    that is timed). None if curl printed no times."""
+    r = cluster.kubectl("exec", pod, "-n", ns, "-c", "worker", "--", "curl", "-s",
+                        "-o", "/dev/null", "--max-time", "5", "-w",
+                        "%{time_namelookup} %{time_connect}", f"http://{host}:2379/",
+                        timeout=30)
+    try:
+        lookup, connect = (float(x) * 1000 for x in r.stdout.split())
+    except ValueError:
+        return None
+    return {"dns_ms": round(lookup, 2), "tcp_ms": round(connect - lookup, 2)}
+
+
+def measure_starts(cluster: Cluster, ns: str, n: int, variants: list[str]
+                   ) -> dict[str, dict[str, list[float]]]:
+    """Single pods on fresh JobLeases, ``n`` per variant, the variants alternating:
+    process start -> held, apply -> held, the start timeline's steps, memory; and the
+    DNS lookup of the etcd endpoint from each pod. Per variant, per measure, values."""
+    out: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
     for i in range(n):
-        name = f"start-{i}"
-        register(cluster, ns, name, ttl=30)
-        applied = time.time()
-        pod = start_holder(cluster, ns, name, name)
-        state = joblease_cli(cluster, ns, name, "get", name)
-        claimed = float(state["holder"]["claimedAt"])
-        # the container's first process is the sidecar binary itself (the Go
-        # sidecar's image is that binary alone): its start is the earliest one
-        started = min(process_start_wall_time(pid)
-                      for pid in container_pids(cluster, container_id(pod, SIDECAR)))
-        out["process_start_to_held"].append(claimed - started)
-        out["apply_to_held"].append(claimed - applied)
-        time.sleep(5)  # let the held sidecar settle before sampling its memory
-        for key, value in sidecar_memory(cluster, pod).items():
-            out[key].append(value)
-        print(f"  start #{i}: process->held {out['process_start_to_held'][-1]:.2f}s, "
-              f"apply->held {out['apply_to_held'][-1]:.2f}s, working set "
-              f"{out['working_set_mib'][-1]:.1f} MiB", file=sys.stderr)
-        cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=false")
+        for variant in variants:
+            got = out[variant]
+
+            def add(key: str, value: float, got: dict[str, list[float]] = got) -> None:
+                got.setdefault(key, []).append(round(value, 4))
+
+            name = f"start-{variant}-{i}"
+            register(cluster, ns, name, ttl=TTL_S)
+            applied = time.time()
+            pod = start_holder(cluster, ns, name, name, sidecar_env=START_VARIANTS[variant])
+            state = joblease_cli(cluster, ns, name, "get", name)
+            claimed = float(state["holder"]["claimedAt"])
+            # the container's first process is the sidecar binary itself (the Go
+            # sidecar's image is that binary alone): its start is the earliest one. Its
+            # /proc start time is when runc's init forked, before it set the container
+            # up and exec'd the binary (10 ms resolution)
+            started = min(process_start_wall_time(pid)
+                          for pid in container_pids(cluster, container_id(pod, SIDECAR)))
+            add("process_start_to_held", claimed - started)
+            add("apply_to_held", claimed - applied)
+            logs = cluster.kubectl("logs", name, "-n", ns, "-c", SIDECAR, timeout=30).stdout
+            tl = timeline(logs)
+            if tl is not None:
+                rec = next(json.loads(line) for line in logs.splitlines()
+                           if '"start timeline"' in line)
+                logged = datetime.fromisoformat(rec["ts"].replace("Z", "+00:00")).timestamp()
+                main_at = logged - tl["total"] / 1000  # the top of main (ts: 1 ms)
+                add("before_main_ms", (main_at - started) * 1000)
+                add("main_to_held_ms", (claimed - main_at) * 1000)
+                add("timeline_total_ms", tl["total"])
+                for step, ms in step_times(tl).items():
+                    add(f"step {step} ms", ms)
+            for label, host in (("short", ETCD_HOST), ("fqdn", ETCD_FQDN)):
+                times = curl_times(cluster, ns, name, host)
+                for key, value in (times or {}).items():
+                    add(f"curl {label} {key}", value)
+            time.sleep(5)  # let the held sidecar settle before sampling its memory
+            for key, value in sidecar_memory(cluster, pod).items():
+                add(key, value)
+            steps = (" ".join(f"{k[5:-3]}={v[-1]:.1f}" for k, v in got.items()
+                              if k.startswith("step ")) if tl else "no timeline")
+            print(f"  start {variant} #{i}: process->held "
+                  f"{got['process_start_to_held'][-1]:.3f}s, apply->held "
+                  f"{got['apply_to_held'][-1]:.2f}s, before main "
+                  f"{got.get('before_main_ms', [float('nan')])[-1]:.1f} ms, {steps}",
+                  file=sys.stderr)
+            cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=false")
     return out
 
 
@@ -537,7 +609,9 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     parser.add_argument("--trials", type=int, default=10, help="deletions and kills each")
     parser.add_argument("--completions", type=int, default=3)
-    parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--starts", type=int, default=5, help="starts per variant")
+    parser.add_argument("--start-variants", default="plain,hint",
+                        help=f"alternated start by start, of {','.join(START_VARIANTS)}")
     parser.add_argument("--delete-ttl", type=int, default=60)
     parser.add_argument("--kill-ttl", type=int, default=3)
     parser.add_argument("--kill-backoff-max", default="default",
@@ -556,6 +630,10 @@ def main() -> int:
     if parts - set(PARTS):
         parser.error(f"--only: unknown parts {sorted(parts - set(PARTS))}; "
                      f"choose from {','.join(PARTS)}")
+    variants = args.start_variants.split(",")
+    if not variants or set(variants) - set(START_VARIANTS):
+        parser.error(f"--start-variants: unknown {sorted(set(variants) - set(START_VARIANTS))}; "
+                     f"choose from {','.join(START_VARIANTS)}")
     if not 1 <= args.burst_pods <= 999:  # pod names burst-000..burst-998
         parser.error(f"--burst-pods {args.burst_pods}: 1 to 999")
     if args.burst_deadline <= 0 or args.burst_ttl <= 0:
@@ -596,8 +674,9 @@ def main() -> int:
                                                                           args.completions))
         if "starts" in parts:
             print("start -> held, memory", file=sys.stderr)
-            starts = measure_starts(cluster, ns, args.starts)
-            results["start"] = {k: summary(v) for k, v in starts.items()}
+            starts = measure_starts(cluster, ns, args.starts, variants)
+            results["start"] = {variant: {k: summary(v) for k, v in got.items()}
+                                for variant, got in starts.items()}
         if "delete" in parts:
             print("pod deletion -> next claim", file=sys.stderr)
             results["delete"] = measure_chain(cluster, ns, "delete", args.trials,
