@@ -96,6 +96,7 @@ from tests.support.worker_pods import (  # noqa: E402
     wait_claimed,
     wait_log,
     wait_status,
+    wait_worker_running,
     worker_job,
     worker_pod,
 )
@@ -222,6 +223,7 @@ def measure_starts(cluster: Cluster, ns: str, n: int, variants: list[str]
                 add("timeline_total_ms", tl["total"])
                 for step, ms in step_times(tl).items():
                     add(f"step {step} ms", ms)
+            wait_worker_running(cluster, ns, name)  # curl runs in the worker container
             for label, host in (("short", ETCD_HOST), ("fqdn", ETCD_FQDN)):
                 times = curl_times(cluster, ns, name, host)
                 for key, value in (times or {}).items():
