@@ -53,6 +53,7 @@ installed as release ``joblease`` in ``joblease-system`` unless it is there alre
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -62,7 +63,7 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench.claims import pct  # noqa: E402
 from bench.sidecar_start import step_times, timeline  # noqa: E402
-from tests.support.binaries import cache_dir, kubectl_binary  # noqa: E402
+from tests.support.binaries import cache_dir, ctr_binary, kubectl_binary  # noqa: E402
 from tests.support.cluster import (  # noqa: E402
     Cluster,
     container_cgroup,
@@ -169,6 +170,66 @@ START_VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
+class TaskEvents:
+    """containerd's container and task events on the node (``ctr events``, each with
+    its publication time, ns): when the sidecar's container was created, its task
+    created (``runc create``: the init process forked and set the container up, then
+    waits) and started (``runc start``: the init process execs the binary)."""
+
+    TOPICS = ("/containers/create", "/tasks/create", "/tasks/start")
+
+    def __init__(self, cluster: Cluster) -> None:
+        self._seen: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+        self._proc = subprocess.Popen(
+            [ctr_binary(), "--address", str(cluster.containerd_socket), "-n", "k8s.io",
+             "events"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        threading.Thread(target=self._read, daemon=True, name="ctr-events").start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            # 2026-12-03 14:41:33.969119123 +0000 UTC k8s.io /tasks/create {...}
+            fields = line.split(" ", 6)
+            if len(fields) < 7 or fields[5] not in self.TOPICS or fields[2] != "+0000":
+                continue
+            try:
+                body = json.loads(fields[6])
+            except ValueError:
+                continue
+            whole, _, frac = fields[1].partition(".")
+            at = (datetime.strptime(f"{fields[0]} {whole}", "%Y-%m-%d %H:%M:%S")
+                  .replace(tzinfo=UTC).timestamp() + float("0." + (frac or "0")))
+            cid = str(body.get("container_id") or body.get("id") or "")
+            with self._lock:
+                self._seen.setdefault((fields[5], cid), at)
+
+    def at(self, topic: str, container: str, timeout: float = 5) -> float | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if (topic, container) in self._seen:
+                    return self._seen[(topic, container)]
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)  # the reader thread fills it in; the deadline bounds the wait
+
+    def close(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(10)
+
+
+def schedstat_ms(pid: int) -> tuple[float, float]:
+    """The process's time on a CPU and waiting on a run queue since it started, ms
+    (``/proc/<pid>/task/*/schedstat``, every thread alive now)."""
+    on_cpu = waited = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            run, wait, _ = (task / "schedstat").read_text().split()
+            on_cpu, waited = on_cpu + int(run), waited + int(wait)
+    return on_cpu / 1e6, waited / 1e6
+
+
 def curl_times(cluster: Cluster, ns: str, pod: str, host: str) -> dict[str, float] | None:
     """The worker container's curl to ``host``:2379: DNS lookup and TCP connect, ms
     (plain HTTP to the TLS port: the exchange fails after the connect, which is all
@@ -190,6 +251,16 @@ def measure_starts(cluster: Cluster, ns: str, n: int, variants: list[str]
     process start -> held, apply -> held, the start timeline's steps, memory; and the
     DNS lookup of the etcd endpoint from each pod. Per variant, per measure, values."""
     out: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
+    events = TaskEvents(cluster)
+    try:
+        _measure_starts(cluster, ns, n, variants, out, events)
+    finally:
+        events.close()
+    return out
+
+
+def _measure_starts(cluster: Cluster, ns: str, n: int, variants: list[str],
+                    out: dict[str, dict[str, list[float]]], events: TaskEvents) -> None:
     for i in range(n):
         for variant in variants:
             got = out[variant]
@@ -207,9 +278,17 @@ def measure_starts(cluster: Cluster, ns: str, n: int, variants: list[str]
             # sidecar's image is that binary alone): its start is the earliest one. Its
             # /proc start time is when runc's init forked, before it set the container
             # up and exec'd the binary (10 ms resolution)
-            started = min(process_start_wall_time(pid)
-                          for pid in container_pids(cluster, container_id(pod, SIDECAR)))
+            cid = container_id(pod, SIDECAR)
+            first = min(container_pids(cluster, cid))
+            started = process_start_wall_time(first)
             add("process_start_to_held", claimed - started)
+            on_cpu, waited = schedstat_ms(first)
+            add("sidecar_on_cpu_ms", on_cpu)
+            add("sidecar_runqueue_wait_ms", waited)
+            shares = container_cgroup(cluster, cid, "cpu") / "cpu.shares"
+            add("sidecar_cpu_shares", float(shares.read_text()))
+            created, task_created, task_started = (
+                events.at(topic, cid) for topic in TaskEvents.TOPICS)
             add("apply_to_held", claimed - applied)
             logs = cluster.kubectl("logs", name, "-n", ns, "-c", SIDECAR, timeout=30).stdout
             tl = timeline(logs)
@@ -219,6 +298,11 @@ def measure_starts(cluster: Cluster, ns: str, n: int, variants: list[str]
                 logged = datetime.fromisoformat(rec["ts"].replace("Z", "+00:00")).timestamp()
                 main_at = logged - tl["total"] / 1000  # the top of main (ts: 1 ms)
                 add("before_main_ms", (main_at - started) * 1000)
+                if created and task_created and task_started:
+                    add("container_created_to_task_created_ms", (task_created - created) * 1000)
+                    add("task_created_to_task_started_ms", (task_started - task_created) * 1000)
+                    add("task_started_to_main_ms", (main_at - task_started) * 1000)
+                    add("process_start_to_task_created_ms", (task_created - started) * 1000)
                 add("main_to_held_ms", (claimed - main_at) * 1000)
                 add("timeline_total_ms", tl["total"])
                 for step, ms in step_times(tl).items():
@@ -236,10 +320,11 @@ def measure_starts(cluster: Cluster, ns: str, n: int, variants: list[str]
             print(f"  start {variant} #{i}: process->held "
                   f"{got['process_start_to_held'][-1]:.3f}s, apply->held "
                   f"{got['apply_to_held'][-1]:.2f}s, before main "
-                  f"{got.get('before_main_ms', [float('nan')])[-1]:.1f} ms, {steps}",
+                  f"{got.get('before_main_ms', [float('nan')])[-1]:.1f} ms (task started -> "
+                  f"main {got.get('task_started_to_main_ms', [float('nan')])[-1]:.1f}), "
+                  f"runqueue wait {waited:.1f} ms, {steps}",
                   file=sys.stderr)
             cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=false")
-    return out
 
 
 def measure_chain(cluster: Cluster, ns: str, how: str, trials: int, ttl: int,
