@@ -16,7 +16,8 @@ Measures (issues 18 and 25, "Measure"):
   alternate ``--start-variants``: ``plain`` (the example's sidecar), ``hint``
   (``JOBLEASE_LEASE_TTL``, as injection sets it), ``fqdn`` (the hint, and the etcd
   endpoint as an absolute name, ``...svc.cluster.local.``: no search-list lookups
-  under the pod's ``ndots:5``). After each start, the worker container (curl) times
+  under the pod's ``ndots:5``), ``cpu100m`` (the hint, and a CPU request of 100m
+  instead of the example's 5m). After each start, the worker container (curl) times
   the endpoint's DNS lookup and TCP connect with each name (glibc's resolver, the
   pod's resolv.conf: the sidecar's own Go resolver follows the same search rules);
 - **pod deletion -> next claim** and **pod kill -> next claim**: a chain of pods
@@ -43,7 +44,7 @@ reuses a running ``hack/cluster up --name NAME`` one (node access kept). The cha
 installed as release ``joblease`` in ``joblease-system`` unless it is there already.
 
     python bench/e2e.py [--name NAME] [--keep] [--trials 10] [--completions 3]
-                        [--starts 5] [--start-variants plain,hint,fqdn]
+                        [--starts 5] [--start-variants plain,hint,fqdn,cpu100m]
                         [--kill-ttl 3] [--kill-backoff-max 0.5|default]
                         [--burst-pods 100] [--burst-ttl 30] [--burst-deadline 600]
                         [--only completions,starts,delete,kill,burst,images]
@@ -167,7 +168,27 @@ START_VARIANTS: dict[str, dict[str, str]] = {
     "fqdn": {"JOBLEASE_LOG_LEVEL": "DEBUG", "JOBLEASE_LEASE_TTL": str(TTL_S),
              "JOBLEASE_ETCD_ENDPOINTS": f"https://{ETCD_FQDN}:2379",
              "JOBLEASE_ETCD_SERVER_NAME": ETCD_HOST},
+    "cpu100m": {"JOBLEASE_LOG_LEVEL": "DEBUG", "JOBLEASE_LEASE_TTL": str(TTL_S)},
 }
+#: A variant's CPU request for the sidecar instead of the example's 5m (cpu.shares 5,
+#: the kernel's weight of the container against every other one on the node).
+START_CPU = {"cpu100m": "100m"}
+
+
+def start_pod(cluster: Cluster, ns: str, job: str, pod: str, variant: str) -> dict[str, Any]:
+    """:func:`start_holder` with the variant's sidecar settings (and CPU request)."""
+    if variant not in START_CPU:
+        return start_holder(cluster, ns, job, pod, sidecar_env=START_VARIANTS[variant])
+    doc = pod_doc(ns, pod, job, sidecar_env=START_VARIANTS[variant])
+    (sidecar,) = doc["spec"]["initContainers"]
+    sidecar["resources"]["requests"]["cpu"] = START_CPU[variant]
+    cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List",
+                              "items": [config_map(ns), doc]}))
+    wait_log(cluster, ns, pod, SIDECAR, '"lease held"')
+    obj = get_pod(cluster, ns, pod)
+    wait_status(cluster, ns, job, f"claim by {pod}",
+                lambda st: st.get("holderIdentity") == owner_of(obj))
+    return obj
 
 
 class TaskEvents:
@@ -271,7 +292,7 @@ def _measure_starts(cluster: Cluster, ns: str, n: int, variants: list[str],
             name = f"start-{variant}-{i}"
             register(cluster, ns, name, ttl=TTL_S)
             applied = time.time()
-            pod = start_holder(cluster, ns, name, name, sidecar_env=START_VARIANTS[variant])
+            pod = start_pod(cluster, ns, name, name, variant)
             state = joblease_cli(cluster, ns, name, "get", name)
             claimed = float(state["holder"]["claimedAt"])
             # the container's first process is the sidecar binary itself (the Go
