@@ -8,7 +8,18 @@ Measures (issues 18 and 25, "Measure"):
   0.2 s: what a user watching the status sees, operator lag included);
 - **start -> held** inside a pod: the sidecar process's start (``/proc/<pid>/stat``
   of the container's first process, found by cgroup) to the claim's
-  ``claimedAt`` in etcd; and pod creation (``kubectl apply``) to ``claimedAt``;
+  ``claimedAt`` in etcd; and pod creation (``kubectl apply``) to ``claimedAt``. The
+  sidecars run at ``JOBLEASE_LOG_LEVEL=DEBUG``: each one's "start timeline" line
+  (``kubectl logs``) breaks its start down step by step as bench/sidecar_start.py
+  does on the host, and the time from the process's start to the top of the Go
+  ``main`` (the line's ``ts`` minus its total) is "before main". The starts
+  alternate ``--start-variants``: ``plain`` (the example's sidecar), ``hint``
+  (``JOBLEASE_LEASE_TTL``, as injection sets it), ``fqdn`` (the hint, and the etcd
+  endpoint as an absolute name, ``...svc.cluster.local.``: no search-list lookups
+  under the pod's ``ndots:5``), ``cpu100m`` (the hint, and a CPU request of 100m
+  instead of the example's 5m). After each start, the worker container (curl) times
+  the endpoint's DNS lookup and TCP connect with each name (glibc's resolver, the
+  pod's resolv.conf: the sidecar's own Go resolver follows the same search rules);
 - **pod deletion -> next claim** and **pod kill -> next claim**: a chain of pods
   on one JobLease; pod *i+1* starts and waits ("held by another owner"), pod *i*
   (the holder) is deleted (``kubectl delete pod``: the sidecar releases on
@@ -33,7 +44,8 @@ reuses a running ``hack/cluster up --name NAME`` one (node access kept). The cha
 installed as release ``joblease`` in ``joblease-system`` unless it is there already.
 
     python bench/e2e.py [--name NAME] [--keep] [--trials 10] [--completions 3]
-                        [--starts 5] [--kill-ttl 3] [--kill-backoff-max 0.5|default]
+                        [--starts 5] [--start-variants plain,hint,fqdn,cpu100m]
+                        [--kill-ttl 3] [--kill-backoff-max 0.5|default]
                         [--burst-pods 100] [--burst-ttl 30] [--burst-deadline 600]
                         [--only completions,starts,delete,kill,burst,images]
                         [--json bench/results/e2e.json]
@@ -42,6 +54,7 @@ installed as release ``joblease`` in ``joblease-system`` unless it is there alre
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -51,7 +64,7 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +72,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.claims import pct  # noqa: E402
-from tests.support.binaries import cache_dir, kubectl_binary  # noqa: E402
+from bench.sidecar_start import step_times, timeline  # noqa: E402
+from tests.support.binaries import cache_dir, ctr_binary, kubectl_binary  # noqa: E402
 from tests.support.cluster import (  # noqa: E402
     Cluster,
     container_cgroup,
@@ -84,6 +98,7 @@ from tests.support.worker_pods import (  # noqa: E402
     wait_claimed,
     wait_log,
     wait_status,
+    wait_worker_running,
     worker_job,
     worker_pod,
 )
@@ -141,31 +156,196 @@ def joblease_status_phase(cluster: Cluster, ns: str, name: str) -> str:
     return r.stdout.strip()
 
 
-def measure_starts(cluster: Cluster, ns: str, n: int) -> dict[str, list[float]]:
-    """Single pods on fresh JobLeases: process start -> held, apply -> held, memory."""
-    out: dict[str, list[float]] = {"process_start_to_held": [], "apply_to_held": [],
-                                   "usage_mib": [], "working_set_mib": [], "rss_mib": []}
-    for i in range(n):
-        name = f"start-{i}"
-        register(cluster, ns, name, ttl=30)
-        applied = time.time()
-        pod = start_holder(cluster, ns, name, name)
-        state = joblease_cli(cluster, ns, name, "get", name)
-        claimed = float(state["holder"]["claimedAt"])
-        # the container's first process is the sidecar binary itself (the Go
-        # sidecar's image is that binary alone): its start is the earliest one
-        started = min(process_start_wall_time(pid)
-                      for pid in container_pids(cluster, container_id(pod, SIDECAR)))
-        out["process_start_to_held"].append(claimed - started)
-        out["apply_to_held"].append(claimed - applied)
-        time.sleep(5)  # let the held sidecar settle before sampling its memory
-        for key, value in sidecar_memory(cluster, pod).items():
-            out[key].append(value)
-        print(f"  start #{i}: process->held {out['process_start_to_held'][-1]:.2f}s, "
-              f"apply->held {out['apply_to_held'][-1]:.2f}s, working set "
-              f"{out['working_set_mib'][-1]:.1f} MiB", file=sys.stderr)
-        cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=false")
+#: The example's etcd endpoint (the chart's: fewer dots than ndots:5, so the pod's
+#: resolver tries the search list first) and the same as an absolute name.
+ETCD_HOST = "joblease-etcd.joblease-system.svc"
+ETCD_FQDN = ETCD_HOST + ".cluster.local."
+TTL_S = 30
+#: The sidecar's settings per start variant (see the module docstring).
+START_VARIANTS: dict[str, dict[str, str]] = {
+    "plain": {"JOBLEASE_LOG_LEVEL": "DEBUG"},
+    "hint": {"JOBLEASE_LOG_LEVEL": "DEBUG", "JOBLEASE_LEASE_TTL": str(TTL_S)},
+    "fqdn": {"JOBLEASE_LOG_LEVEL": "DEBUG", "JOBLEASE_LEASE_TTL": str(TTL_S),
+             "JOBLEASE_ETCD_ENDPOINTS": f"https://{ETCD_FQDN}:2379",
+             "JOBLEASE_ETCD_SERVER_NAME": ETCD_HOST},
+    "cpu100m": {"JOBLEASE_LOG_LEVEL": "DEBUG", "JOBLEASE_LEASE_TTL": str(TTL_S)},
+}
+#: A variant's CPU request for the sidecar instead of the example's 5m (cpu.shares 5,
+#: the kernel's weight of the container against every other one on the node).
+START_CPU = {"cpu100m": "100m"}
+
+
+def start_pod(cluster: Cluster, ns: str, job: str, pod: str, variant: str) -> dict[str, Any]:
+    """:func:`start_holder` with the variant's sidecar settings (and CPU request)."""
+    if variant not in START_CPU:
+        return start_holder(cluster, ns, job, pod, sidecar_env=START_VARIANTS[variant])
+    doc = pod_doc(ns, pod, job, sidecar_env=START_VARIANTS[variant])
+    (sidecar,) = doc["spec"]["initContainers"]
+    sidecar["resources"]["requests"]["cpu"] = START_CPU[variant]
+    cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List",
+                              "items": [config_map(ns), doc]}))
+    wait_log(cluster, ns, pod, SIDECAR, '"lease held"')
+    obj = get_pod(cluster, ns, pod)
+    wait_status(cluster, ns, job, f"claim by {pod}",
+                lambda st: st.get("holderIdentity") == owner_of(obj))
+    return obj
+
+
+class TaskEvents:
+    """containerd's container and task events on the node (``ctr events``, each with
+    its publication time, ns): when the sidecar's container was created, its task
+    created (``runc create``: the init process forked and set the container up, then
+    waits) and started (``runc start``: the init process execs the binary)."""
+
+    TOPICS = ("/containers/create", "/tasks/create", "/tasks/start")
+
+    def __init__(self, cluster: Cluster) -> None:
+        self._seen: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+        self._proc = subprocess.Popen(
+            [ctr_binary(), "--address", str(cluster.containerd_socket), "-n", "k8s.io",
+             "events"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        threading.Thread(target=self._read, daemon=True, name="ctr-events").start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            # 2026-12-03 14:41:33.969119123 +0000 UTC k8s.io /tasks/create {...}
+            fields = line.split(" ", 6)
+            if len(fields) < 7 or fields[5] not in self.TOPICS or fields[2] != "+0000":
+                continue
+            try:
+                body = json.loads(fields[6])
+            except ValueError:
+                continue
+            whole, _, frac = fields[1].partition(".")
+            at = (datetime.strptime(f"{fields[0]} {whole}", "%Y-%m-%d %H:%M:%S")
+                  .replace(tzinfo=UTC).timestamp() + float("0." + (frac or "0")))
+            cid = str(body.get("container_id") or body.get("id") or "")
+            with self._lock:
+                self._seen.setdefault((fields[5], cid), at)
+
+    def at(self, topic: str, container: str, timeout: float = 5) -> float | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if (topic, container) in self._seen:
+                    return self._seen[(topic, container)]
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)  # the reader thread fills it in; the deadline bounds the wait
+
+    def close(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(10)
+
+
+def schedstat_ms(pid: int) -> tuple[float, float]:
+    """The process's time on a CPU and waiting on a run queue since it started, ms
+    (``/proc/<pid>/task/*/schedstat``, every thread alive now)."""
+    on_cpu = waited = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            run, wait, _ = (task / "schedstat").read_text().split()
+            on_cpu, waited = on_cpu + int(run), waited + int(wait)
+    return on_cpu / 1e6, waited / 1e6
+
+
+def curl_times(cluster: Cluster, ns: str, pod: str, host: str) -> dict[str, float] | None:
+    """The worker container's curl to ``host``:2379: DNS lookup and TCP connect, ms
+    (plain HTTP to the TLS port: the exchange fails after the connect, which is all
+    that is timed). None if curl printed no times."""
+    r = cluster.kubectl("exec", pod, "-n", ns, "-c", "worker", "--", "curl", "-s",
+                        "-o", "/dev/null", "--max-time", "5", "-w",
+                        "%{time_namelookup} %{time_connect}", f"http://{host}:2379/",
+                        timeout=30)
+    try:
+        lookup, connect = (float(x) * 1000 for x in r.stdout.split())
+    except ValueError:
+        return None
+    return {"dns_ms": round(lookup, 2), "tcp_ms": round(connect - lookup, 2)}
+
+
+def measure_starts(cluster: Cluster, ns: str, n: int, variants: list[str]
+                   ) -> dict[str, dict[str, list[float]]]:
+    """Single pods on fresh JobLeases, ``n`` per variant, the variants alternating:
+    process start -> held, apply -> held, the start timeline's steps, memory; and the
+    DNS lookup of the etcd endpoint from each pod. Per variant, per measure, values."""
+    out: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
+    events = TaskEvents(cluster)
+    try:
+        _measure_starts(cluster, ns, n, variants, out, events)
+    finally:
+        events.close()
     return out
+
+
+def _measure_starts(cluster: Cluster, ns: str, n: int, variants: list[str],
+                    out: dict[str, dict[str, list[float]]], events: TaskEvents) -> None:
+    for i in range(n):
+        for variant in variants:
+            got = out[variant]
+
+            def add(key: str, value: float, got: dict[str, list[float]] = got) -> None:
+                got.setdefault(key, []).append(round(value, 4))
+
+            name = f"start-{variant}-{i}"
+            register(cluster, ns, name, ttl=TTL_S)
+            applied = time.time()
+            pod = start_pod(cluster, ns, name, name, variant)
+            state = joblease_cli(cluster, ns, name, "get", name)
+            claimed = float(state["holder"]["claimedAt"])
+            # the container's first process is the sidecar binary itself (the Go
+            # sidecar's image is that binary alone): its start is the earliest one. Its
+            # /proc start time is when runc's init forked, before it set the container
+            # up and exec'd the binary (10 ms resolution)
+            cid = container_id(pod, SIDECAR)
+            first = min(container_pids(cluster, cid))
+            started = process_start_wall_time(first)
+            add("process_start_to_held", claimed - started)
+            on_cpu, waited = schedstat_ms(first)
+            add("sidecar_on_cpu_ms", on_cpu)
+            add("sidecar_runqueue_wait_ms", waited)
+            shares = container_cgroup(cluster, cid, "cpu") / "cpu.shares"
+            add("sidecar_cpu_shares", float(shares.read_text()))
+            created, task_created, task_started = (
+                events.at(topic, cid) for topic in TaskEvents.TOPICS)
+            add("apply_to_held", claimed - applied)
+            logs = cluster.kubectl("logs", name, "-n", ns, "-c", SIDECAR, timeout=30).stdout
+            tl = timeline(logs)
+            if tl is not None:
+                rec = next(json.loads(line) for line in logs.splitlines()
+                           if '"start timeline"' in line)
+                logged = datetime.fromisoformat(rec["ts"].replace("Z", "+00:00")).timestamp()
+                main_at = logged - tl["total"] / 1000  # the top of main (ts: 1 ms)
+                add("before_main_ms", (main_at - started) * 1000)
+                if created and task_created and task_started:
+                    add("container_created_to_task_created_ms", (task_created - created) * 1000)
+                    add("task_created_to_task_started_ms", (task_started - task_created) * 1000)
+                    add("task_started_to_main_ms", (main_at - task_started) * 1000)
+                    add("process_start_to_task_created_ms", (task_created - started) * 1000)
+                add("main_to_held_ms", (claimed - main_at) * 1000)
+                add("timeline_total_ms", tl["total"])
+                for step, ms in step_times(tl).items():
+                    add(f"step {step} ms", ms)
+            wait_worker_running(cluster, ns, name)  # curl runs in the worker container
+            for label, host in (("short", ETCD_HOST), ("fqdn", ETCD_FQDN)):
+                times = curl_times(cluster, ns, name, host)
+                for key, value in (times or {}).items():
+                    add(f"curl {label} {key}", value)
+            time.sleep(5)  # let the held sidecar settle before sampling its memory
+            for key, value in sidecar_memory(cluster, pod).items():
+                add(key, value)
+            steps = (" ".join(f"{k[5:-3]}={v[-1]:.1f}" for k, v in got.items()
+                              if k.startswith("step ")) if tl else "no timeline")
+            print(f"  start {variant} #{i}: process->held "
+                  f"{got['process_start_to_held'][-1]:.3f}s, apply->held "
+                  f"{got['apply_to_held'][-1]:.2f}s, before main "
+                  f"{got.get('before_main_ms', [float('nan')])[-1]:.1f} ms (task started -> "
+                  f"main {got.get('task_started_to_main_ms', [float('nan')])[-1]:.1f}), "
+                  f"runqueue wait {waited:.1f} ms, {steps}",
+                  file=sys.stderr)
+            cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=false")
 
 
 def measure_chain(cluster: Cluster, ns: str, how: str, trials: int, ttl: int,
@@ -537,7 +717,9 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     parser.add_argument("--trials", type=int, default=10, help="deletions and kills each")
     parser.add_argument("--completions", type=int, default=3)
-    parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--starts", type=int, default=5, help="starts per variant")
+    parser.add_argument("--start-variants", default="plain,hint",
+                        help=f"alternated start by start, of {','.join(START_VARIANTS)}")
     parser.add_argument("--delete-ttl", type=int, default=60)
     parser.add_argument("--kill-ttl", type=int, default=3)
     parser.add_argument("--kill-backoff-max", default="default",
@@ -556,6 +738,10 @@ def main() -> int:
     if parts - set(PARTS):
         parser.error(f"--only: unknown parts {sorted(parts - set(PARTS))}; "
                      f"choose from {','.join(PARTS)}")
+    variants = args.start_variants.split(",")
+    if not variants or set(variants) - set(START_VARIANTS):
+        parser.error(f"--start-variants: unknown {sorted(set(variants) - set(START_VARIANTS))}; "
+                     f"choose from {','.join(START_VARIANTS)}")
     if not 1 <= args.burst_pods <= 999:  # pod names burst-000..burst-998
         parser.error(f"--burst-pods {args.burst_pods}: 1 to 999")
     if args.burst_deadline <= 0 or args.burst_ttl <= 0:
@@ -596,8 +782,9 @@ def main() -> int:
                                                                           args.completions))
         if "starts" in parts:
             print("start -> held, memory", file=sys.stderr)
-            starts = measure_starts(cluster, ns, args.starts)
-            results["start"] = {k: summary(v) for k, v in starts.items()}
+            starts = measure_starts(cluster, ns, args.starts, variants)
+            results["start"] = {variant: {k: summary(v) for k, v in got.items()}
+                                for variant, got in starts.items()}
         if "delete" in parts:
             print("pod deletion -> next claim", file=sys.stderr)
             results["delete"] = measure_chain(cluster, ns, "delete", args.trials,

@@ -141,6 +141,10 @@ def test_annotated_job_pod_gets_the_sidecar_and_completes_its_joblease(
     (sidecar,) = stored["spec"]["initContainers"]
     assert sidecar["name"] == "joblease" and sidecar["restartPolicy"] == "Always"
     assert stored["spec"]["shareProcessNamespace"] is True
+    # the JobLease existed when the pod was admitted: its TTL is the sidecar's hint (and
+    # the hinted sidecar held and completed, above)
+    hint = {e["name"]: e.get("value") for e in sidecar["env"]}.get("JOBLEASE_LEASE_TTL")
+    assert hint == "30", sidecar["env"]
     env = {e["name"]: e.get("value") for e in stored["spec"]["containers"][0]["env"]}
     assert env["JOBLEASE_SIDECAR_URL"] == "http://127.0.0.1:8470"
     log = cluster.kubectl("logs", stored["metadata"]["name"], "-n", ns, "-c", "worker",

@@ -8,6 +8,7 @@ chart's RBAC for the Secret lookup (tests/chart/test_chart_webhook_render.py ren
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +41,11 @@ def kubeconfig_env(crds_installed: ControlPlane) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KUBECONFIG", str(crds_installed.kubeconfig))
         yield
+
+
+def _sidecar_env(response: dict[str, Any]) -> dict[str, str]:
+    (sidecar,) = json.loads(base64.b64decode(response["patch"]))[0]["value"]
+    return {e["name"]: e.get("value") for e in sidecar["env"]}
 
 
 def _review(namespace: str) -> dict[str, Any]:
@@ -82,6 +88,7 @@ async def test_a_namespace_without_the_etcd_client_secret_gets_a_warning_not_a_h
             f"--set 'etcd.workerSecret.namespaces[0]={namespace}', keeping the namespaces "
             "listed before); with your own etcd, copy its client Secret there under that "
             "name (webhook.sidecar.etcdClientSecret)"]
+        assert "JOBLEASE_LEASE_TTL" not in _sidecar_env(response)  # no JobLease: no hint
         cp.kubectl("create", "secret", "generic", "joblease-etcd-client", "-n", namespace,
                    "--from-literal=ca.crt=x", check=True)
         cp.kubectl("apply", "-n", namespace, "-f", "-", check=True, input=json.dumps({
@@ -90,6 +97,8 @@ async def test_a_namespace_without_the_etcd_client_secret_gets_a_warning_not_a_h
         status, answer = await post_review(srv.port, tmp_path, PATH, _review(namespace))
         assert status == 200 and answer["response"]["patch"]
         assert "warnings" not in answer["response"], answer["response"]
+        # the JobLease's TTL, read back from the API server, as the sidecar's hint
+        assert _sidecar_env(answer["response"])["JOBLEASE_LEASE_TTL"] == "10"
     finally:
         await srv.stop()
         await kube.close()
@@ -127,6 +136,8 @@ async def test_a_queue_pod_whose_jobqueue_is_missing_gets_a_warning(
         status, answer = await post_review(srv.port, tmp_path, PATH, review)
         assert status == 200 and answer["response"]["patch"]
         assert "warnings" not in answer["response"], answer["response"]
+        # queue claims take no TTL hint: none is passed
+        assert "JOBLEASE_LEASE_TTL" not in _sidecar_env(answer["response"])
     finally:
         await srv.stop()
         await kube.close()

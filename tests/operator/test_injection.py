@@ -254,6 +254,43 @@ def test_missing_joblease_is_admitted_with_a_warning() -> None:
     assert not plan(_bare_pod(), SETTINGS, namespace=NS, joblease_exists=True).warnings
 
 
+def test_the_joblease_ttl_is_passed_to_the_sidecar_as_a_hint() -> None:
+    """A found JobLease's TTL becomes the sidecar's JOBLEASE_LEASE_TTL (its first grant
+    beside the spec read); without one (not found, lookup failed) the variable is not
+    set at all, nor in queue mode, whose claims take no hint."""
+    pod, _ = _inject(_bare_pod(), joblease_exists=True, lease_ttl=45)
+    (sidecar,) = pod["spec"]["initContainers"]
+    assert _env(sidecar)["JOBLEASE_LEASE_TTL"] == "45"
+    assert _env(sidecar)["JOBLEASE_JOB_NAME"] == "nightly-report"
+    for exists in (None, False, True):
+        pod, _ = _inject(_bare_pod(), joblease_exists=exists)
+        assert "JOBLEASE_LEASE_TTL" not in _env(pod["spec"]["initContainers"][0])
+    queue_pod = _bare_pod()
+    queue_pod["metadata"]["annotations"] = {"joblease.io/queue": "files"}
+    pod, _ = _inject(queue_pod, joblease_exists=True, lease_ttl=45)
+    assert "JOBLEASE_LEASE_TTL" not in _env(pod["spec"]["initContainers"][0])
+
+
+@pytest.mark.parametrize(("joblease", "hint"), [
+    ({"spec": {"leaseDurationSeconds": 30, "maxAttempts": 3}}, 30),
+    ({"spec": {"leaseDurationSeconds": 2}}, 2),
+    ({"spec": {"leaseDurationSeconds": 86400}}, 86400),
+    # nothing the CRD would have let through: no hint rather than a wrong one
+    ({"spec": {"leaseDurationSeconds": 1}}, None),
+    ({"spec": {"leaseDurationSeconds": 86401}}, None),
+    ({"spec": {"leaseDurationSeconds": "30"}}, None),
+    ({"spec": {"leaseDurationSeconds": 30.0}}, None),
+    ({"spec": {"leaseDurationSeconds": True}}, None),
+    ({"spec": {}}, None),
+    ({"spec": None}, None),
+    ({}, None),
+    (None, None),
+])
+def test_lease_ttl_hint_is_the_spec_ttl_within_the_crd_bounds(
+        joblease: dict[str, Any] | None, hint: int | None) -> None:
+    assert injection.lease_ttl_hint(joblease) == hint
+
+
 @pytest.mark.parametrize(("notes", "says"), [
     ({JOB_ANNOTATION: "Nightly_Report"}, "invalid annotation joblease.io/job: 'Nightly_Report'"),
     ({JOB_ANNOTATION: ""}, "invalid annotation joblease.io/job: ''"),

@@ -30,6 +30,7 @@ from joblease.operator.injection import JOB_ANNOTATION, SidecarSettings
 from joblease.operator.kube import KubeApi
 from joblease.operator.webhook import (
     PATH,
+    JobLeaseFound,
     WebhookConfig,
     WebhookServer,
     kube_lookup,
@@ -52,8 +53,8 @@ async def server(tmp_path: Path) -> Any:
     _write_cert(tmp_path, "first")
     known = {JobRef("ns", "present")}
 
-    async def lookup(ref: JobRef) -> bool | None:
-        return ref in known
+    async def lookup(ref: JobRef) -> JobLeaseFound:
+        return JobLeaseFound(True, 30) if ref in known else JobLeaseFound(False)
 
     config = WebhookConfig(port=0, host="127.0.0.1", cert_file=str(tmp_path / "tls.crt"),
                            key_file=str(tmp_path / "tls.key"), settings=SidecarSettings(),
@@ -78,6 +79,8 @@ async def test_annotated_pod_is_answered_with_a_patch_over_tls(server: Any) -> N
     patch = json.loads(base64.b64decode(response["patch"]))
     sidecar = patch[0]["value"][0]
     assert patch[0]["path"] == "/spec/initContainers" and sidecar["name"] == "joblease"
+    # the found JobLease's TTL, as the sidecar's hint
+    assert {"name": "JOBLEASE_LEASE_TTL", "value": "30"} in sidecar["env"]
     # the lookup found the JobLease; the one warning is about the worker's user
     (warning,) = response["warnings"]
     assert "'worker' runs as the image user" in warning
@@ -88,6 +91,8 @@ async def test_missing_joblease_is_warned_about_and_bad_values_refused(server: A
     _, answer = await _post(srv, directory, _review({JOB_ANNOTATION: "absent"}))
     assert answer["response"]["allowed"] is True
     assert "JobLease ns/absent does not exist" in answer["response"]["warnings"][0]
+    (sidecar,) = json.loads(base64.b64decode(answer["response"]["patch"]))[0]["value"]
+    assert "JOBLEASE_LEASE_TTL" not in {e["name"] for e in sidecar["env"]}
     _, answer = await _post(srv, directory, _review({JOB_ANNOTATION: "present",
                                                      "joblease.io/api-port": "0"}))
     assert answer["response"]["allowed"] is False
@@ -168,6 +173,8 @@ async def test_a_failing_lookup_only_adds_a_warning(tmp_path: Path, misbehaviour
     assert status == 200, answer
     response = answer["response"]
     assert response["allowed"] is True and response["patch"]
+    (sidecar,) = json.loads(base64.b64decode(response["patch"]))[0]["value"]
+    assert "JOBLEASE_LEASE_TTL" not in {e["name"] for e in sidecar["env"]}  # no hint
     checks = [w for w in response["warnings"] if "could not check" in w]
     assert [w.split(" exists")[0] for w in checks] == [
         "joblease: could not check that JobLease ns/job",

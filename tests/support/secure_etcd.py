@@ -101,7 +101,11 @@ def _leaf(ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey], cn: str, cert
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    d = tmp_path_factory.mktemp("pki")
+    return write_pki(tmp_path_factory.mktemp("pki"))
+
+
+def write_pki(d: Path) -> Pki:
+    """A CA, server and client certificates (and a wrong CA's) written into ``d``."""
     ca = _ca("joblease test CA", d / "ca.pem")
     _leaf(ca, "etcd-server", d / "server.pem", d / "server-key.pem", server=True)
     _leaf(ca, "joblease-client", d / "client.pem", d / "client-key.pem", server=False)

@@ -57,6 +57,8 @@ def _pod_spec(job_name: str, *, hold: bool, sidecar_env: dict[str, str] | None
         if e["name"] == "JOBLEASE_JOB_NAME":
             e["value"] = job_name
     for key, value in (sidecar_env or {}).items():
+        # one entry per name: a variable the example sets is replaced, not repeated
+        sidecar["env"] = [e for e in sidecar["env"] if e["name"] != key]
         sidecar["env"].append({"name": key, "value": value})
     if hold:
         worker["env"].append({"name": "JOBLEASE_EXAMPLE_HOLD_FILE", "value": HOLD_FILE})

@@ -101,6 +101,8 @@ DEFAULT_STARTUP_WAIT_SECONDS = 600
 #: waiting is its normal state, and a restart would only drop its place in line (a
 #: semaphore's waiters are served in arrival order). The probe's largest threshold.
 UNBOUNDED_STARTUP_WAIT_SECONDS = 2**31 - 1
+#: The JobLease CRD's bounds on ``spec.leaseDurationSeconds`` (crds/jobleases.joblease.io.yaml).
+MIN_LEASE_TTL, MAX_LEASE_TTL = 2, 86400
 
 # RFC 1123: Secret and JobLease names are DNS subdomains; process names are
 # checked only for being printable (the kernel's comm is 15 bytes, argv longer).
@@ -335,9 +337,23 @@ def _port(notes: Mapping[str, str], key: str, default: int) -> int:
     return int(text)
 
 
+def lease_ttl_hint(joblease: Mapping[str, Any] | None) -> int | None:
+    """The JobLease's ``spec.leaseDurationSeconds``, as the sidecar's TTL hint
+    (``JOBLEASE_LEASE_TTL``), or None when the object gives none within the CRD's
+    bounds (the API server stores no other, but the lookup is advisory: rather no
+    hint than a wrong one; a wrong one would only cost the sidecar a second grant)."""
+    spec = (joblease or {}).get("spec")
+    ttl = spec.get("leaseDurationSeconds") if isinstance(spec, Mapping) else None
+    if isinstance(ttl, int) and not isinstance(ttl, bool) and (
+            MIN_LEASE_TTL <= ttl <= MAX_LEASE_TTL):
+        return ttl
+    return None
+
+
 def plan(pod: Mapping[str, Any], settings: SidecarSettings, *, namespace: str,
          joblease_exists: bool | None = None,
-         missing_secrets: Collection[str] = ()) -> Injection:
+         missing_secrets: Collection[str] = (),
+         lease_ttl: int | None = None) -> Injection:
     """The patch that injects the sidecar into ``pod`` (see the module docstring).
 
     ``joblease_exists``: whether the JobLease ``namespace/<job>`` (in queue mode:
@@ -351,6 +367,16 @@ def plan(pod: Mapping[str, Any], settings: SidecarSettings, *, namespace: str,
     ``namespace``. Each is warned about, naming what provides it: the kubelet
     cannot mount it, so the pod would stay ``Pending`` (``FailedMount``) until it
     exists, with nothing else saying why.
+
+    ``lease_ttl``: the JobLease's ``spec.leaseDurationSeconds`` as the webhook's
+    lookup found it (:func:`lease_ttl_hint`; None: not found or not known). A job
+    pod's sidecar gets it as ``JOBLEASE_LEASE_TTL``, a hint that lets its first
+    claim grant the session's lease while it reads the spec (one etcd round trip
+    less to held). Only a hint: the claim still uses the spec's TTL as etcd has
+    it, and a hint that differs (the JobLease changed since) costs one more
+    grant, never a claim on the wrong TTL (docs/sidecar-go.md "Start to held").
+    Ignored in queue mode: a queue claim's lease is of the queue's TTL, granted
+    once the queue's spec is read; the sidecar takes no hint for it.
     """
     notes = pod_annotations(pod)
     if not wants_injection(pod):
@@ -414,7 +440,8 @@ def plan(pod: Mapping[str, Any], settings: SidecarSettings, *, namespace: str,
                     "same user (set spec.securityContext.runAsUser)")
 
     ops: list[dict[str, Any]] = []
-    sidecar = _sidecar(settings, options, namespace, inherit_uid=inherit_uid)
+    hint = lease_ttl if not options.queue else None
+    sidecar = _sidecar(settings, options, namespace, inherit_uid=inherit_uid, lease_ttl=hint)
     if inits:
         ops.append({"op": "add", "path": "/spec/initContainers/0", "value": sidecar})
     else:
@@ -546,12 +573,15 @@ def _worker_mounts(options: PodOptions, container: Mapping[str, Any]) -> list[di
 
 
 def _sidecar(settings: SidecarSettings, options: PodOptions, namespace: str, *,
-             inherit_uid: bool) -> dict[str, Any]:
+             inherit_uid: bool, lease_ttl: int | None = None) -> dict[str, Any]:
     def field_ref(name: str, path: str) -> dict[str, Any]:
         return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
     env: list[dict[str, Any]] = [
         *_work_env(options),
+        # a hint, safe when stale: see plan()
+        *([{"name": "JOBLEASE_LEASE_TTL", "value": str(lease_ttl)}]
+          if lease_ttl is not None else []),
         field_ref("JOBLEASE_JOB_NAMESPACE", "metadata.namespace"),
         field_ref("POD_NAME", "metadata.name"),
         field_ref("POD_UID", "metadata.uid"),

@@ -21,10 +21,12 @@ is wrong) or an unchanged admission. ``GET /healthz`` answers 200.
 Before planning, the webhook looks up (through the API server, at most
 ``LOOKUP_TIMEOUT`` seconds, all at once) the pod's JobLease and the etcd
 credential Secrets the injected pod will mount; a missing one becomes a
-warning. The lookups are advisory (:func:`advisory`): whatever goes wrong with
-them, the answer is the same admission with a warning saying the check could
-not be made, never an HTTP error (which ``failurePolicy: Fail`` would turn into
-a refused pod).
+warning, and a found JobLease's ``spec.leaseDurationSeconds`` becomes the
+sidecar's TTL hint (``JOBLEASE_LEASE_TTL``, see :func:`~joblease.operator.injection.plan`).
+The lookups are advisory (:func:`advisory`): whatever goes wrong with them, the
+answer is the same admission with a warning saying the check could not be made,
+never an HTTP error (which ``failurePolicy: Fail`` would turn into a refused
+pod), and without the hint.
 
 TLS: the serving certificate and key come from files (a mounted Secret:
 the chart's generated one or cert-manager's); they are re-read when they change
@@ -59,6 +61,7 @@ from joblease.operator.injection import (
     PodOptions,
     SidecarSettings,
     installation_secrets,
+    lease_ttl_hint,
     parse_options,
     plan,
     pod_annotations,
@@ -75,8 +78,20 @@ MAX_BODY = 4 * 1024 * 1024
 #: The JobLease lookup is only for a warning: never let it eat the webhook's timeout.
 LOOKUP_TIMEOUT = 2.0
 
-#: ``await exists(JobRef)`` → True / False, or None when it cannot be told.
-JobLeaseLookup = Callable[[JobRef], Awaitable[bool | None]]
+
+
+@dataclass(frozen=True)
+class JobLeaseFound:
+    """What the advisory JobLease lookup found: ``exists`` True, False (404) or None
+    (cannot be told); ``lease_ttl`` its ``spec.leaseDurationSeconds`` when found
+    (:func:`~joblease.operator.injection.lease_ttl_hint`), else None."""
+
+    exists: bool | None
+    lease_ttl: int | None = None
+
+
+#: ``await find(JobRef)`` → what was found of the pod's JobLease.
+JobLeaseLookup = Callable[[JobRef], Awaitable[JobLeaseFound]]
 #: ``await exists(namespace, name)`` of a Secret → True / False, or None when it
 #: cannot be told (e.g. no right to read it).
 SecretLookup = Callable[[str, str], Awaitable[bool | None]]
@@ -167,21 +182,32 @@ async def advisory(what: str, lookup: Callable[[], Awaitable[Any]]) -> bool | No
     timeout (``LOOKUP_TIMEOUT``) or anything unforeseen all mean "cannot tell".
     Only cancellation (the server stopping) propagates.
     """
+    return (await advisory_read(what, lookup))[0]
+
+
+async def advisory_read(what: str, read: Callable[[], Awaitable[Any]]
+                        ) -> tuple[bool | None, Any]:
+    """:func:`advisory`, and what ``read()`` returned when it found its object
+    (else None)."""
     try:
-        await asyncio.wait_for(lookup(), LOOKUP_TIMEOUT)
+        found = await asyncio.wait_for(read(), LOOKUP_TIMEOUT)
     except NotFoundError:
-        return False
-    except Exception as exc:  # advisory: see the docstring
+        return False, None
+    except Exception as exc:  # advisory: see advisory()
         log.info("webhook: cannot look up %s: %s: %s", what, type(exc).__name__, exc)
-        return None
-    return True
+        return None, None
+    return True, found
 
 
 def kube_lookup(get: Callable[[JobRef], Awaitable[dict[str, Any]]]) -> JobLeaseLookup:
-    """A :data:`JobLeaseLookup` from ``KubeApi.get`` (see :func:`advisory`)."""
-    async def exists(ref: JobRef) -> bool | None:
-        return await advisory(f"JobLease {ref.namespace}/{ref.name}", lambda: get(ref))
-    return exists
+    """A :data:`JobLeaseLookup` from ``KubeApi.get`` (see :func:`advisory`): whether
+    the JobLease exists and its TTL (anything but a TTL within the CRD's bounds in the
+    answer: no hint, never a failure)."""
+    async def find(ref: JobRef) -> JobLeaseFound:
+        exists, obj = await advisory_read(f"JobLease {ref.namespace}/{ref.name}",
+                                          lambda: get(ref))
+        return JobLeaseFound(exists, lease_ttl_hint(obj) if isinstance(obj, Mapping) else None)
+    return find
 
 
 def kube_queue_lookup(get: Callable[[QueueRef], Awaitable[dict[str, Any]]]) -> QueueLookup:
@@ -265,17 +291,18 @@ def job_review_response(review: Any, last_schedule: str | UnknownCronJob | None 
 def review_response(review: Any, settings: SidecarSettings,
                     exists: bool | None = None, *,
                     missing_secrets: Collection[str] = (),
-                    notes: Sequence[str] = ()) -> dict[str, Any]:
+                    notes: Sequence[str] = (),
+                    lease_ttl: int | None = None) -> dict[str, Any]:
     """The AdmissionReview answer to ``review`` (a pure function; the handler adds
-    the lookups: ``exists`` of the JobLease, the ``missing_secrets`` and
-    ``notes``, further warnings, e.g. that a lookup could not be made). Raises
-    ValueError for a body that is not a pod review."""
+    the lookups: ``exists`` of the JobLease and its ``lease_ttl``, the
+    ``missing_secrets`` and ``notes``, further warnings, e.g. that a lookup could
+    not be made). Raises ValueError for a body that is not a pod review."""
     request = _request_of(review)
     pod = request["object"]
     namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or ""
     return _answer(review, request["uid"],
                    lambda: plan(pod, settings, namespace=namespace, joblease_exists=exists,
-                                missing_secrets=missing_secrets), notes)
+                                missing_secrets=missing_secrets, lease_ttl=lease_ttl), notes)
 
 
 class WebhookServer:
@@ -299,7 +326,7 @@ class WebhookServer:
             review = await request.json()
         except ValueError:
             return web.json_response({"error": "body is not JSON"}, status=400)
-        exists: bool | None = None
+        found = JobLeaseFound(None)
         missing: list[str] = []
         unknown: list[str] = []
         try:
@@ -309,14 +336,15 @@ class WebhookServer:
             if wants_injection(pod):
                 namespace = req.get("namespace") or pod["metadata"].get("namespace", "")
                 options = parse_options(annotations)
-                exists, missing, unknown = await self._look_up(namespace, options)
+                found, missing, unknown = await self._look_up(namespace, options)
         except (KeyError, TypeError, AttributeError, InjectionRefused):
             pass  # review_response says what is wrong with it
         notes = [f"could not check that {what} exists (the webhook's lookup failed, "
                  "see the operator's log); admitted without that check" for what in unknown]
         try:
-            answer = review_response(review, self.config.settings, exists,
-                                     missing_secrets=missing, notes=notes)
+            answer = review_response(review, self.config.settings, found.exists,
+                                     missing_secrets=missing, notes=notes,
+                                     lease_ttl=found.lease_ttl)
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400)
         r = answer["response"]
@@ -352,31 +380,37 @@ class WebhookServer:
         return web.json_response(answer)
 
     async def _look_up(self, namespace: str, options: PodOptions
-                       ) -> tuple[bool | None, list[str], list[str]]:
-        """The JobLease's existence, the missing Secrets the pod would mount, and what
-        could not be looked up (each lookup :func:`advisory`, all at once)."""
+                       ) -> tuple[JobLeaseFound, list[str], list[str]]:
+        """What was found of the JobLease (in queue mode: whether the JobQueue exists,
+        no TTL), the missing Secrets the pod would mount, and what could not be looked
+        up (each lookup :func:`advisory`, all at once)."""
         secrets = installation_secrets(self.config.settings)
+
+        async def queue_found(lookup: QueueLookup) -> JobLeaseFound:
+            return JobLeaseFound(await lookup(QueueRef(namespace, options.queue)))
+
         # the resource the pod names: its JobLease, or in queue mode its JobQueue
-        jobs: list[Awaitable[bool | None]] = []
+        jobs: list[Awaitable[JobLeaseFound]] = []
         named = ""
         if options.queue:
             if self.queue_lookup:
-                jobs, named = [self.queue_lookup(QueueRef(namespace, options.queue))], "JobQueue"
+                jobs, named = [queue_found(self.queue_lookup)], "JobQueue"
         elif self.lookup and options.job:
             jobs, named = [self.lookup(JobRef(namespace, options.job))], "JobLease"
         finds = ([self.secret_lookup(namespace, name) for name in secrets]
                  if self.secret_lookup else [])
-        found = await asyncio.gather(*jobs, *finds)
-        exists = found[0] if jobs else None
+        results = await asyncio.gather(*jobs, *finds)
+        found = results[0] if jobs else JobLeaseFound(None)
+        assert isinstance(found, JobLeaseFound)
         unknown = ([f"{named} {namespace}/{options.queue or options.job}"]
-                   if jobs and exists is None else [])
+                   if jobs and found.exists is None else [])
         missing = []
-        for name, there in zip(secrets, found[len(jobs):], strict=False):
+        for name, there in zip(secrets, results[len(jobs):], strict=False):
             if there is False:
                 missing.append(name)
             elif there is None:
                 unknown.append(f"Secret {namespace}/{name}")
-        return exists, missing, unknown
+        return found, missing, unknown
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")

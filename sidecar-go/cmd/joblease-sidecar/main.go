@@ -23,12 +23,14 @@ import (
 	"github.com/joblease/joblease/sidecar-go/internal/logs"
 	"github.com/joblease/joblease/sidecar-go/internal/protocol"
 	"github.com/joblease/joblease/sidecar-go/internal/runner"
+	"github.com/joblease/joblease/sidecar-go/internal/startup"
 	"github.com/joblease/joblease/sidecar-go/internal/tracing"
 )
 
 func main() { os.Exit(run()) }
 
 func run() int {
+	timeline := startup.New(time.Now())
 	cfg, err := config.Parse(os.Args[1:], config.Environ())
 	if errors.Is(err, config.ErrHelp) {
 		fmt.Print(config.Usage)
@@ -49,13 +51,21 @@ func run() int {
 		slog.New(logs.New(os.Stderr, cfg.LogLevel, "joblease.sidecar.api")).Error("invalid checkpoint rate; using the default",
 			"variable", "JOBLEASE_SIDECAR_CHECKPOINT_RATE", "value", cfg.CheckpointRateProblem, "default", config.DefaultCheckpointRate)
 	}
+	timeline.Mark("config")
 	cfg.Etcd.RequestTimeout = 5 * time.Second
 	store, err := etcd.New(cfg.Etcd)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "Usage: joblease-sidecar [OPTIONS]\nTry 'joblease-sidecar --help' for help.\n\nError: %s\n", err)
 		return 2
 	}
-	rn := runner.New(cfg, protocol.NewClient(store, cfg.Etcd.Root), log)
+	store.SetTimeline(timeline)
+	timeline.Mark("etcd client")
+	// Connect and authenticate now, while the listeners start, not on the first request.
+	store.Warm()
+	client := protocol.NewClient(store, cfg.Etcd.Root)
+	client.LeaseTTLHint = cfg.LeaseTTL
+	rn := runner.New(cfg, client, log)
+	rn.SetTimeline(timeline)
 	store.SetRefusalHook(func() { rn.Metrics.Inc(rn.Metrics.AuthFailures) })
 	tracer := tracing.New(tracing.FromEnv(os.Getenv)) // nil without the OTEL_* variables: no spans
 	defer tracer.Shutdown(2 * time.Second)
@@ -121,6 +131,7 @@ func run() int {
 		rn.CloseClient()
 		return 1
 	}
+	timeline.Mark("listen")
 
 	done := make(chan runner.End, 1)
 	go rn.Lifecycle(done)

@@ -70,10 +70,14 @@ type Config struct {
 	MaxResultBytes    int
 	Backoff           Backoff
 	RegistrationWait  float64
-	LossExitCode      int
-	LogLevel          string
-	RateLimit         float64 // 0: off
-	RateLimitProblem  string  // an unusable JOBLEASE_SIDECAR_RATE_LIMIT (logged; the default is used)
+	// LeaseTTL: the TTL the job's spec is expected to have (JOBLEASE_LEASE_TTL;
+	// 0: not given), so the first lease is granted while the spec is read
+	// (protocol.Client.LeaseTTLHint); a wrong one costs a second grant, never a claim.
+	LeaseTTL         int64
+	LossExitCode     int
+	LogLevel         string
+	RateLimit        float64 // 0: off
+	RateLimitProblem string  // an unusable JOBLEASE_SIDECAR_RATE_LIMIT (logged; the default is used)
 	// CheckpointRate: bytes of checkpoints per second (0: off); the problem as above
 	CheckpointRate        float64
 	CheckpointRateProblem string
@@ -263,6 +267,8 @@ Options:
   --claim-backoff-initial FLOAT   First claim retry delay, s [JOBLEASE_SIDECAR_CLAIM_BACKOFF_INITIAL; 0.2].
   --claim-backoff-max FLOAT       Longest claim retry delay, s [JOBLEASE_SIDECAR_CLAIM_BACKOFF_MAX; 5].
   --registration-wait FLOAT       Wait this long for registration, s [JOBLEASE_SIDECAR_REGISTRATION_WAIT; 30].
+  --lease-ttl INTEGER             The job's TTL if known, s: the first lease is granted while the
+                                  spec is read; a wrong one is corrected [JOBLEASE_LEASE_TTL].
   --log-level TEXT                Log level [JOBLEASE_LOG_LEVEL; INFO].
   --help                          Show this message and exit.
 `
@@ -279,7 +285,7 @@ func Parse(args []string, env map[string]string) (Config, error) {
 	for _, n := range []string{"job", "namespace", "owner", "host", "port", "port-file", "probe-host", "probe-port",
 		"probe-port-file", "token-file", "on-loss", "on-final", "worker-pid-file", "worker-process-name",
 		"api-token-file", "max-result-bytes", "claim-backoff-initial", "claim-backoff-max", "registration-wait", "log-level",
-		"queue", "item"} {
+		"queue", "item", "lease-ttl"} {
 		str[n] = fs.String(n, "", "")
 	}
 	itemCreate := fs.Bool("item-create", false, "")
@@ -388,6 +394,16 @@ func Parse(args []string, env map[string]string) (Config, error) {
 	}
 	if c.RegistrationWait, err = envFloat(env, "JOBLEASE_SIDECAR_REGISTRATION_WAIT", 30.0); err != nil {
 		return c, err
+	}
+	leaseTTL, err := envInt(env, "JOBLEASE_LEASE_TTL", 0)
+	if err != nil {
+		return c, err
+	}
+	c.LeaseTTL = int64(leaseTTL)
+	if v, ok := flagv("lease-ttl"); ok {
+		if c.LeaseTTL, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return c, errs.Invalid(fmt.Sprintf("Invalid value for '--lease-ttl': %s is not a valid integer.", errs.PyRepr(v)))
+		}
 	}
 	c.LogLevel = strings.ToUpper(getDefault(env, "JOBLEASE_LOG_LEVEL", "INFO"))
 	c.RateLimit, c.RateLimitProblem = rateLimit(env, "JOBLEASE_SIDECAR_RATE_LIMIT", DefaultRateLimit)
@@ -528,6 +544,9 @@ func (c Config) validate() error {
 	if c.RegistrationWait < 0 {
 		return errs.Invalid("registration wait must be >= 0")
 	}
+	if c.LeaseTTL < 0 {
+		return errs.Invalid("JOBLEASE_LEASE_TTL must be a whole number of seconds > 0 (or unset)")
+	}
 	return nil
 }
 
@@ -560,7 +579,7 @@ func (c Config) Describe() map[string]any {
 		"etcdAuth": c.Etcd.Username != "", "root": c.Etcd.Root, "listen": fmt.Sprintf("%s:%d", c.Host, c.Port),
 		"probeListen": probe, "tokenFile": token, "onLoss": c.OnLoss, "onFinal": c.OnFinal,
 		"releaseOnTerm": c.ReleaseOnTerm, "apiAuth": c.APIToken != "", "maxResultBytes": int64(c.MaxResultBytes),
-		"registrationWait": c.RegistrationWait}
+		"registrationWait": c.RegistrationWait, "leaseTtlHint": c.LeaseTTL}
 }
 
 func oneOf(v string, options ...string) bool {

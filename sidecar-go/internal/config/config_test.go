@@ -205,3 +205,31 @@ func TestTheCheckpointRateDefaultsOffAndKeepsTheDefaultWhenUnusable(t *testing.T
 		}
 	}
 }
+
+func TestLeaseTTLHint(t *testing.T) {
+	base := map[string]string{"JOBLEASE_JOB_NAME": "train", "POD_NAME": "pod-1", "POD_UID": "abc"}
+	with := func(v string) map[string]string {
+		env := map[string]string{"JOBLEASE_LEASE_TTL": v}
+		for k, x := range base {
+			env[k] = x
+		}
+		return env
+	}
+	if c, err := Parse(nil, base); err != nil || c.LeaseTTL != 0 {
+		t.Fatalf("unset: %d, %v (want 0: no hint)", c.LeaseTTL, err)
+	}
+	if c, err := Parse(nil, with("30")); err != nil || c.LeaseTTL != 30 {
+		t.Fatalf("30: %d, %v", c.LeaseTTL, err)
+	}
+	if c, err := Parse([]string{"--lease-ttl", "12"}, with("30")); err != nil || c.LeaseTTL != 12 {
+		t.Fatalf("--lease-ttl 12 over 30: %d, %v", c.LeaseTTL, err)
+	}
+	if _, err := Parse([]string{"--lease-ttl", "x"}, base); !errs.Is(err, errs.KindInvalid) {
+		t.Fatalf("--lease-ttl x: %v, want a usage error", err)
+	}
+	for _, bad := range []string{"-1", "thirty", "1.5"} {
+		if _, err := Parse(nil, with(bad)); !errs.Is(err, errs.KindInvalid) {
+			t.Fatalf("JOBLEASE_LEASE_TTL=%s: %v, want a usage error", bad, err)
+		}
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -30,6 +31,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/joblease/joblease/sidecar-go/internal/errs"
+	"github.com/joblease/joblease/sidecar-go/internal/startup"
 )
 
 // Config is how to reach etcd (EtcdConfig).
@@ -92,7 +94,14 @@ type Store struct {
 	// onRefused is told of each refusal of the credentials or of a permission
 	// (SetRefusalHook: the sidecar's joblease_sidecar_auth_failures counter).
 	onRefused func()
+	// timeline gets the first connection's "connect" (TCP, TLS handshake, HTTP/2
+	// preface: until gRPC calls it ready) and each "authenticate" (SetTimeline).
+	timeline *startup.Timeline
 }
+
+// SetTimeline makes the store record its connect and authenticate steps in t
+// (the sidecar's start timeline). Set it before the first request.
+func (s *Store) SetTimeline(t *startup.Timeline) { s.timeline = t }
 
 // SetRefusalHook makes f run each time etcd refuses this store's credentials
 // ("authentication failed", a deleted user) or a permission ("permission
@@ -154,6 +163,27 @@ func New(cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// Warm starts, in the background, what the first request would otherwise do
+// first and wait for: the connection to the current endpoint (DNS, TCP, the
+// TLS handshake, HTTP/2's preface) and, with credentials, the authentication
+// (etcd's password check and its raft write). Main calls it as soon as the
+// configuration is read, so they run while the listeners start. It changes
+// no outcome: the first request waits for an authentication in flight
+// (authMu) and uses its token, or authenticates itself if it failed (a refusal
+// is counted each time etcd refuses); a failed connection is dialled again
+// by gRPC as before.
+func (s *Store) Warm() {
+	c, err := s.conn(s.currentIndex())
+	if err != nil {
+		return // the first request reports it
+	}
+	c.Connect()
+	if s.cfg.Username == "" {
+		return
+	}
+	go func() { _, _, _ = s.authContext(context.Background()) }()
+}
+
 // Endpoints as dialled (schemes stripped).
 func (s *Store) Endpoints() []string { return s.endpoints }
 
@@ -187,7 +217,23 @@ func (s *Store) conn(i int) (*grpc.ClientConn, error) {
 		return nil, errs.Invalid(fmt.Sprintf("bad etcd endpoint %q: %v", s.endpoints[i], err))
 	}
 	s.conns[i] = c
+	if s.timeline != nil && len(s.conns) == 1 {
+		go watchReady(c, s.timeline, time.Now())
+	}
 	return c, nil
+}
+
+// watchReady records the "connect" step of c, created at begin: until gRPC
+// first calls it ready (connected, TLS done), or nothing if it is closed first.
+func watchReady(c *grpc.ClientConn, t *startup.Timeline, begin time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for st := c.GetState(); st != connectivity.Ready; st = c.GetState() {
+		if st == connectivity.Shutdown || !c.WaitForStateChange(ctx, st) {
+			return
+		}
+	}
+	t.Step("connect", begin)
 }
 
 func (s *Store) currentIndex() int {
@@ -224,12 +270,14 @@ func (s *Store) authContext(ctx context.Context) (context.Context, string, error
 	if s.token == "" {
 		s.rereadCredentials()
 		name, password := s.cfg.Username, s.cfg.Password
+		begin := time.Now()
 		resp, err := call(s, ctx, false, false, func(ctx context.Context, c *grpc.ClientConn) (*pb.AuthenticateResponse, error) {
 			return pb.NewAuthClient(c).Authenticate(ctx, &pb.AuthenticateRequest{Name: name, Password: password})
 		})
 		if err != nil {
 			return ctx, "", err
 		}
+		s.timeline.Step("authenticate", begin)
 		s.token = resp.Token
 	}
 	return metadata.AppendToOutgoingContext(ctx, "token", s.token), s.token, nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/joblease/joblease/sidecar-go/internal/etcd"
 	"github.com/joblease/joblease/sidecar-go/internal/session"
+	"github.com/joblease/joblease/sidecar-go/internal/startup"
 )
 
 // minSessionLeft: a session with less local safety left takes no new claim.
@@ -32,6 +33,15 @@ type Client struct {
 	queueSpecs map[QueueRef]cachedQueueSpec
 	// pools: each queue's candidates as the last claim-next read found them (queue.go).
 	pools map[QueueRef]*candidatePool
+	// Timeline gets the spec read, lease grant and claim steps of the
+	// sidecar's start (nil: none; the runner closes it once held).
+	Timeline *startup.Timeline
+	// LeaseTTLHint: the TTL the job's spec is expected to have (the sidecar's
+	// JOBLEASE_LEASE_TTL; 0: none). With no session yet, a claim grants a lease
+	// of this TTL while it reads the spec, instead of after it; if the spec
+	// says otherwise, sessionFor revokes that lease and grants one of the
+	// spec's TTL before the claim, as it does when a job's TTL changes.
+	LeaseTTLHint int64
 }
 
 // NewClient over store, keys under root.
@@ -50,10 +60,12 @@ func (c *Client) readSpec(ctx context.Context, job JobRef, keys JobKeys, refresh
 		return c.specRev, *c.spec, nil
 	}
 	// one read of the spec and the generation (what a history's tenure key needs)
+	begin := time.Now()
 	r, err := c.Store.Txn(ctx, nil, []etcd.Op{etcd.Get(keys.Spec()), etcd.Get(keys.Claims())}, nil)
 	if err != nil {
 		return 0, Spec{}, err
 	}
+	c.Timeline.Step("spec read", begin)
 	kv := r.KV(0)
 	c.generation = 0
 	if claims := r.KV(1); claims != nil {
@@ -71,6 +83,42 @@ func (c *Client) readSpec(ctx context.Context, job JobRef, keys JobKeys, refresh
 	return kv.ModRevision, spec, nil
 }
 
+// readSpecGranting is readSpec; with a TTL hint and no session yet, it also
+// grants the session's lease of the hinted TTL at the same time (one round
+// trip instead of two). The claim still reads the spec first and compares its
+// revision; a lease of the wrong TTL is replaced by sessionFor before the
+// claim, and a grant that failed is made again there.
+func (c *Client) readSpecGranting(ctx context.Context, job JobRef, keys JobKeys, refresh bool) (int64, Spec, error) {
+	if c.LeaseTTLHint <= 0 || c.session != nil || (!refresh && c.spec != nil) {
+		return c.readSpec(ctx, job, keys, refresh)
+	}
+	type granted struct {
+		s   *session.Session
+		err error
+	}
+	done := make(chan granted, 1)
+	go func() {
+		begin := time.Now()
+		s, err := session.Start(ctx, c.Store, c.LeaseTTLHint)
+		if err == nil {
+			c.Timeline.Step("lease grant", begin)
+		}
+		done <- granted{s, err}
+	}()
+	specRev, spec, err := c.readSpec(ctx, job, keys, refresh)
+	if g := <-done; g.err == nil {
+		c.session = g.s // sessionFor keeps it if the spec's TTL is the hinted one
+		if err != nil {
+			// no claim follows (not registered yet, etcd unavailable): revoke
+			// it rather than keep it alive through the wait
+			c.dropSession("the spec read beside its grant failed")
+		}
+	} else {
+		slog.Debug("the lease grant beside the spec read failed; granting after it", "reason", g.err.Error())
+	}
+	return specRev, spec, err
+}
+
 func (c *Client) sessionFor(ctx context.Context, ttl int64) (*session.Session, error) {
 	s := c.session
 	if s != nil && s.TTL == ttl && s.Alive() && s.Remaining() >= minSessionLeft {
@@ -79,10 +127,12 @@ func (c *Client) sessionFor(ctx context.Context, ttl int64) (*session.Session, e
 	if s != nil {
 		c.dropSession("replaced")
 	}
+	begin := time.Now()
 	s, err := session.Start(ctx, c.Store, ttl)
 	if err != nil {
 		return nil, err
 	}
+	c.Timeline.Step("lease grant", begin)
 	c.session = s
 	return s, nil
 }
@@ -126,7 +176,7 @@ func (c *Client) ClaimInLine(ctx context.Context, job JobRef, owner string, tick
 	// (picks are random) are planned again, up to 16 tries in all.
 	unsettled := 0
 	for range 16 {
-		specRev, spec, err := c.readSpec(ctx, job, keys, refresh)
+		specRev, spec, err := c.readSpecGranting(ctx, job, keys, refresh)
 		if err != nil {
 			return nil, err
 		}
@@ -217,7 +267,11 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 		}
 		success = append(success, writes...)
 	}
+	begin := time.Now()
 	r, err := c.Store.Txn(ctx, cmps, success, failure)
+	if err == nil {
+		c.Timeline.Step("claim", begin)
+	}
 	switch {
 	case errs.Is(err, errs.KindLeaseNotFound):
 		c.dropSession("etcd no longer knows the lease")

@@ -171,7 +171,9 @@ func ValidateJob(j JobRef) error {
 	return nil
 }
 
-var itemIDRe = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,253}$`)
+// itemIDRe with ValidateItemID's length check: `{1,253}` would compile 253
+// copies of the class, 0.5 ms of every sidecar's start (package init).
+var itemIDRe = regexp.MustCompile(`^[A-Za-z0-9._:-]+$`)
 
 // ValidateQueue: a queue is named as a JobLease is.
 func ValidateQueue(q QueueRef) error { return ValidateJob(JobRef{q.Namespace, q.Name}) }
@@ -180,7 +182,7 @@ func ValidateQueue(q QueueRef) error { return ValidateJob(JobRef{q.Namespace, q.
 // segments, so never a '/'; a CronJob's RFC 3339 slot time and an Indexed
 // Job's index are ids as they are).
 func ValidateItemID(id string) error {
-	if !itemIDRe.MatchString(id) {
+	if len(id) > 253 || !itemIDRe.MatchString(id) {
 		return errs.Invalid("invalid item id " + errs.PyRepr(id) + ": must be 1 to 253 characters of letters, digits, " +
 			"'.', '_', ':' and '-'")
 	}

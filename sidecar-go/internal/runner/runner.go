@@ -25,6 +25,7 @@ import (
 	"github.com/joblease/joblease/sidecar-go/internal/metrics"
 	"github.com/joblease/joblease/sidecar-go/internal/protocol"
 	"github.com/joblease/joblease/sidecar-go/internal/pyjson"
+	"github.com/joblease/joblease/sidecar-go/internal/startup"
 	"github.com/joblease/joblease/sidecar-go/internal/tracing"
 )
 
@@ -118,6 +119,8 @@ type Runner struct {
 	// GET /v1/lease?wait=... waits on (leasewait.go).
 	changed chan struct{}
 	trace   tenureTrace // opt-in spans of the tenure held (tracing.go)
+	// timeline: the start's steps, logged at debug level once first held (SetTimeline).
+	timeline *startup.Timeline
 
 	opMu     sync.Mutex // one API operation at a time (the Python _op_lock)
 	stop     chan struct{}
@@ -139,6 +142,13 @@ func New(cfg config.Config, client *protocol.Client, log *slog.Logger) *Runner {
 
 // Config of the runner.
 func (r *Runner) Config() config.Config { return r.cfg }
+
+// SetTimeline gives the runner the start's timeline (main's steps, the
+// store's, the client's); the first lease held ends it with one debug line.
+func (r *Runner) SetTimeline(t *startup.Timeline) {
+	r.timeline = t
+	r.client.Timeline = t
+}
 
 // setPhase (with mu held) also wakes the requests waiting for a change (LeaseWait).
 func (r *Runner) setPhase(p Phase) {
@@ -258,6 +268,10 @@ func (r *Runner) held(lease *protocol.Lease) {
 	}
 	// The writes can be slow (a busy disk): if the deadline passed meanwhile, this removes what was published.
 	r.currentLocked()
+	r.timeline.Mark("token files")
+	if steps, total := r.timeline.Close(); steps != nil {
+		r.log.Debug("start timeline", "job", lease.Job.String(), "token", lease.Token, "totalMs", total, "steps", steps)
+	}
 }
 
 // RemoveStaleFiles removes what an earlier incarnation of this sidecar may
