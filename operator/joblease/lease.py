@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -387,7 +386,8 @@ class Lease:
                 # this call has just encoded and validated.
                 self.result = ResultRecord(
                     owner=record.owner, claim_id=record.claim_id, token=record.token,
-                    generation=record.generation, result=json.loads(encoded),
+                    generation=record.generation,
+                    result=validation.as_decoded(result, encoded),
                     completed_at=record.completed_at, revision=r.revision)
                 self._state = LeaseState.COMPLETED
                 self._finish()

@@ -231,6 +231,28 @@ def json_payload(value: Any, what: str, limit: int,
     return data
 
 
+#: Exact types JSON gives back as an equal value of the same type (a float's
+#: JSON text is its ``repr``, which reads back as the same float).
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def as_decoded(value: Any, data: bytes) -> Any:
+    """What a reader decodes from ``data``, the JSON :func:`json_payload` made of
+    ``value``: ``json.loads(data)``, without parsing it when ``value`` is a plain
+    scalar (itself), or a flat object with string keys or a flat array of plain
+    scalars (a copy, objects in the sorted key order the JSON has, arrays as
+    lists): equal to, and ordered as, what ``json.loads`` returns."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is dict:
+        if all(type(k) is str and type(v) in _PLAIN for k, v in value.items()):
+            return dict(sorted(value.items()))
+    elif (kind is list or kind is tuple) and all(type(v) in _PLAIN for v in value):
+        return list(value)
+    return json.loads(data)
+
+
 def json_text(text: str | bytes, what: str, limit: int,
               too_large: type[InvalidInputError] = InvalidInputError) -> Any:
     """Parse ``text`` (a result or checkpoint given as JSON, e.g. on the command

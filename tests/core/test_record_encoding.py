@@ -87,6 +87,34 @@ def test_result_record_with_its_result_spliced_in_is_the_generic_encoding(
             decoded.completed_at, decoded.revision) == (owner, "cd" * 16, 15, 7, 1764700000.5, 99)
 
 
+class _Str(str):
+    pass
+
+
+AS_DECODED: list[Any] = [*RESULTS, 1e16, -0.0, 5e-324, {"z": 1, "a": "x", "m": None},
+                         {"b": 1.5, "a": True}, [True, None, "x", 2.5], ("a", 1),
+                         {"k": (1, 2)}, {1: "int key"}, {True: "bool key"}, [{"a": 1}],
+                         _Str("subclass"), {"k": _Str("v")}, [_Str("v")], {_Str("k"): 1}]
+
+
+@pytest.mark.parametrize("value", AS_DECODED, ids=repr)
+def test_a_completed_handles_result_is_what_a_reader_decodes(value: Any) -> None:
+    """Lease.complete hands back the result as a reader decodes it without parsing
+    plain values again (validation.as_decoded): equal, of the same types, and a
+    dict in the key order json.loads gives; never the caller's own mutable object."""
+    encoded = validation.json_payload(value, "result", validation.MAX_RESULT_BYTES)
+    expected = json.loads(encoded)
+    got = validation.as_decoded(value, encoded)
+    assert got == expected
+    assert json.dumps(got) == json.dumps(expected)  # key order, and list for tuple
+    assert type(got) is type(expected)
+    if isinstance(got, dict | list):
+        assert got is not value
+        assert [type(v) for v in (got.values() if isinstance(got, dict) else got)] == [
+            type(v) for v in (expected.values() if isinstance(expected, dict) else expected)]
+        assert [type(k) for k in got] == [type(k) for k in expected]
+
+
 def test_claim_ids_are_random_version_4_uuids_as_the_go_sidecar_writes() -> None:
     ids = {new_claim_id() for _ in range(2000)}
     assert len(ids) == 2000
