@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import sys
@@ -68,6 +69,16 @@ async def register_jobs(client: JobLeaseClient, n: int, prefix: str,
     return jobs
 
 
+def settle() -> None:
+    """Collect garbage before a timed pool, on every side alike: the set-up (3,000
+    registrations, the library's spec-cache warm-up) leaves enough young objects
+    that a full collection, tens of milliseconds with gRPC and protobuf loaded,
+    otherwise lands in whichever side's timed pool comes next (once in 500
+    cycles at c=1: 30-100 us a cycle). Not inside :func:`run_pool`, so wrappers
+    timing it (bench/claims_alternating.py, bench/profile_claims.py) leave it out."""
+    gc.collect()
+
+
 async def run_pool(jobs: list[Any], concurrency: int, cycle: Any) -> dict[str, Any]:
     queue: asyncio.Queue[Any] = asyncio.Queue()
     for j in jobs:
@@ -82,11 +93,15 @@ async def run_pool(jobs: list[Any], concurrency: int, cycle: Any) -> dict[str, A
             claim_lat.append(c)
             complete_lat.append(d)
 
+    collections = [g["collections"] for g in gc.get_stats()]
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - start
     n = len(claim_lat)
     return {
+        # garbage collections (generations 0, 1, 2) during the timed cycles
+        "gc_collections": [g["collections"] - c for g, c in zip(gc.get_stats(), collections,
+                                                                 strict=True)],
         "cycles": n,
         "seconds": round(elapsed, 3),
         "cycles_per_s": round(n / elapsed, 1),
@@ -130,6 +145,7 @@ async def bench_joblease(config: EtcdConfig, cycles: int, concurrency: int,
             await lease.complete({"ok": True})
             return t1 - t0, time.perf_counter() - t1
 
+        settle()
         result = await run_pool(jobs, concurrency, cycle)
         result["spec_cache_fill_s"] = round(spec_reads_s, 3)
         return result
@@ -169,6 +185,7 @@ async def bench_raw(config: EtcdConfig, cycles: int, concurrency: int) -> dict[s
             assert r2.succeeded
             return t1 - t0, time.perf_counter() - t1
 
+        settle()
         out = await run_pool(jobs, concurrency, cycle)
         await store.revoke(lease_id)
         return out
