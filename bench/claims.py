@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import statistics
 import sys
@@ -72,6 +73,16 @@ async def register_jobs(client: JobLeaseClient, n: int, prefix: str,
     return jobs
 
 
+def settle() -> None:
+    """Collect garbage before a timed pool, on every side alike: the set-up (3,000
+    registrations, the library's spec-cache warm-up) leaves enough young objects
+    that a full collection, tens of milliseconds with gRPC and protobuf loaded,
+    otherwise lands in whichever side's timed pool comes next (once in 500
+    cycles at c=1: 30-100 us a cycle). Not inside :func:`run_pool`, so wrappers
+    timing it (bench/claims_alternating.py, bench/profile_claims.py) leave it out."""
+    gc.collect()
+
+
 async def run_pool(jobs: list[Any], concurrency: int, cycle: Any,
                    etcd_pids: Sequence[int] = ()) -> dict[str, Any]:
     """``jobs`` by ``concurrency`` workers; ``cpu``: what the timed part cost
@@ -89,6 +100,7 @@ async def run_pool(jobs: list[Any], concurrency: int, cycle: Any,
             claim_lat.append(c)
             complete_lat.append(d)
 
+    collections = [g["collections"] for g in gc.get_stats()]
     snap = Snapshot.take(etcd_pids)
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -97,6 +109,9 @@ async def run_pool(jobs: list[Any], concurrency: int, cycle: Any,
     n = len(claim_lat)
     return {
         "cpu": cpu,
+        # garbage collections (generations 0, 1, 2) during the timed cycles
+        "gc_collections": [g["collections"] - c for g, c in zip(gc.get_stats(), collections,
+                                                                 strict=True)],
         "cycles": n,
         "seconds": round(elapsed, 3),
         "cycles_per_s": round(n / elapsed, 1),
@@ -145,6 +160,7 @@ async def bench_joblease(config: EtcdConfig, cycles: int, concurrency: int,
             await lease.complete({"ok": True})
             return t1 - t0, time.perf_counter() - t1
 
+        settle()
         before = cpu_cost.etcd_rpc_counts(rpc_endpoint) if rpc_endpoint else {}
         result = await run_pool(jobs, concurrency, cycle, etcd_pids)
         if rpc_endpoint:
@@ -193,6 +209,7 @@ async def bench_raw(config: EtcdConfig, cycles: int, concurrency: int, *,
             assert r2.succeeded
             return t1 - t0, time.perf_counter() - t1
 
+        settle()
         out = await run_pool(jobs, concurrency, cycle, etcd_pids)
         await store.revoke(lease_id)
         return out

@@ -117,6 +117,9 @@ T = TypeVar("T")
 
 #: Keys per read when scanning jobs (:meth:`JobLeaseClient.scan_jobs`).
 SCAN_PAGE = 512
+#: What a claim without semaphore slots reserves while in flight: nothing
+#: (one reusable context manager, not a new one per claim).
+_NOT_RESERVING = contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,8 @@ class JobLeaseClient:
         self._refs: dict[tuple[str, tuple[SemaphoreUse, ...]],
                          list[tuple[SemaphoreRef, SemaphoreKeys, int]]] = {}
         self._background = BackgroundTasks()
+        #: owner strings :meth:`claim` has validated (bounded, see _valid_owner)
+        self._valid_owners: set[str] = set()
         #: the etcd leases claims are bound to (joblease.session_pool)
         self.sessions = SessionPool(self.store, self._background, margin=margin,
                                     revoke_on_loss=revoke_on_loss,
@@ -444,11 +449,15 @@ class JobLeaseClient:
     async def _spec(self, job: JobRef, keys: JobKeys, *, refresh: bool = False
                     ) -> tuple[int, JobSpec]:
         """The job's spec and its mod revision, from a bounded LRU cache (a
-        changed spec fails the claim's first compare and is re-read)."""
+        changed spec fails the claim's first compare and is re-read).
+
+        The only way into the cache, and ``job`` is validated on the way: a
+        cached job is a valid one (:meth:`claim` does not validate it again)."""
         cached = None if refresh else self._specs.get(job)
         if cached is not None:
             self._specs.move_to_end(job)
             return cached
+        validation.job_ref(job)
         # one read of the spec and the generation (what a history's tenure key needs)
         r = await self.store.txn([], [Get(keys.spec), Get(keys.claims)])
         spec_kv, claims_kv = r.kv(0), r.kv(1)
@@ -578,8 +587,16 @@ class JobLeaseClient:
         """While a claim with ``plan`` is in flight, this client's other claims
         pick other slots (they would only collide with it)."""
         if plan is None:
-            return contextlib.nullcontext()
+            return _NOT_RESERVING
         return self._reserved(plan)
+
+    def _valid_owner(self, owner: str) -> None:
+        """Validate ``owner`` and remember it (a worker claims as one owner, or a
+        few): :meth:`claim` validates each owner string once, not at every claim."""
+        validation.owner(owner)
+        if len(self._valid_owners) >= 64:
+            self._valid_owners.clear()
+        self._valid_owners.add(owner)
 
     @contextlib.contextmanager
     def _reserved(self, plan: SlotPlan) -> Iterator[None]:
@@ -610,8 +627,11 @@ class JobLeaseClient:
         transaction (docs/semaphores.md), or raises :class:`SemaphoreFullError`
         (``ticket``: the caller's place in line, from :meth:`claim_waiting`).
         """
-        validation.job_ref(job)
-        validation.owner(owner)
+        cached = self._specs.get(job)
+        if cached is None:  # a cached job's ref was validated when its spec was read
+            validation.job_ref(job)
+        if owner not in self._valid_owners:
+            self._valid_owner(owner)
         keys = self.keys.job(job)
         refresh = False
         revoked: list[int] = []  # tokens of our claims that committed and were revoked
@@ -620,7 +640,10 @@ class JobLeaseClient:
         for _ in range(16):  # ... and slot races, re-planned (picks are random), up to 16
             # The common case (spec cached, no semaphores, the current session usable)
             # costs no await before the claim's own transaction.
-            cached = None if refresh else self._specs.get(job)
+            if refresh:
+                cached = None
+            elif cached is None:
+                cached = self._specs.get(job)
             if cached is not None:
                 self._specs.move_to_end(job)
                 spec_revision, spec = cached
@@ -643,13 +666,14 @@ class JobLeaseClient:
                 continue
             session = (self.sessions.ready(spec.lease_duration_seconds)
                        or await self.sessions.for_claim(spec.lease_duration_seconds))
-            with self.sessions.using(session), self._reserving(slot_plan):
+            with self.sessions.using(session), (
+                    _NOT_RESERVING if slot_plan is None else self._reserved(slot_plan)):
                 outcome = await self._claim_on(job, keys, owner, spec_revision, spec, session,
                                                revoked, slots=slot_plan,
                                                generation=self._generations.get(job, 0))
             if isinstance(outcome, Lease):
                 return outcome
-            refresh = outcome
+            refresh, cached = outcome, None
             fresh_slots = slot_plan is not None  # refused: plan from etcd, not a view
             if slot_plan is None or outcome is False:
                 unsettled += 1

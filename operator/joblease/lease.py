@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -76,6 +75,13 @@ class LeaseState(enum.StrEnum):
 class Lease:
     """Temporary ownership of one job, proven by ``token``."""
 
+    # One is made per claim: slots rather than a dict per handle (less to
+    # allocate and for the garbage collector to track).
+    __slots__ = ("_checkpoint_kv", "_completion_deletes", "_done", "_holder_and_result",
+                 "_holder_value", "_keys", "_on_slots_freed", "_reason", "_renew_condition",
+                 "_session", "_slot_keys", "_state", "claim_id", "generation", "item", "job",
+                 "owner", "result", "slots", "store", "tenure", "token", "trace", "ttl")
+
     def __init__(
         self,
         *,
@@ -112,7 +118,8 @@ class Lease:
         self._holder_and_result = (Get(keys.holder), Get(keys.result))
         self._state = LeaseState.HELD
         self._reason: str | None = None
-        self._done = asyncio.Event()
+        #: set once the handle is finished; made by the first wait_done
+        self._done: asyncio.Event | None = None
         self.result: ResultRecord | None = None
         #: the checkpoint key as this handle last saw it (claim's read, or our write)
         self._checkpoint_kv = checkpoint
@@ -121,10 +128,10 @@ class Lease:
         #: the semaphore slots this claim took (docs/semaphores.md); completion
         #: and release delete them in their own transactions
         self.slots = slots
-        self._slot_keys = [key for grant in slots for key in grant.keys]
+        self._slot_keys = [key for grant in slots for key in grant.keys] if slots else []
         #: what the completion deletes beside writing its result
-        self._completion_deletes = tuple(Delete(key) for key in (*keys.completion_deletes,
-                                                                 *self._slot_keys))
+        self._completion_deletes = tuple(map(Delete, (*keys.completion_deletes,
+                                                      *self._slot_keys)))
         #: told the revision at which our completion or release freed the slots
         #: (the client's semaphore views apply it before their watches bring it)
         self._on_slots_freed = on_slots_freed
@@ -195,6 +202,8 @@ class Lease:
             if remaining <= 0:
                 self._lose(self.lost_reason or "safety deadline passed")
                 break
+            if self._done is None:
+                self._done = asyncio.Event()
             try:
                 await asyncio.wait_for(self._done.wait(), timeout=remaining)
             except TimeoutError:
@@ -215,7 +224,8 @@ class Lease:
     def _finish(self) -> None:
         """Detach from the session: a long-lived session must not keep every
         finished handle alive."""
-        self._done.set()
+        if self._done is not None:
+            self._done.set()
         if self.trace is not tracing.NO_TENURE:
             self.trace.end(tracing.end_cause(self._state.value, self._reason), self._reason)
         if self._session is not None:
@@ -387,7 +397,8 @@ class Lease:
                 # this call has just encoded and validated.
                 self.result = ResultRecord(
                     owner=record.owner, claim_id=record.claim_id, token=record.token,
-                    generation=record.generation, result=json.loads(encoded),
+                    generation=record.generation,
+                    result=validation.as_decoded(result, encoded),
                     completed_at=record.completed_at, revision=r.revision)
                 self._state = LeaseState.COMPLETED
                 self._finish()

@@ -208,6 +208,14 @@ def _surrogate_at(s: str) -> str:
 #: ``json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)``,
 #: with the encoder built once rather than per call (every completion passes here).
 _PAYLOAD_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)
+#: The same encoding by json's C encoder, made once: ``JSONEncoder.encode`` makes
+#: a new one (and a circular-reference table) at every call. Without that table:
+#: a value that contains itself is refused by :func:`json_value_problem` (too
+#: deep) before it is encoded. None where json has no C accelerator.
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+_PAYLOAD_C = None if _c_make_encoder is None else _c_make_encoder(
+    None, _PAYLOAD_JSON.default, json.encoder.encode_basestring_ascii, None, ":", ",",
+    True, False, False)
 
 
 def json_payload(value: Any, what: str, limit: int,
@@ -221,7 +229,8 @@ def json_payload(value: Any, what: str, limit: int,
     if problem is not None:
         raise InvalidInputError(f"invalid {what}: {problem}")
     try:
-        data = _PAYLOAD_JSON.encode(value).encode()
+        data = ("".join(_PAYLOAD_C(value, 0)) if _PAYLOAD_C is not None
+                else _PAYLOAD_JSON.encode(value)).encode()
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInputError(f"invalid {what}: not JSON-serializable ({exc})") from None
     if len(data) > limit:
@@ -229,6 +238,28 @@ def json_payload(value: Any, what: str, limit: int,
             f"{what} too large: {len(data)} bytes of JSON, the limit is {limit} bytes"
         )
     return data
+
+
+#: Exact types JSON gives back as an equal value of the same type (a float's
+#: JSON text is its ``repr``, which reads back as the same float).
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def as_decoded(value: Any, data: bytes) -> Any:
+    """What a reader decodes from ``data``, the JSON :func:`json_payload` made of
+    ``value``: ``json.loads(data)``, without parsing it when ``value`` is a plain
+    scalar (itself), or a flat object with string keys or a flat array of plain
+    scalars (a copy, objects in the sorted key order the JSON has, arrays as
+    lists): equal to, and ordered as, what ``json.loads`` returns."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is dict:
+        if all(type(k) is str and type(v) in _PLAIN for k, v in value.items()):
+            return dict(sorted(value.items()))
+    elif (kind is list or kind is tuple) and all(type(v) in _PLAIN for v in value):
+        return list(value)
+    return json.loads(data)
 
 
 def json_text(text: str | bytes, what: str, limit: int,

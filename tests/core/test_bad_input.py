@@ -162,3 +162,39 @@ def test_a_tenant_namespace_with_a_newline_is_refused(namespace: str) -> None:
         tenant_name(namespace)
     with pytest.raises(InvalidInputError, match="invalid namespace"):
         tenant_key_range("/joblease/v1", namespace)
+
+
+async def test_an_invalid_owner_is_refused_after_valid_ones_were_remembered(
+    client: JobLeaseClient,
+) -> None:
+    """claim validates each owner string once and remembers it (a bounded set):
+    an invalid owner is never remembered, so it is refused however many valid
+    owners came before it, and the set stays bounded."""
+    job = JobRef("default", "owners")
+    await client.register(job, JobSpec(10, max_attempts=0))
+    for i in range(70):
+        await (await client.claim(job, f"worker-{i}")).release()
+    assert 0 < len(client._valid_owners) <= 64
+    before = await snapshot(client)
+    for owner in ("has space", "", "x" * 254, "worker-1\n"):
+        with pytest.raises(InvalidInputError, match="invalid owner"):
+            await client.claim(job, owner)
+        assert owner not in client._valid_owners
+    assert await snapshot(client) == before
+
+
+async def test_an_invalid_job_is_refused_while_valid_ones_are_cached(
+    client: JobLeaseClient,
+) -> None:
+    """A claim of a job whose spec is cached skips validating its ref again (the
+    ref was validated when the spec was read, the only way into the cache); an
+    invalid ref is never cached, so its claim is refused and writes nothing."""
+    job = JobRef("default", "cached-ref")
+    await client.register(job, JobSpec(10))
+    await (await client.claim(job, "worker")).release()
+    before = await snapshot(client)
+    for bad, message in [*TRAILING_NEWLINE_REFS, (JobRef("default", "Upper"), "job name")]:
+        with pytest.raises(InvalidInputError, match=message):
+            await client.claim(bad, "worker")
+        assert bad not in client._specs
+    assert await snapshot(client) == before

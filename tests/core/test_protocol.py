@@ -109,6 +109,26 @@ async def test_a_spec_change_is_picked_up_by_the_next_claim(client: JobLeaseClie
     assert fresh.generation == 2
 
 
+async def test_a_claim_after_re_registration_uses_the_new_specs_conditions(
+    client: JobLeaseClient,
+) -> None:
+    """The claim's compares are built once per cached spec (joblease.lease.JobOps):
+    after another client re-registers the job with more attempts, this client's
+    next claim compares against the new spec revision and the new limit, not the
+    conditions it built for the old spec."""
+    job = JobRef("default", "respec-attempts")
+    await client.register(job, JobSpec(10, max_attempts=1))
+    await (await client.claim(job, "w")).release()  # the one attempt; ops cached
+    with pytest.raises(AttemptsExhaustedError):
+        await client.claim(job, "w")
+    async with JobLeaseClient(client.config) as other:
+        await other.register(job, JobSpec(10, max_attempts=3))
+    second = await client.claim(job, "w")
+    assert second.generation == 2
+    await second.complete("done")
+    assert (await client.get(job)).result is not None
+
+
 async def test_complete_from_another_process_uses_the_holder_condition(
     client: JobLeaseClient,
 ) -> None:

@@ -87,6 +87,71 @@ def test_result_record_with_its_result_spliced_in_is_the_generic_encoding(
             decoded.completed_at, decoded.revision) == (owner, "cd" * 16, 15, 7, 1764700000.5, 99)
 
 
+class _Str(str):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+PAYLOADS: list[Any] = [*RESULTS, {2: "int keys", 1: "a"}, {2.5: "float keys", 1.5: "b"},
+                       {None: "none key"}, {True: "bool keys", False: "c"},
+                       {"z": _Int(3), _Str("a"): _Str("b")},
+                       [1e16, -0.0, 5e-324, 2**64], "ünï\u2028\"", {"k": ("a", ["b"])}]
+NOT_JSON: list[Any] = [math.nan, math.inf, [-math.inf], {"set": {1, 2}}, {1: "a", "b": 2},
+                       object(), {(1, 2): "tuple key"}, b"bytes"]
+
+
+@pytest.mark.parametrize("value", PAYLOADS, ids=repr)
+def test_a_payload_is_encoded_as_json_dumps_encodes_it(value: Any) -> None:
+    """validation.json_payload's encoder, made once (json's C encoder), writes the
+    bytes json.dumps(sort_keys, compact, allow_nan=False) writes: results and
+    checkpoints are spliced into records byte for byte (tests/vectors)."""
+    expected = json.dumps(value, separators=(",", ":"), sort_keys=True,
+                          allow_nan=False).encode()
+    assert validation.json_payload(value, "result", validation.MAX_RESULT_BYTES) == expected
+
+
+@pytest.mark.parametrize("value", NOT_JSON, ids=repr)
+def test_a_payload_json_dumps_refuses_is_refused_as_not_json(value: Any) -> None:
+    with pytest.raises((TypeError, ValueError)):
+        json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    with pytest.raises(validation.InvalidInputError, match="not JSON"):
+        validation.json_payload(value, "result", validation.MAX_RESULT_BYTES)
+
+
+def test_a_payload_that_contains_itself_is_refused_before_it_is_encoded() -> None:
+    value: dict[str, Any] = {}
+    value["self"] = value
+    with pytest.raises(validation.InvalidInputError, match="nested deeper"):
+        validation.json_payload(value, "result", validation.MAX_RESULT_BYTES)
+
+
+AS_DECODED: list[Any] = [*RESULTS, 1e16, -0.0, 5e-324, {"z": 1, "a": "x", "m": None},
+                         {"b": 1.5, "a": True}, [True, None, "x", 2.5], ("a", 1),
+                         {"k": (1, 2)}, {1: "int key"}, {True: "bool key"}, [{"a": 1}],
+                         _Str("subclass"), {"k": _Str("v")}, [_Str("v")], {_Str("k"): 1}]
+
+
+@pytest.mark.parametrize("value", AS_DECODED, ids=repr)
+def test_a_completed_handles_result_is_what_a_reader_decodes(value: Any) -> None:
+    """Lease.complete hands back the result as a reader decodes it without parsing
+    plain values again (validation.as_decoded): equal, of the same types, and a
+    dict in the key order json.loads gives; never the caller's own mutable object."""
+    encoded = validation.json_payload(value, "result", validation.MAX_RESULT_BYTES)
+    expected = json.loads(encoded)
+    got = validation.as_decoded(value, encoded)
+    assert got == expected
+    assert json.dumps(got) == json.dumps(expected)  # key order, and list for tuple
+    assert type(got) is type(expected)
+    if isinstance(got, dict | list):
+        assert got is not value
+        assert [type(v) for v in (got.values() if isinstance(got, dict) else got)] == [
+            type(v) for v in (expected.values() if isinstance(expected, dict) else expected)]
+        assert [type(k) for k in got] == [type(k) for k in expected]
+
+
 def test_claim_ids_are_random_version_4_uuids_as_the_go_sidecar_writes() -> None:
     ids = {new_claim_id() for _ in range(2000)}
     assert len(ids) == 2000
