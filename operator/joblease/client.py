@@ -666,8 +666,7 @@ class JobLeaseClient:
                 continue
             session = (self.sessions.ready(spec.lease_duration_seconds)
                        or await self.sessions.for_claim(spec.lease_duration_seconds))
-            with self.sessions.using(session), (
-                    _NOT_RESERVING if slot_plan is None else self._reserved(slot_plan)):
+            with self.sessions.using(session), self._reserving(slot_plan):
                 outcome = await self._claim_on(job, keys, owner, spec_revision, spec, session,
                                                revoked, slots=slot_plan,
                                                generation=self._generations.get(job, 0))
