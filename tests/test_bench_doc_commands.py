@@ -28,9 +28,8 @@ from typing import Any
 import pytest
 
 from tests.support.binaries import REPO_ROOT
-from tests.support.cli import fenced_blocks
+from tests.support.cli import PROJECT_DOCS, fenced_blocks
 
-DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 #: a documented command with a placeholder for what the reader supplies
 PLACEHOLDER = re.compile(r"\.\.\.|<[^<>]+>")
 
@@ -56,7 +55,7 @@ def _variants(command: str) -> Iterator[str]:
 def documented_commands() -> list[tuple[str, str]]:
     """``(doc, command)`` for every benchmark command, fences first, then prose."""
     found: dict[tuple[str, str], None] = {}
-    for doc in DOCS:
+    for doc in PROJECT_DOCS:
         name = str(doc.relative_to(REPO_ROOT))
         for _, block in fenced_blocks(doc):
             for command in _commands(block):

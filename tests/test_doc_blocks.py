@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.support.cli import fenced_blocks
+from tests.support.cli import PROJECT_DOCS, fenced_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 TAGGED = ("sh", "bash", "console", "shell", "python", "yaml")
@@ -114,7 +114,7 @@ BLOCKS: dict[tuple[str, str], str] = {
 def tagged_blocks() -> dict[tuple[str, str], str]:
     """(doc, first line) -> language of every tagged block the docs have now."""
     found: dict[tuple[str, str], str] = {}
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for doc in PROJECT_DOCS:
         for language, text in fenced_blocks(doc):
             if language in TAGGED:
                 first = next(line.strip() for line in text.splitlines() if line.strip())

@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 
 from tests.support.binaries import REPO_ROOT
+from tests.support.cli import PROJECT_DOCS
 
-DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 REFERENCE = re.compile(r"\btests/[\w/]+\.py(?:::\w+)?")
 
 
 def named_tests() -> set[tuple[str, str]]:
     return {(str(doc.relative_to(REPO_ROOT)), ref)
-            for doc in DOCS for ref in REFERENCE.findall(doc.read_text())}
+            for doc in PROJECT_DOCS for ref in REFERENCE.findall(doc.read_text())}
 
 
 def defined_names(path: Path) -> set[str]:
@@ -55,7 +55,7 @@ PYTEST_COMMAND = re.compile(
 def pytest_commands() -> list[tuple[str, str, str]]:
     """``(doc, env assignments, arguments)`` of each pytest command the docs give."""
     found: dict[tuple[str, str, str], None] = {}
-    for doc in DOCS:
+    for doc in PROJECT_DOCS:
         text = " ".join(line.strip() for line in doc.read_text().split("\n"))  # prose wraps
         for env, args in PYTEST_COMMAND.findall(text):
             found[(str(doc.relative_to(REPO_ROOT)), env.strip(), " ".join(args.split()))] = None

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from joblease import EtcdConfig
+from tests.support.binaries import REPO_ROOT
 
 #: TTL for jobs whose holder must still be there a few CLI runs later. A claim
 #: without ``--hold`` is never renewed, and each ``jl`` call is a fresh Python
@@ -60,6 +61,10 @@ def run_doc_sh(config: EtcdConfig, script: str, tmp_path: Path, timeout: float =
                           text=True, timeout=timeout)
     assert done.returncode == 0, (done.stdout, done.stderr)
     return done
+
+
+#: The project's documentation: README.md and every page of docs/.
+PROJECT_DOCS = (REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")))
 
 
 def fenced_blocks(doc: Path) -> list[tuple[str, str]]:
