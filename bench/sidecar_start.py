@@ -69,11 +69,6 @@ NAMESPACE = "bench"
 TTL = 30
 
 
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 def load() -> str:
     return " / ".join(Path("/proc/loadavg").read_text().split()[:3])
 
