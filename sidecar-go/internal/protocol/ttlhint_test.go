@@ -99,6 +99,21 @@ func holderLease(t *testing.T, s *etcd.Store, job JobRef) int64 {
 	return kv.Lease
 }
 
+// waitRevoked waits (10 s at most) until etcd no longer knows lease id.
+func waitRevoked(t *testing.T, ep string, id int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, remaining := leaseTTL(t, ep, id); remaining == -1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the hinted lease was not revoked within 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func TestTTLHintGrantsTheLeaseWhileTheSpecIsRead(t *testing.T) {
 	ep, _ := startEtcd(t)
 	admin := newStore(t, ep)
@@ -147,16 +162,7 @@ func TestAWrongTTLHintIsCorrectedBeforeTheClaim(t *testing.T) {
 		t.Fatalf("the holder's lease has TTL %d in etcd, want the spec's 10", granted)
 	}
 	// the hinted lease is revoked (in the background), not left to expire
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, remaining := leaseTTL(t, ep, grants[0].leaseID); remaining == -1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the hinted lease was not revoked within 10 s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitRevoked(t, ep, grants[0].leaseID)
 }
 
 // A hinted lease granted beside a spec read that found no job is revoked, not
@@ -172,14 +178,5 @@ func TestAHintedLeaseIsRevokedWhenTheJobIsNotRegistered(t *testing.T) {
 	if len(grants) != 1 {
 		t.Fatalf("%d grants, want the hinted one", len(grants))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, remaining := leaseTTL(t, ep, grants[0].leaseID); remaining == -1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the hinted lease was not revoked within 10 s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitRevoked(t, ep, grants[0].leaseID)
 }
