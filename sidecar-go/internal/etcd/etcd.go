@@ -111,9 +111,11 @@ func (s *Store) SetRefusalHook(f func()) { s.onRefused = f }
 
 // refused maps a gRPC error (MapError) and reports a credential or permission
 // refusal to the hook.
-func (s *Store) refused(err error) error {
+func (s *Store) refused(ctx context.Context, err error) error {
 	mapped := MapError(err)
-	s.reportRefusal(mapped)
+	if ctx.Value(quietKey{}) == nil {
+		s.reportRefusal(mapped)
+	}
 	return mapped
 }
 
@@ -169,9 +171,9 @@ func New(cfg Config) (*Store, error) {
 // (etcd's password check and its raft write). Main calls it as soon as the
 // configuration is read, so they run while the listeners start. It changes
 // no outcome: the first request waits for an authentication in flight
-// (authMu) and uses its token, or authenticates itself if it failed (a refusal
-// is counted each time etcd refuses); a failed connection is dialled again
-// by gRPC as before.
+// (authMu) and uses its token, or authenticates itself if it failed (and
+// that request's refusal is the one counted); a failed connection is dialled
+// again by gRPC as before.
 func (s *Store) Warm() {
 	c, err := s.conn(s.currentIndex())
 	if err != nil {
@@ -181,7 +183,18 @@ func (s *Store) Warm() {
 	if s.cfg.Username == "" {
 		return
 	}
-	go func() { _, _, _ = s.authContext(context.Background()) }()
+	// Quietly: a refusal here is etcd refusing the credentials before any
+	// request of the sidecar's needed them; the first request that does meets
+	// the same refusal and counts it, so one bad password counts once.
+	go func() { _, _, _ = s.authContext(withoutRefusalReports(context.Background())) }()
+}
+
+type quietKey struct{}
+
+// withoutRefusalReports marks ctx's requests as not to be counted by the
+// refusal hook (Warm's early authentication).
+func withoutRefusalReports(ctx context.Context) context.Context {
+	return context.WithValue(ctx, quietKey{}, true)
 }
 
 // Endpoints as dialled (schemes stripped).
@@ -365,7 +378,7 @@ func call[T any](s *Store, ctx context.Context, write, authenticate bool,
 			}
 			continue
 		}
-		return zero, s.refused(err)
+		return zero, s.refused(ctx, err)
 	}
 	st, _ := status.FromError(last)
 	return zero, errs.Unavailable(fmt.Sprintf("etcd unreachable at %s: %s: %s",
@@ -660,7 +673,7 @@ func (k *KeepAlive) Renew(timeout time.Duration) (int64, error) {
 		}
 		k.s.failOver()
 		if st.Code() == codes.PermissionDenied || st.Code() == codes.Unauthenticated {
-			return 0, k.s.refused(err)
+			return 0, k.s.refused(context.Background(), err)
 		}
 		if pe, ok := errs.As(err); ok && pe.Kind == errs.KindForbidden {
 			return 0, pe // from authenticating again: counted there
@@ -799,7 +812,7 @@ func (s *Store) WatchUntil(ctx context.Context, key string, end []byte, startRev
 				continue // at once: the next attempt carries a fresh token
 			}
 		} else if st.Code() == codes.PermissionDenied || st.Code() == codes.Unauthenticated {
-			return false, s.refused(err)
+			return false, s.refused(ctx, err)
 		}
 		failures++
 		s.failOver()

@@ -91,3 +91,54 @@ func TestWarmAuthenticatesBeforeTheFirstRequest(t *testing.T) {
 		t.Fatalf("%d Authenticate calls, want 1 (the first request uses Warm's token)", n)
 	}
 }
+
+// A wrong password is one refusal, Warm or not: Warm's early Authenticate is
+// refused too, but only the first request's refusal reaches the refusal hook
+// (the sidecar's joblease_sidecar_auth_failures counter).
+func TestWarmsRefusedAuthenticationIsCountedOnce(t *testing.T) {
+	ep, _ := etcdtest.Start(t)
+	enableAuth(t, ep, "pw")
+	var mu sync.Mutex
+	authenticates := 0
+	record := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if method == "/etcdserverpb.Auth/Authenticate" {
+			mu.Lock()
+			authenticates++
+			mu.Unlock()
+		}
+		return err
+	}
+	s, err := etcd.New(etcd.Config{Endpoints: []string{ep}, Username: "root", Password: "wrong",
+		RequestTimeout: 5 * time.Second, UnaryInterceptor: record})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	counted := 0
+	s.SetRefusalHook(func() { mu.Lock(); counted++; mu.Unlock() })
+	s.Warm()
+	if _, _, err := s.Get(context.Background(), "/probe"); err == nil {
+		t.Fatal("a wrong password was accepted")
+	}
+	// Warm's Authenticate may run before or after the request's: wait for both.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n := authenticates
+		mu.Unlock()
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d Authenticate calls within 10 s, want 2 (Warm's and the request's)", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if counted != 1 {
+		t.Fatalf("refusal hook ran %d times for one refused request, want 1", counted)
+	}
+}
