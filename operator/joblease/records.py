@@ -420,7 +420,28 @@ WRITTEN_ENDS = frozenset({TenureEnd.RELEASED, TenureEnd.REVOKED})
 def encode_tenure_start(owner: str, claim_id: str, claimed_at: float) -> bytes:
     """``_history/<name>/<generation>``, put by the claim transaction: its create
     revision is the claim's commit revision, the token, so it is not stored."""
+    if (_exact(owner, str) and _exact(claim_id, str) and _exact(claimed_at, float)
+            and claimed_at - claimed_at == 0):  # finite
+        # the sorted keys, as _dumps writes them (once per claim: formatted, not encoded)
+        return (f'{{"claimId":{_string(claim_id)},"claimedAt":{claimed_at!r},'
+                f'"owner":{_string(owner)}}}').encode()
     return _dumps({"claimId": claim_id, "claimedAt": claimed_at, "owner": owner})
+
+
+def encode_holder_and_tenure(owner: str, claim_id: str, ttl: int, claimed_at: float
+                             ) -> tuple[bytes, bytes]:
+    """The holder value and the tenure start of one claim of a job with a history:
+    the tenure is the holder's record without its ``ttl`` (both in sorted key
+    order, ``ttl`` last), so their common part is formatted once. Byte for byte
+    :meth:`Holder.encode_value` and :func:`encode_tenure_start`
+    (tests/core/test_record_encoding.py)."""
+    if (_exact(owner, str) and _exact(claim_id, str) and _exact(ttl, int)
+            and _exact(claimed_at, float) and claimed_at - claimed_at == 0):  # finite
+        head = (f'{{"claimId":{_string(claim_id)},"claimedAt":{claimed_at!r},'
+                f'"owner":{_string(owner)}')
+        return f'{head},"ttl":{ttl!r}}}'.encode(), f"{head}}}".encode()
+    return (Holder.encode_value(owner, claim_id, ttl, claimed_at),
+            encode_tenure_start(owner, claim_id, claimed_at))
 
 
 def encode_tenure_end(how: TenureEnd, at: float) -> bytes:
