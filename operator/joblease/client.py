@@ -774,7 +774,8 @@ class JobLeaseClient:
                          generation=claims.version, ttl=spec.lease_duration_seconds,
                          holder_value=holder_value, checkpoint=r.kv(3), item=record,
                          slots=slots.grants(r.revision) if slots else (),
-                         on_slots_freed=self._slots_freed, tenure=tenure)
+                         on_slots_freed=self._slots_freed, tenure=tenure,
+                         holder_and_result=(failure[1], failure[2]))
         if item is not None:
             return self._item_refused(job, r, spec_revision, spec, item)
         return self._refused(job, r, spec_revision)
