@@ -13,11 +13,15 @@ the session pool). Neither side converts its ops to protobuf or calls gRPC
 side measures); ``--build`` adds the conversion and serialisation of each
 transaction (``EtcdStore``'s own functions) to both.
 
+``--concurrency N`` keeps N cycles in flight at once (N workers, as
+``bench/claims.py``'s pool does), so what the library keeps alive per cycle
+in flight (handles, pending coroutines) is in the figure too.
 Every cycle claims a job of its own whose spec is cached, as in
 ``bench/claims.py`` (a job claimed again is cheaper: ``--same-job``).
 It measures CPU, never correctness: the store is not etcd and is no test.
 
     python bench/claim_overhead.py [--cycles 5000] [--rounds 5] [--build] [--same-job]
+                                   [--concurrency 64]
 """
 
 from __future__ import annotations
@@ -119,16 +123,22 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.cycles // 5):
             await side()
     runs: dict[str, list[float]] = {name: [] for name in sides}
+    per_worker = max(args.cycles // args.concurrency, 1)
+
+    async def worker(side: Any) -> None:
+        for _ in range(per_worker):
+            await side()
+
     for r in range(args.rounds):
         for name in (("library", "raw") if r % 2 == 0 else ("raw", "library")):
             t = time.thread_time()
-            for _ in range(args.cycles):
-                await sides[name]()
-            runs[name].append(1e6 * (time.thread_time() - t) / args.cycles)
+            # --concurrency workers in flight at once, as bench/claims.py's pool
+            await asyncio.gather(*(worker(sides[name]) for _ in range(args.concurrency)))
+            runs[name].append(1e6 * (time.thread_time() - t) / (per_worker * args.concurrency))
     # the quietest round of each side: the least disturbed by the rest of the machine
     best = {name: min(values) for name, values in runs.items()}
     return {"benchmark": "claim_overhead", "build": args.build, "same_job": args.same_job,
-            "cycles": args.cycles, "rounds": args.rounds,
+            "concurrency": args.concurrency, "cycles": args.cycles, "rounds": args.rounds,
             "library_us": round(best["library"], 1), "raw_us": round(best["raw"], 1),
             "library_only_us": round(best["library"] - best["raw"], 1),
             "rounds_us": {k: [round(v, 1) for v in vs] for k, vs in runs.items()}}
@@ -140,6 +150,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--build", action="store_true",
                         help="also convert and serialise each transaction, on both sides")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="cycles in flight at once (workers, as bench/claims.py's pool)")
     parser.add_argument("--same-job", action="store_true",
                         help="claim one job again and again instead of a job per cycle")
     args = parser.parse_args()
@@ -147,7 +159,8 @@ def main() -> None:
     print(f"main-thread CPU per cycle (quietest of {args.rounds} rounds of {args.cycles}): "
           f"library {report['library_us']} us, raw {report['raw_us']} us, "
           f"library only {report['library_only_us']} us "
-          f"(build={args.build}, same_job={args.same_job}; load "
+          f"(build={args.build}, same_job={args.same_job}, "
+          f"concurrency={args.concurrency}; load "
           f"{open('/proc/loadavg').read().split()[0]})")
 
 

@@ -182,7 +182,10 @@ async def bench_raw(config: EtcdConfig, cycles: int, concurrency: int, *,
         store = c.store
         _, kvs = await store.get(c.keys.namespace_prefix("bench"), prefix=True)
         spec_rev = {kv.key: kv.mod_revision for kv in kvs}
-        lease_id, _ = await store.grant(30)
+        # Never kept alive (the raw side has no keep-alive task): a TTL far longer
+        # than any pool, so a slow one (a loaded machine: 2,000 cycles at c=1 took
+        # over 30 s) does not outlive its holders' lease and fail its completions.
+        lease_id, _ = await store.grant(RAW_LEASE_TTL)
         holder_value = json.dumps({"owner": "bench-worker", "claimId": "x" * 32, "ttl": 30,
                                    "claimedAt": time.time()}).encode()
         result_value = json.dumps({"owner": "bench-worker", "claimId": "x" * 32, "token": 0,
@@ -288,6 +291,8 @@ async def main_async(args: argparse.Namespace, endpoints: tuple[str, ...],
 
 #: The JobLease default (validation.DEFAULT_HISTORY_LIMIT), measured on the history side.
 HISTORY_LIMIT = 10
+#: The raw side's one etcd lease, granted per pool and revoked after it (seconds).
+RAW_LEASE_TTL = 3600
 
 
 def print_table(report: dict[str, Any]) -> None:

@@ -90,6 +90,7 @@ from joblease.records import (
     WaiterRecord,
     decoding,
     encode_claim,
+    encode_holder_and_tenure,
     new_claim_id,
 )
 from joblease.session import Session
@@ -703,8 +704,12 @@ class JobLeaseClient:
         retried with the generation its failure branch read)."""
         claim_id = new_claim_id()
         claimed_at = time.time()
-        holder_value = Holder.encode_value(owner, claim_id, spec.lease_duration_seconds,
-                                           claimed_at)
+        if spec.history_limit > 0:
+            holder_value, tenure_start = encode_holder_and_tenure(
+                owner, claim_id, spec.lease_duration_seconds, claimed_at)
+        else:
+            holder_value = Holder.encode_value(owner, claim_id, spec.lease_duration_seconds,
+                                               claimed_at)
         claim_value = encode_claim(owner, claim_id)
         compares = [
             Compare(keys.spec, "mod", "==", spec_revision),
@@ -732,7 +737,7 @@ class JobLeaseClient:
         if spec.history_limit > 0:
             tenure = TenureKeys(keys.history, generation + 1)
             compares.append(Compare(keys.claims, "version", "==", generation))
-            success += tenure.claim_writes(owner, claim_id, claimed_at, spec.history_limit)
+            success += tenure.claim_writes(tenure_start, spec.history_limit)
         try:
             r = await self.store.txn(compares, success, failure)
         except LeaseNotFoundError:
@@ -769,7 +774,8 @@ class JobLeaseClient:
                          generation=claims.version, ttl=spec.lease_duration_seconds,
                          holder_value=holder_value, checkpoint=r.kv(3), item=record,
                          slots=slots.grants(r.revision) if slots else (),
-                         on_slots_freed=self._slots_freed, tenure=tenure)
+                         on_slots_freed=self._slots_freed, tenure=tenure,
+                         holder_and_result=(failure[1], failure[2]))
         if item is not None:
             return self._item_refused(job, r, spec_revision, spec, item)
         return self._refused(job, r, spec_revision)

@@ -40,14 +40,13 @@ from joblease.records import (
     TenureEnd,
     encode_tenure_end,
     encode_tenure_mark,
-    encode_tenure_start,
 )
 from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, TxnOp, prefix_end
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TenureKeys:
     """The keys of one tenure: generation ``generation`` of a job's history."""
 
@@ -58,16 +57,18 @@ class TenureKeys:
     def key(self) -> bytes:
         return self.history.tenure(self.generation)
 
-    def claim_writes(self, owner: str, claim_id: str, claimed_at: float, limit: int
-                     ) -> list[TxnOp]:
-        """What the claim transaction adds: the tenure, and the delete of every
-        tenure older than the last ``limit`` (this one included), from the start
-        of the history, so any backlog goes too."""
-        writes: list[TxnOp] = [Put(self.key, encode_tenure_start(owner, claim_id, claimed_at))]
+    def claim_writes(self, start: bytes, limit: int) -> list[TxnOp]:
+        """What the claim transaction adds: the tenure (``start``, its value:
+        :func:`~joblease.records.encode_tenure_start`, or with the holder's by
+        :func:`~joblease.records.encode_holder_and_tenure`), and the delete of
+        every tenure older than the last ``limit`` (this one included), from the
+        start of the history, so any backlog goes too."""
+        history = self.history
         oldest_kept = self.generation - limit + 1
         if oldest_kept > 1:
-            writes.append(Delete(self.history.prefix, end=self.history.tenure(oldest_kept)))
-        return writes
+            return [Put(history.tenure(self.generation), start),
+                    Delete(history.prefix, end=history.tenure(oldest_kept))]
+        return [Put(history.tenure(self.generation), start)]
 
     def end_put(self, how: TenureEnd) -> Put:
         """The end, for the release transaction to carry."""

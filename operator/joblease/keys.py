@@ -114,7 +114,8 @@ class HistoryKeys:
     prefix: bytes
 
     def tenure(self, generation: int) -> bytes:
-        return self.prefix + str(generation).zfill(GENERATION_DIGITS).encode()
+        # b"%0*d": str(generation).zfill(GENERATION_DIGITS), without the str round trip
+        return self.prefix + b"%0*d" % (GENERATION_DIGITS, generation)
 
     def end(self, generation: int) -> bytes:
         return self.tenure(generation) + b"/end"

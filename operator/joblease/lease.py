@@ -100,6 +100,7 @@ class Lease:
         slots: tuple[SlotGrant, ...] = (),
         on_slots_freed: Callable[[tuple[SlotGrant, ...], int], None] | None = None,
         tenure: TenureKeys | None = None,
+        holder_and_result: tuple[Get, Get] | None = None,
     ) -> None:
         self.store = store
         self.job = job
@@ -115,7 +116,9 @@ class Lease:
         #: same for the whole claim, so built once, not per completion or check
         self._renew_condition = (Compare(keys.holder, "create", "==", token),
                                  Compare(keys.holder, "value", "==", holder_value))
-        self._holder_and_result = (Get(keys.holder), Get(keys.result))
+        #: (``holder_and_result``: the claim's own ``Get``s of the same two keys; the
+        #: ops are immutable, so one object serves both)
+        self._holder_and_result = holder_and_result or (Get(keys.holder), Get(keys.result))
         self._state = LeaseState.HELD
         self._reason: str | None = None
         #: set once the handle is finished; made by the first wait_done
@@ -373,10 +376,9 @@ class Lease:
             return self.result
         encoded = validation.json_payload(result, "result", validation.MAX_RESULT_BYTES,
                                           PayloadTooLargeError)
-        record = ResultRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
-                              generation=self.generation, result=result,
-                              completed_at=time.time())
-        value = record.encode(encoded)
+        completed_at = time.time()
+        value = ResultRecord.format(self.owner, self.claim_id, self.token, self.generation,
+                                    result, encoded, completed_at)
         for _ in range(3):
             try:
                 r = await self.store.txn(
@@ -396,10 +398,10 @@ class Lease:
                 # it: lists for tuples, string keys), without decoding the record
                 # this call has just encoded and validated.
                 self.result = ResultRecord(
-                    owner=record.owner, claim_id=record.claim_id, token=record.token,
-                    generation=record.generation,
+                    owner=self.owner, claim_id=self.claim_id, token=self.token,
+                    generation=self.generation,
                     result=validation.as_decoded(result, encoded),
-                    completed_at=record.completed_at, revision=r.revision)
+                    completed_at=completed_at, revision=r.revision)
                 self._state = LeaseState.COMPLETED
                 self._finish()
                 self._slots_freed(r.revision)

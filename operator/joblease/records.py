@@ -237,18 +237,25 @@ class ResultRecord:
         """The stored record. ``result_json``: ``result`` already encoded as
         :func:`joblease.validation.json_payload` encodes it (compact, sorted keys,
         as nested in the record), so a completion encodes its result once."""
-        if (result_json is not None and _exact(self.owner, str) and _exact(self.claim_id, str)
-                and _exact(self.token, int) and _exact(self.generation, int)
-                and _exact(self.completed_at, float)
-                and self.completed_at - self.completed_at == 0):  # finite
+        return ResultRecord.format(self.owner, self.claim_id, self.token, self.generation,
+                                   self.result, result_json, self.completed_at)
+
+    @staticmethod
+    def format(owner: str, claim_id: str, token: int, generation: int, result: Any,
+               result_json: bytes | None, completed_at: float) -> bytes:
+        """:meth:`encode` of the record with these fields, without making it (a
+        completion makes only the record it keeps: the one with its revision)."""
+        if (result_json is not None and _exact(owner, str) and _exact(claim_id, str)
+                and _exact(token, int) and _exact(generation, int)
+                and _exact(completed_at, float)
+                and completed_at - completed_at == 0):  # finite
             # the sorted keys, as _dumps writes them, with the result's JSON spliced in
-            return (f'{{"claimId":{_string(self.claim_id)},"completedAt":{self.completed_at!r},'
-                    f'"generation":{self.generation!r},"owner":{_string(self.owner)},'
-                    f'"result":').encode() + result_json + f',"token":{self.token!r}}}'.encode()
+            return (f'{{"claimId":{_string(claim_id)},"completedAt":{completed_at!r},'
+                    f'"generation":{generation!r},"owner":{_string(owner)},'
+                    f'"result":').encode() + result_json + f',"token":{token!r}}}'.encode()
         return _dumps({
-            "owner": self.owner, "claimId": self.claim_id, "token": self.token,
-            "generation": self.generation, "result": self.result,
-            "completedAt": self.completed_at,
+            "owner": owner, "claimId": claim_id, "token": token,
+            "generation": generation, "result": result, "completedAt": completed_at,
         })
 
     @classmethod
@@ -420,7 +427,28 @@ WRITTEN_ENDS = frozenset({TenureEnd.RELEASED, TenureEnd.REVOKED})
 def encode_tenure_start(owner: str, claim_id: str, claimed_at: float) -> bytes:
     """``_history/<name>/<generation>``, put by the claim transaction: its create
     revision is the claim's commit revision, the token, so it is not stored."""
+    if (_exact(owner, str) and _exact(claim_id, str) and _exact(claimed_at, float)
+            and claimed_at - claimed_at == 0):  # finite
+        # the sorted keys, as _dumps writes them (once per claim: formatted, not encoded)
+        return (f'{{"claimId":{_string(claim_id)},"claimedAt":{claimed_at!r},'
+                f'"owner":{_string(owner)}}}').encode()
     return _dumps({"claimId": claim_id, "claimedAt": claimed_at, "owner": owner})
+
+
+def encode_holder_and_tenure(owner: str, claim_id: str, ttl: int, claimed_at: float
+                             ) -> tuple[bytes, bytes]:
+    """The holder value and the tenure start of one claim of a job with a history:
+    the tenure is the holder's record without its ``ttl`` (both in sorted key
+    order, ``ttl`` last), so their common part is formatted once. Byte for byte
+    :meth:`Holder.encode_value` and :func:`encode_tenure_start`
+    (tests/core/test_record_encoding.py)."""
+    if (_exact(owner, str) and _exact(claim_id, str) and _exact(ttl, int)
+            and _exact(claimed_at, float) and claimed_at - claimed_at == 0):  # finite
+        head = (f'{{"claimId":{_string(claim_id)},"claimedAt":{claimed_at!r},'
+                f'"owner":{_string(owner)}')
+        return f'{head},"ttl":{ttl!r}}}'.encode(), f"{head}}}".encode()
+    return (Holder.encode_value(owner, claim_id, ttl, claimed_at),
+            encode_tenure_start(owner, claim_id, claimed_at))
 
 
 def encode_tenure_end(how: TenureEnd, at: float) -> bytes:

@@ -94,10 +94,14 @@ class Session(Generic[HolderT]):
         return self.lost_reason is None
 
     def remaining(self) -> float:
-        """Seconds of local safety left (0 once lost)."""
-        if not self.alive:
-            return 0.0
-        return max(0.0, self.deadline - self._clock())
+        """Seconds of local safety left (0 once lost; expires the session, as
+        :attr:`alive` does, once its deadline has passed). One clock read."""
+        if self.lost_reason is None:
+            left = self.deadline - self._clock()
+            if left > 0:
+                return left
+            self._expire()
+        return 0.0
 
     def _expire(self) -> None:
         self.lose("no keep-alive succeeded before the safety deadline")

@@ -51,8 +51,9 @@ class SessionPool:
         self._locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     def _usable(self, session: Session[Lease] | None) -> bool:
-        return (session is not None and session.alive
-                and session.remaining() >= self.min_session_left)
+        # remaining() is 0 once the session is lost (and expires it at its deadline)
+        return (session is not None and session.remaining() >= self.min_session_left
+                and session.lost_reason is None)
 
     def ready(self, ttl: int) -> Session[Lease] | None:
         """:meth:`for_claim` when it needs no await: the current session of ``ttl``

@@ -1,6 +1,7 @@
 """The claim path's formatted records are byte for byte the generic encoding.
 
-The holder value, the ``claims`` value, the slot record and the result record are formatted
+The holder value, the ``claims`` value, the slot record, the tenure start and the result
+record are formatted
 directly on the claim and completion path (joblease.records), instead of
 building a dict and running ``json.dumps`` per record; the result's JSON,
 already produced by validation, is spliced into its record instead of being
@@ -21,12 +22,15 @@ from typing import Any
 import pytest
 
 from joblease import validation
+from joblease.keys import GENERATION_DIGITS, JobRef, KeySpace
 from joblease.records import (
     Holder,
     ResultRecord,
     SlotRecord,
     _dumps,
     encode_claim,
+    encode_holder_and_tenure,
+    encode_tenure_start,
     new_claim_id,
 )
 
@@ -49,6 +53,28 @@ def test_holder_value_is_the_generic_encoding(owner: str, claimed_at: Any) -> No
     for ttl in (1, 30, 2**40, True):
         assert Holder.encode_value(owner, "ab" * 16, ttl, claimed_at) == \
             _generic_holder(owner, "ab" * 16, ttl, claimed_at)
+
+
+def _generic_tenure(owner: str, claim_id: str, claimed_at: Any) -> bytes:
+    return _dumps({"claimId": claim_id, "claimedAt": claimed_at, "owner": owner})
+
+
+@pytest.mark.parametrize("owner", OWNERS)
+@pytest.mark.parametrize("claimed_at", TIMES, ids=repr)
+def test_tenure_start_is_the_generic_encoding(owner: str, claimed_at: Any) -> None:
+    for claim_id in ("ab" * 16, 'q"\\u', 7):
+        assert encode_tenure_start(owner, claim_id, claimed_at) == \
+            _generic_tenure(owner, claim_id, claimed_at)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("owner", OWNERS)
+@pytest.mark.parametrize("claimed_at", TIMES, ids=repr)
+def test_holder_and_tenure_formatted_together_are_each_the_generic_encoding(
+        owner: str, claimed_at: Any) -> None:
+    for ttl in (1, 30, 2**40, True):
+        holder, tenure = encode_holder_and_tenure(owner, "ab" * 16, ttl, claimed_at)
+        assert holder == _generic_holder(owner, "ab" * 16, ttl, claimed_at)
+        assert tenure == _generic_tenure(owner, "ab" * 16, claimed_at)
 
 
 @pytest.mark.parametrize("owner", OWNERS)
@@ -160,3 +186,12 @@ def test_claim_ids_are_random_version_4_uuids_as_the_go_sidecar_writes() -> None
         parsed = uuid.UUID(hex=claim_id)
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
         assert parsed.hex == claim_id
+
+
+def test_tenure_keys_are_the_zero_padded_generation() -> None:
+    history = KeySpace("/r").job(JobRef("ns", "job")).history
+    for generation in (0, 1, 9, 10, 123456, 10**12 - 1, 10**12, 10**15, -5):
+        assert history.tenure(generation) == \
+            b"/r/ns/_history/job/" + str(generation).zfill(GENERATION_DIGITS).encode()
+        assert history.parse(history.tenure(generation)) == (
+            (generation, "") if 0 <= generation < 10**GENERATION_DIGITS else None)
