@@ -26,7 +26,9 @@ etcd); a side's figure is its total work over its total time across rounds.
    ``POST /v1/complete``; side ``sidecar_next``: one exchange per item,
    ``POST /v1/complete?next=10`` answering with the next item), against the library's
    ``claim_next`` + ``complete`` at concurrency 1 on a queue of the same size
-   (one claimer, as one sidecar is). Target: >= 200 items/s per pod. After
+   (one claimer, as one sidecar is); each way with a raw-socket HTTP/1.1 worker
+   too (``sidecar_raw``, ``sidecar_raw_next``: the least a worker can cost) and
+   the sidecar's CPU per item. Target: >= 200 items/s per pod. After
    each drain, ``EXCHANGES`` plain ``GET /v1/lease`` of the drained sidecar
    (no etcd behind them) time the worker's HTTP exchange alone ("one GET").
 5. **history**: claim+complete cycles/s of items on a queue with
@@ -530,19 +532,95 @@ def sidecar_queue_mode() -> tuple[str | None, str]:
         return None, f"no Go sidecar binary: {exc}"
 
 
+class RawHTTP:
+    """The least a worker can be: one keep-alive HTTP/1.1 connection over a raw
+    socket, requests written as bytes, answers read by ``Content-Length`` and
+    parsed with ``json.loads`` (no HTTP library). Beside the ``httpx`` worker it
+    shows what the sidecar costs without the cost of a Python HTTP client:
+    ``httpx`` spends about 0.8 ms of the worker's CPU per exchange
+    (docs/benchmarks.md, "Where an item's time goes"), this one a fraction."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def __aenter__(self) -> RawHTTP:
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(OSError):
+                await self.writer.wait_closed()
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, Any]:
+        """The status and the JSON body of one exchange on the connection."""
+        assert self.reader is not None and self.writer is not None
+        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        if body:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        self.writer.write(head.encode() + b"\r\n" + body)
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise RuntimeError("the sidecar closed the connection")
+        status, length = int(status_line.split()[1]), 0
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+        data = await self.reader.readexactly(length) if length else b""
+        return status, json.loads(data) if data else None
+
+
+class HttpxWorker:
+    """The ``httpx`` worker's exchanges, as :meth:`RawHTTP.request` answers them."""
+
+    def __init__(self, port: int) -> None:
+        self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10)
+
+    async def __aenter__(self) -> HttpxWorker:
+        await self.http.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.http.__aexit__(None, None, None)
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, Any]:
+        r = await self.http.request(method, path, content=body or None,
+                                    headers={"Content-Type": "application/json"} if body else None)
+        return r.status_code, r.json() if r.content else None
+
+
+#: the workers a sidecar side can have: ``httpx`` (the bench's first) and ``raw`` (RawHTTP)
+WORKERS = {"httpx": HttpxWorker, "raw": RawHTTP}
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The process's user + system CPU time so far (/proc), or None where it cannot say."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 async def drain_sidecar(config: EtcdConfig, binary: str, n: int, *, poll: bool = False,
-                        next_in_answer: bool = False) -> dict[str, Any]:
+                        next_in_answer: bool = False, worker: str = "httpx") -> dict[str, Any]:
     """``n`` items through one Go sidecar draining a queue (docs/sidecar.md,
     "Queue mode") with a trivial worker: ``GET /v1/lease?wait=10`` (a long
     poll; with ``poll``, ``GET /v1/lease`` 1 ms apart) until it holds an item
     not seen yet, then ``POST /v1/complete`` under its token. With
     ``next_in_answer`` the completion is ``POST /v1/complete?next=10``, whose
-    answer carries the next item (a GET only when it does not). The queue has
+    answer carries the next item (a GET only when it does not). ``worker``
+    names its HTTP client (``WORKERS``). The queue has
     ``n + 1`` items: the first is worked untimed, as ``cycles_queue`` warms
     its side. ``complete`` is the POST's latency, ``claim`` the time from its
     answer until the next item is seen held (the sidecar's claim of the next
     item plus the worker's GETs; with ``next_in_answer`` the claim is inside
-    the POST, and ``claim`` is only the GETs it still took)."""
+    the POST, and ``claim`` is only the GETs it still took). ``sidecar_cpu``:
+    the sidecar process's CPU seconds over the timed items."""
     async with JobLeaseClient(config) as client:
         queues = Queues(client)
         queue = new_queue()
@@ -566,9 +644,8 @@ async def drain_sidecar(config: EtcdConfig, binary: str, n: int, *, poll: bool =
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"sidecar exited ({proc.poll()}) or wrote no port")
                 await asyncio.sleep(0.005)
-            async with httpx.AsyncClient(
-                    base_url=f"http://127.0.0.1:{port_file.read_text().strip()}",
-                    timeout=10) as http:
+            async with WORKERS[worker](int(port_file.read_text().strip())) as http:
+                lease_path = "/v1/lease" if poll else "/v1/lease?wait=10"
 
                 async def next_item(seen: set[str]) -> tuple[dict[str, Any], int]:
                     """The next item held (its GET /v1/lease body) and the polls it took."""
@@ -576,8 +653,8 @@ async def drain_sidecar(config: EtcdConfig, binary: str, n: int, *, poll: bool =
                     while True:
                         if proc.poll() is not None or time.monotonic() > deadline + 600:
                             raise RuntimeError(f"sidecar exited ({proc.poll()}) or stalled")
-                        r = await http.get("/v1/lease", params={} if poll else {"wait": "10"})
-                        body = r.json() if r.status_code == 200 else {}
+                        status, answer = await http.request("GET", lease_path)
+                        body = answer if status == 200 else {}
                         if body.get("item") is not None and body["item"] not in seen:
                             return body, polls
                         polls += 1
@@ -589,11 +666,10 @@ async def drain_sidecar(config: EtcdConfig, binary: str, n: int, *, poll: bool =
                     asks for none: the queue stays open (no JOBLEASE_EXIT_WHEN_EMPTY,
                     as for the other sides), so it would wait out ``next``."""
                     ask = next_in_answer and len(done) < n
-                    c = await http.post("/v1/complete", json={"token": body["token"],
-                                                              "result": {"ok": True}},
-                                        params={"next": "10"} if ask else {})
-                    assert c.status_code == 200, c.text
-                    answer = c.json()
+                    status, answer = await http.request(
+                        "POST", "/v1/complete?next=10" if ask else "/v1/complete",
+                        b'{"token": %d, "result": {"ok": true}}' % body["token"])
+                    assert status == 200, answer
                     if ask and answer["nextStatus"] == 200:
                         held: dict[str, Any] = answer["next"]
                         return held
@@ -606,6 +682,7 @@ async def drain_sidecar(config: EtcdConfig, binary: str, n: int, *, poll: bool =
                 claim: list[float] = []
                 completion: list[float] = []
                 polls = 0
+                cpu0 = cpu_seconds(proc.pid)
                 start = t = time.perf_counter()
                 while len(done) < n + 1:
                     if ahead is not None and ahead["item"] not in done:
@@ -621,6 +698,7 @@ async def drain_sidecar(config: EtcdConfig, binary: str, n: int, *, poll: bool =
                     done.add(body["item"])
                     t = t2
                 seconds = time.perf_counter() - start
+                cpu1 = cpu_seconds(proc.pid)
                 # The worker's HTTP exchange alone: GET /v1/lease with no
                 # etcd behind it (the queue is drained, the sidecar waiting: it
                 # answers 503 at once), what each of the items' requests cost
@@ -628,14 +706,15 @@ async def drain_sidecar(config: EtcdConfig, binary: str, n: int, *, poll: bool =
                 exchange: list[float] = []
                 for _ in range(EXCHANGES):
                     t0 = time.perf_counter()
-                    await http.get("/v1/lease")
+                    await http.request("GET", "/v1/lease")
                     exchange.append(time.perf_counter() - t0)
                 rss_kib = vm_rss_kib(proc.pid)
         finally:
             proc.terminate()
             await asyncio.to_thread(proc.wait, 10)
     return {"n": n, "seconds": seconds, "claim": claim, "complete": completion,
-            "polls": polls, "exchange": exchange, "rss_kib": rss_kib}
+            "polls": polls, "exchange": exchange, "rss_kib": rss_kib,
+            "sidecar_cpu": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}
 
 
 def vm_rss_kib(pid: int) -> int | None:
@@ -649,26 +728,42 @@ def vm_rss_kib(pid: int) -> int | None:
     return None
 
 
+#: the sidecar sides: (worker, poll, next_in_answer, run the compare binary)
+SIDECAR_SIDES: dict[str, tuple[str, bool, bool, bool]] = {
+    "sidecar": ("httpx", False, False, False),
+    "sidecar_next": ("httpx", False, True, False),
+    "sidecar_poll": ("httpx", True, False, False),
+    "sidecar_raw": ("raw", False, False, False),
+    "sidecar_raw_next": ("raw", False, True, False),
+    "sidecar_compare": ("httpx", False, False, True),
+    "sidecar_compare_raw_next": ("raw", False, True, True),
+}
+
+
 async def bench_sidecar(config: EtcdConfig, binary: str, n: int, rounds: int,
                         compare: str | None = None) -> dict[str, Any]:
     """Items/s through one sidecar against its baseline in the same run: the
     library's ``claim_next`` + ``complete`` at concurrency 1 (one claimer, as
-    one sidecar is) on a queue of the same size, rounds rotated. ``compare``:
-    another sidecar binary (e.g. an earlier build) run the same way, as side
-    ``sidecar_compare`` (a build without ``?wait`` answers at once: its worker
-    polls)."""
-    sides = ["sidecar", "sidecar_next", "sidecar_poll", "library"] + (
-        ["sidecar_compare"] if compare else [])
+    one sidecar is) on a queue of the same size, rounds rotated. The sidecar
+    sides (``SIDECAR_SIDES``) differ by worker: ``httpx``, or ``raw``
+    (:class:`RawHTTP`, the least a worker can be), waiting (``?wait=10``),
+    polling or taking the next item in the completion's answer. ``compare``:
+    another sidecar binary (e.g. an earlier build) run the same way, as sides
+    ``sidecar_compare`` (httpx, wait) and ``sidecar_compare_raw_next`` (raw,
+    next) (a build without ``?wait`` answers at once: its worker polls)."""
+    sides = [s for s, (_, _, _, other) in SIDECAR_SIDES.items() if compare or not other]
+    sides.append("library")
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     async with JobLeaseClient(config) as client:
         for order in rotations(sides, rounds):
             for side in order:
                 if side == "library":
                     runs[side].append(await cycles_queue(client, n, 1))
-                else:
-                    runs[side].append(await drain_sidecar(
-                        config, compare if side == "sidecar_compare" and compare else binary, n,
-                        poll=side == "sidecar_poll", next_in_answer=side == "sidecar_next"))
+                    continue
+                worker, poll, next_in_answer, other = SIDECAR_SIDES[side]
+                runs[side].append(await drain_sidecar(
+                    config, compare if other and compare else binary, n, poll=poll,
+                    next_in_answer=next_in_answer, worker=worker))
     out: dict[str, Any] = {s: combine(r, "items") for s, r in runs.items()}
     lib = out["library"]["items_per_s"]
     for side in sides:
@@ -680,6 +775,15 @@ async def bench_sidecar(config: EtcdConfig, binary: str, n: int, rounds: int,
             rss = [r["rss_kib"] for r in runs[side] if r.get("rss_kib")]
             if rss:
                 out[side]["rss_mib_max"] = round(max(rss) / 1024, 1)
+            cpu = [r["sidecar_cpu"] for r in runs[side]]
+            if all(c is not None for c in cpu):
+                out[side]["sidecar_cpu_ms_per_item"] = round(
+                    1000 * sum(cpu) / sum(r["n"] for r in runs[side]), 3)
+    for base, other in (("sidecar", "sidecar_compare"),
+                        ("sidecar_raw_next", "sidecar_compare_raw_next")):
+        if other in out:
+            out[base]["x_compare"] = round(
+                out[base]["items_per_s"] / out[other]["items_per_s"], 3)
     if compare:
         out["compare_binary"] = compare
     return out
@@ -771,28 +875,35 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"\nsidecar (queue mode): SKIPPED: {s['skipped']}")
         else:
             print("\none Go sidecar draining a queue (worker: GET /v1/lease?wait=10, or polled "
-                  "1 ms apart; sidecar_next: POST /v1/complete?next=10 answers with the next "
-                  "item) vs the library's claim_next + complete at concurrency 1")
-            print(f"{'side':>15} {'items/s':>8} {'x library':>9} {'x sidecar':>9} "
+                  "1 ms apart; *_next: POST /v1/complete?next=10 answers with the next "
+                  "item; *_raw*: a raw-socket HTTP/1.1 worker, the others httpx) vs the "
+                  "library's claim_next + complete at concurrency 1")
+            print(f"{'side':>24} {'items/s':>8} {'x library':>9} {'x sidecar':>9} "
                   f"{'claim p50/p99 ms':>17} "
                   f"{'complete p50/p99 ms':>20} {'GETs/item that found none':>26} "
-                  f"{'one GET p50/p99 ms':>18} {'RSS MiB':>7}")
-            for name in ("sidecar", "sidecar_next", "sidecar_poll", "sidecar_compare", "library"):
+                  f"{'one GET p50/p99 ms':>18} {'RSS MiB':>7} {'sidecar CPU ms/item':>19}")
+            for name in (*SIDECAR_SIDES, "library"):
                 if name not in s:
                     continue
                 side = s[name]
-                print(f"{name:>15} {side['items_per_s']:>8} {side['x_library']:>9} "
+                print(f"{name:>24} {side['items_per_s']:>8} {side['x_library']:>9} "
                       f"{side['x_sidecar']:>9} "
                       f"{side['claim_p50_ms']:>8}/{side['claim_p99_ms']:<8} "
                       f"{side['complete_p50_ms']:>9}/{side['complete_p99_ms']:<10} "
                       f"{side.get('polls_per_item', ''):>26} "
                       + (f"{side['exchange_p50_ms']:>9}/{side['exchange_p99_ms']:<8}"
                          if "exchange_p50_ms" in side else f"{'':>18}")
-                      + f" {side.get('rss_mib_max', ''):>7}")
+                      + f" {side.get('rss_mib_max', ''):>7}"
+                      + f" {side.get('sidecar_cpu_ms_per_item', ''):>19}")
             print("(a sidecar's claim: from the completion's answer until the worker saw the "
                   "next item held; one GET: GET /v1/lease of the drained sidecar, no etcd "
                   "behind it, the worker's HTTP exchange alone; RSS: the sidecar's resident "
-                  "set after its drain, the largest of the rounds)")
+                  "set after its drain, the largest of the rounds; sidecar CPU: the sidecar "
+                  "process's user+system time over the timed items, per item)")
+            for base, other in (("sidecar", "sidecar_compare"),
+                                ("sidecar_raw_next", "sidecar_compare_raw_next")):
+                if "x_compare" in s[base]:
+                    print(f"{base} / {other}: {s[base]['x_compare']}")
             if "compare_binary" in s:
                 print(f"sidecar_compare: {s['compare_binary']}")
 

@@ -37,7 +37,7 @@ from joblease.history import TenureKeys
 from joblease.keys import ItemKeys, ItemRef, JobKeys, JobRef
 from joblease.records import CheckpointRecord, Holder, ItemRecord, ResultRecord, TenureEnd
 from joblease.slots import SlotGrant
-from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, TxnResult
+from joblease.store import Compare, Delete, Get, KeyValue, Put, Store, Txn, TxnOp, TxnResult
 
 if TYPE_CHECKING:
     from joblease.session import Session
@@ -149,6 +149,11 @@ class Lease:
             session.attach(self)
 
     # -- state -------------------------------------------------------------------------------
+
+    @property
+    def session(self) -> Session[Lease] | None:
+        """The session this claim is bound to (None: a handle that does not renew)."""
+        return self._session
 
     @property
     def lease_id(self) -> int:
@@ -421,6 +426,94 @@ class Lease:
             f"completion of {self.job} could not be confirmed: three copies had unknown "
             "outcomes and the holder was still ours after each; the job is not completed "
             "yet and this handle still holds it (a copy still in flight may commit)")
+
+    def fused_request(self, result_value: bytes, claim: Txn
+                      ) -> tuple[list[Compare], list[TxnOp], list[TxnOp]]:
+        """The fused transaction :meth:`complete_fused` sends: ``if ours then put
+        result, delete holder (and pending, for an item; and the slots), claim
+        else get holder, get result``, ``claim`` last in the success branch."""
+        return (list(self._ours()),
+                [Put(self._keys.result, result_value), *self._completion_deletes, claim],
+                list(self._holder_and_result))
+
+    async def complete_fused(self, result: Any, claim: Txn, next_reads: Sequence[Get]
+                             ) -> tuple[ResultRecord, TxnResult | None, bool]:
+        """:meth:`complete` with ``claim``, the claim of another item, nested
+        under the completion's success branch (docs/queues.md, "Complete and
+        claim the next"; ``Queues.complete_next`` builds it). Decided and
+        refused exactly as :meth:`complete`; returns the result, what says
+        whether the claim committed and whether that is a read: the nested
+        claim's answer (False) when the commit's answer came, else
+        ``next_reads`` read at one revision (True) with the read-back (the
+        completion learned from a read: after an unknown outcome, or an
+        earlier copy that committed), or ``None`` when that read failed (the
+        claim may have committed: the caller ends the session).
+
+        Raises :class:`OutcomeUnknownError` when the completion itself cannot
+        be settled; a copy still in flight may then commit the claim with it.
+        """
+        if self._state is LeaseState.COMPLETED and self.result is not None:
+            return self.result, None, False
+        encoded = validation.json_payload(result, "result", validation.MAX_RESULT_BYTES,
+                                          PayloadTooLargeError)
+        record = ResultRecord(owner=self.owner, claim_id=self.claim_id, token=self.token,
+                              generation=self.generation, result=result,
+                              completed_at=time.time())
+        value = record.encode(encoded)
+        compares, success, failure = self.fused_request(value, claim)
+        reads = [*self._holder_and_result, *next_reads]
+        for _ in range(3):
+            try:
+                r = await self.store.txn(compares, success, failure)
+            except OutcomeUnknownError:
+                log.info("completion of %s (with a claim) has an unknown outcome; reading back",
+                         self.job)
+                back = await self._read_until_answered("completion", [], reads, [])
+                if self._is_ours(back.kv(0)):
+                    continue  # neither committed: the conditional transaction is safe to resend
+                self._completed_or_stale(back)
+                assert self.result is not None
+                return self.result, TxnResult(True, back.revision, back.responses[2:]), True
+            if r.succeeded:
+                self.result = ResultRecord(
+                    owner=record.owner, claim_id=record.claim_id, token=record.token,
+                    generation=record.generation,
+                    result=validation.as_decoded(result, encoded),
+                    completed_at=record.completed_at, revision=r.revision)
+                self._state = LeaseState.COMPLETED
+                self._finish()
+                claim_answer = r.nested(len(success) - 1)  # its revision: the outer one's
+                return (self.result, TxnResult(claim_answer.succeeded, r.revision,
+                                               claim_answer.responses), False)
+            self._completed_or_stale(r)
+            # an earlier copy committed (its answer was lost): so may its claim
+            assert self.result is not None
+            try:
+                back = await self._read_until_answered("completion", [], list(next_reads), [])
+            except OutcomeUnknownError:
+                return self.result, None, True
+            return self.result, back, True
+        raise OutcomeUnknownError(
+            f"completion of {self.job} could not be confirmed: three copies had unknown "
+            "outcomes and the holder was still ours after each; the job is not completed "
+            "yet and this handle still holds it (a copy still in flight may commit)")
+
+    def _is_ours(self, kv: KeyValue | None) -> bool:
+        return (kv is not None and kv.create_revision == self.token
+                and kv.value == self._holder_value)
+
+    def _completed_or_stale(self, r: TxnResult) -> None:
+        """From a refused completion's reads (holder, result): completed if
+        the result is this claim's, else lost and :class:`StaleTokenError`."""
+        stored = r.kv(1)
+        rec = _result_record(stored)[0] if stored is not None else None
+        if rec is not None and rec.claim_id == self.claim_id:
+            self.result = rec
+            self._state = LeaseState.COMPLETED
+            self._finish()
+            return
+        self._lose(self._describe_change(r))
+        raise self._stale(r)
 
     async def _read_back(self, what: str) -> TxnResult | None:
         """After an unknown outcome: ``None`` when the holder is still ours (the

@@ -55,6 +55,8 @@ from joblease.records import (
     PendingRecord,
     QueueSpec,
     ResultRecord,
+    encode_claim,
+    new_claim_id,
 )
 from joblease.slots import check_uses, semaphore_refs
 from joblease.store import (
@@ -64,6 +66,7 @@ from joblease.store import (
     KeyValue,
     Put,
     Txn,
+    TxnOp,
     TxnResult,
     describe,
     prefix_end,
@@ -178,6 +181,48 @@ def _canonical(value: Any) -> bytes:
 def _chunks(seq: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
     for i in range(0, len(seq), size):
         yield seq[i:i + size]
+
+
+@dataclass(frozen=True)
+class FusedClaim:
+    """The claim of the next item as a fused completion sends it (docs/queues.md,
+    "Complete and claim the next"): the item's keys, the queue spec's and the
+    pending key's revisions, the round's attempt limit (0: unlimited), the
+    session's lease and the holder and claims values."""
+
+    keys: ItemKeys
+    spec_revision: int
+    pending_revision: int
+    max_attempts: int
+    lease_id: int
+    holder_value: bytes
+    claims_value: bytes
+    claim_id: str = ""  # in the two values; not sent on its own
+
+
+def fused_claim_txn(claim: FusedClaim) -> Txn:
+    """The claim nested under a completion's success branch: an item claim's
+    compares and writes without slots or history; its success answers put,
+    put, claims, checkpoint, item (as a claim's); its failure nothing."""
+    k = claim.keys
+    compares = [Compare(k.spec, "mod", "==", claim.spec_revision),
+                Compare(k.holder, "create", "==", 0),
+                Compare(k.result, "version", "==", 0)]
+    if claim.max_attempts > 0:
+        compares.append(Compare(k.claims, "version", "<", claim.max_attempts))
+    compares.append(Compare(k.pending, "mod", "==", claim.pending_revision))
+    return Txn(tuple(compares), (Put(k.holder, claim.holder_value, lease=claim.lease_id),
+                                 Put(k.claims, claim.claims_value), Get(k.claims),
+                                 Get(k.checkpoint), Get(k.item)))
+
+
+def fused_request(lease: Lease, result_value: bytes, claim: FusedClaim
+                  ) -> tuple[list[Compare], list[TxnOp], list[TxnOp]]:
+    """The whole fused transaction as ``lease.complete_fused`` sends it for an item
+    lease without slots: ``if ours then put result, delete holder, delete pending,
+    txn(claim) else get holder, get result`` (tests/vectors/fused.json pins it,
+    for the Go sidecar's protocol.FusedRequest too)."""
+    return lease.fused_request(result_value, fused_claim_txn(claim))
 
 
 class _Pool:
@@ -643,6 +688,112 @@ class Queues:
             if lease is None:
                 return
             yield lease
+
+    async def complete_next(self, lease: Lease, result: Any = None
+                            ) -> tuple[ResultRecord, Lease | None]:
+        """Complete ``lease`` (an item claimed by this client) and, where it is
+        safe, claim the next item of its queue in the same transaction
+        (docs/queues.md, "Complete and claim the next"): the result, and the
+        next item's lease, or ``None`` (none was claimed with it: claim the next
+        the usual way, e.g. :meth:`claim_next`). The completion is decided and
+        refused exactly as :meth:`Lease.complete` decides it. The claim is
+        fused only when it needs nothing a claim transaction adds beside
+        the item's own keys: no semaphore slots, no tenure history, the
+        session the held item is bound to (the queue's TTL), and a candidate
+        already in the pool (no read is sent for one); otherwise this is
+        ``lease.complete`` alone. The Go sidecar's draining loop sends the same
+        transaction (``tests/vectors/fused.json``)."""
+        fused = self._fusable(lease)
+        if fused is None:
+            return await lease.complete(result), None
+        item, claim, pending = fused
+        session = lease.session  # the claim is bound to the held item's session
+        assert session is not None
+        keys = claim.keys
+        try:
+            with self.client.sessions.using(session):
+                record, evidence, read = await lease.complete_fused(
+                    result, fused_claim_txn(claim),
+                    [Get(keys.holder), Get(keys.claims), Get(keys.checkpoint), Get(keys.item)])
+        except OutcomeUnknownError as exc:
+            # a copy still in flight, or one whose outcome could not be read,
+            # may commit the claim: end the session so it cannot outlive this
+            await self.client.sessions.end(
+                session, f"a completion sent with the claim of {item} has an unknown outcome")
+            raise OutcomeUnknownError(
+                f"{exc}; the claim of {item} sent with it may have committed, so the "
+                f"session's lease {session.lease_id:x} was revoked") from exc
+        except (StoreUnavailableError, InvalidInputError):
+            self._pools.setdefault(item.queue, _Pool()).candidates.append(pending)
+            raise
+        if evidence is None:
+            await self.client.sessions.end(
+                session, f"the claim of {item} sent with a completion could not be read back")
+            return record, None
+        if read:  # holder, claims, checkpoint, item of the next item
+            holder = evidence.kv(0)
+            if holder is None or holder.value != claim.holder_value:
+                return record, None
+            claims = evidence.kv(1)
+            return record, self._fused_lease(lease, item, claim, holder.create_revision,
+                                             claims.version if claims else 0, evidence.kv(2),
+                                             evidence.kv(3))
+        if not evidence.succeeded:
+            return record, None  # taken, or changed meanwhile: dropped, as a refused claim is
+        claims = evidence.kv(2)
+        return record, self._fused_lease(lease, item, claim, evidence.revision,
+                                         claims.version if claims else 0, evidence.kv(3),
+                                         evidence.kv(4))
+
+    def _fusable(self, lease: Lease) -> tuple[ItemRef, FusedClaim, KeyValue] | None:
+        """The candidate the completion of ``lease`` can claim in its
+        transaction, or ``None`` (see :meth:`complete_next`)."""
+        job = lease.job
+        if not isinstance(job, ItemRef) or lease.slots or lease.tenure is not None:
+            return None
+        cached = self._specs.get(job.queue)
+        session = lease.session
+        if cached is None or session is None:
+            return None
+        spec_revision, spec = cached
+        if (spec.suspend or spec.history_limit > 0 or spec.semaphores
+                or session.ttl != spec.lease_duration_seconds or not session.alive
+                or session.remaining() < self.client.sessions.min_session_left):
+            return None
+        pool = self._pools.get(job.queue)
+        if pool is None:
+            return None
+        keys = self.keys(job.queue)
+        prefix = keys.field_prefix("pending")
+        while (pending := pool.take()) is not None:
+            item_id = pending.key[len(prefix):].decode()
+            if item_id == job.id:
+                continue
+            try:
+                attempts_from = _attempts_from(pending.value)
+            except ValueError:
+                continue  # left to claim_next, which says why
+            claim_id = new_claim_id()
+            return ItemRef(job.queue, item_id), FusedClaim(
+                keys=keys.item(item_id), spec_revision=spec_revision,
+                pending_revision=pending.mod_revision,
+                max_attempts=spec.job_spec(attempts_from).max_attempts,
+                lease_id=session.lease_id,
+                holder_value=Holder.encode_value(lease.owner, claim_id,
+                                                 spec.lease_duration_seconds, time.time()),
+                claims_value=encode_claim(lease.owner, claim_id), claim_id=claim_id), pending
+        return None
+
+    def _fused_lease(self, lease: Lease, item: ItemRef, claim: FusedClaim, token: int,
+                     generation: int, checkpoint: KeyValue | None,
+                     item_kv: KeyValue | None) -> Lease | None:
+        assert item_kv is not None  # a pending key is only ever written with its item
+        session = lease.session
+        return Lease(store=self.store, session=session, job=item, keys=claim.keys,
+                     owner=lease.owner, claim_id=claim.claim_id, token=token,
+                     generation=generation, ttl=lease.ttl, holder_value=claim.holder_value,
+                     checkpoint=checkpoint,
+                     item=ItemRecord.decode(item_kv.value, item_kv.create_revision))
 
     async def lease_for(self, item: ItemRef, owner: str, token: int) -> Lease:
         """A handle on ``owner``'s claim of ``item`` with ``token``, to complete,

@@ -426,6 +426,17 @@ type TxnResult struct {
 	Gets      [][]KV
 	// Counts[i] is how many keys get i matched (before any limit), 0 for a put or delete.
 	Counts []int64
+	// Txns[i] is what nested transaction i answered (nil for any other op;
+	// its Revision is the outer one's): see TxnOp.
+	Txns []*TxnResult
+}
+
+// Txn of the nested transaction at index i of the branch that ran, or nil.
+func (r TxnResult) Txn(i int) *TxnResult {
+	if i >= len(r.Txns) {
+		return nil
+	}
+	return r.Txns[i]
 }
 
 // First KV of get i of the branch that ran, or nil.
@@ -438,12 +449,24 @@ func (r TxnResult) KV(i int) *KV {
 
 // Op is one operation of a transaction branch.
 type Op struct {
-	kind  int // 0 get, 1 put, 2 delete, 3 get of a prefix, 4 delete of a range
+	kind  int // 0 get, 1 put, 2 delete, 3 get of a prefix, 4 delete of a range, 5 nested txn
 	key   string
 	end   string // kind 4: the range's end (exclusive)
 	value []byte
 	lease int64
 	rng   RangeOpts
+	// kind 5: the nested transaction's compares and branches
+	cmps             []Cmp
+	success, failure []Op
+}
+
+// TxnOp is a transaction nested in a branch of another (etcd's
+// RequestOp.request_txn): its compares are evaluated, in the same atomic
+// transaction, only if that branch runs; its answer is TxnResult.Txn(i).
+// etcd refuses a transaction that puts or deletes one key twice across its
+// branches ("duplicate key given in txn request").
+func TxnOp(cmps []Cmp, success, failure []Op) Op {
+	return Op{kind: 5, cmps: cmps, success: success, failure: failure}
 }
 
 // RangeOpts shape a GetPrefix op (a queue's "oldest pending keys" read).
@@ -520,6 +543,9 @@ func ValueEq(key string, value []byte) Cmp {
 		TargetUnion: &pb.Compare_Value{Value: value}}
 }
 
+// RequestOps is what a branch of ops is sent as (the shared vectors compare it).
+func RequestOps(ops []Op) []*pb.RequestOp { return requestOps(ops) }
+
 func requestOps(ops []Op) []*pb.RequestOp {
 	out := make([]*pb.RequestOp, 0, len(ops))
 	for _, op := range ops {
@@ -534,6 +560,9 @@ func requestOps(ops []Op) []*pb.RequestOp {
 		case 4:
 			out = append(out, &pb.RequestOp{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{
 				Key: []byte(op.key), RangeEnd: []byte(op.end)}}})
+		case 5:
+			out = append(out, &pb.RequestOp{Request: &pb.RequestOp_RequestTxn{RequestTxn: &pb.TxnRequest{
+				Compare: op.cmps, Success: requestOps(op.success), Failure: requestOps(op.failure)}}})
 		case 3:
 			rr := &pb.RangeRequest{Key: []byte(op.key), RangeEnd: PrefixEnd(op.key), KeysOnly: op.rng.KeysOnly, Limit: op.rng.Limit,
 				CountOnly: op.rng.CountOnly}
@@ -549,7 +578,7 @@ func requestOps(ops []Op) []*pb.RequestOp {
 func hasWrite(ops ...[]Op) bool {
 	for _, branch := range ops {
 		for _, op := range branch {
-			if op.kind == 1 || op.kind == 2 || op.kind == 4 {
+			if op.kind == 1 || op.kind == 2 || op.kind == 4 || (op.kind == 5 && hasWrite(op.success, op.failure)) {
 				return true
 			}
 		}
@@ -566,8 +595,19 @@ func (s *Store) Txn(ctx context.Context, cmps []Cmp, success, failure []Op) (Txn
 	if err != nil {
 		return TxnResult{}, err
 	}
-	r := TxnResult{Succeeded: resp.Succeeded, Revision: resp.Header.GetRevision()}
-	for _, op := range resp.Responses {
+	return txnResult(resp, resp.Header.GetRevision()), nil
+}
+
+func txnResult(resp *pb.TxnResponse, revision int64) TxnResult {
+	r := TxnResult{Succeeded: resp.Succeeded, Revision: revision}
+	for i, op := range resp.Responses {
+		if nested := op.GetResponseTxn(); nested != nil {
+			if r.Txns == nil {
+				r.Txns = make([]*TxnResult, len(resp.Responses))
+			}
+			n := txnResult(nested, revision)
+			r.Txns[i] = &n
+		}
 		if rr := op.GetResponseRange(); rr != nil {
 			kvs := make([]KV, 0, len(rr.Kvs))
 			for _, kv := range rr.Kvs {
@@ -580,7 +620,7 @@ func (s *Store) Txn(ctx context.Context, cmps []Cmp, success, failure []Op) (Txn
 			r.Counts = append(r.Counts, 0)
 		}
 	}
-	return r, nil
+	return r
 }
 
 // GetPrefix reads every key under prefix: the revision and the KVs.

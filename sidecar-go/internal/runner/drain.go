@@ -31,6 +31,7 @@ func (r *Runner) drain() (int, bool) {
 		}
 		r.held(lease)
 		if r.hold(lease) || !r.nextItem() {
+			r.dropAhead()
 			return 0, false
 		}
 	}
@@ -42,6 +43,18 @@ func (r *Runner) claimNext() (*protocol.Lease, int) {
 	cfg := r.cfg
 	queue := *cfg.Queue
 	registrationDeadline := time.Now().Add(time.Duration(cfg.RegistrationWait * float64(time.Second)))
+	r.mu.Lock()
+	ahead := r.ahead
+	r.ahead = nil
+	r.mu.Unlock()
+	if ahead != nil {
+		r.Metrics.Inc(r.Metrics.ClaimAttempts)
+		if r.stopping() {
+			r.held(ahead) // Shutdown releases it (release-on-term) and removes its files
+			return nil, 0
+		}
+		return ahead, 0
+	}
 	for attempt := 0; !r.stopping(); attempt++ {
 		r.Metrics.Inc(r.Metrics.ClaimAttempts)
 		lease, miss, err := r.client.ClaimNext(r.ctx, queue, cfg.Owner)
@@ -104,6 +117,24 @@ func (r *Runner) claimNext() (*protocol.Lease, int) {
 		r.sleepOrStop(time.Duration(cfg.Backoff.Delay(attempt, rand.Float64()) * float64(time.Second)))
 	}
 	return nil, 0
+}
+
+// dropAhead gives back an item claimed ahead that the drain will not serve
+// (the sidecar is stopping, or stays lost): its holder must not live on
+// with the session.
+func (r *Runner) dropAhead() {
+	r.mu.Lock()
+	ahead := r.ahead
+	r.ahead = nil
+	r.mu.Unlock()
+	if ahead != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := ahead.Release(ctx); err != nil {
+			r.log.Warn("could not give back the item claimed with the last completion", "job", ahead.Job.String(),
+				"reason", err.Error())
+		}
+	}
 }
 
 // waitingFor runs wait in phase "waiting" (readiness 503, GET /v1/lease 503

@@ -310,18 +310,46 @@ func TestADrainingRunnersSessionKeepsOnlyTheHeldItemsLossCallback(t *testing.T) 
 	}
 }
 
-// Every etcd request a draining sidecar sends, counted at its gRPC client:
-// per item one claim transaction and one completion transaction, plus a
-// candidate read per pool (protocol.ReadAhead items); no range read, no read
-// of the item's state, no second lease. Guards the per-item path
-// (docs/benchmarks.md, "Where an item's time goes"): a read-back, a holder
-// check or a new session per item added to it fails here.
-func TestADrainingRunnerSendsTwoTransactionsPerItem(t *testing.T) {
+// Every etcd request a draining sidecar sends, counted at its gRPC client.
+// With the fused path (protocol.CompleteAndClaimNext), one transaction per
+// item: each completion claims the next item of the pool in the same
+// transaction, except the one that empties the pool (a completion alone,
+// then a candidate read and a claim); no range read, no read of the item's
+// state, no second lease. Guards the per-item path (docs/benchmarks.md,
+// "Where an item's time goes"): a read-back, a holder check or a new
+// session per item added to it fails here.
+func TestADrainingRunnerSendsOneTransactionPerItem(t *testing.T) {
+	const items = 2 * protocol.ReadAhead
+	calls := drainCounted(t, protocol.QueueSpec{LeaseDurationSeconds: 60, MaxAttempts: 3}, items)
+	// per pool of ReadAhead items: a candidate read, a claim, ReadAhead-1 fused
+	// completions and one completion alone; then the last read, which finds none.
+	if want := items + 2*(items/protocol.ReadAhead) + 1; calls["Txn"] != want {
+		t.Fatalf("%d transactions for %d items, want %d (all calls: %v)", calls["Txn"], items, want, calls)
+	}
+	if calls["Range"] != 1 || calls["LeaseGrant"] != 1 || len(calls) != 3 {
+		t.Fatalf("calls besides the transactions: %v; want one Range (the queue's spec) and one LeaseGrant", calls)
+	}
+}
+
+// A queue that keeps a tenure history is drained in two transactions per
+// item, as before the fused path (docs/queues.md: the fused shape carries no
+// history): a claim and a completion, plus a candidate read per pool.
+func TestADrainingRunnerSendsTwoTransactionsPerItemWithAHistory(t *testing.T) {
+	const items = 2 * protocol.ReadAhead
+	calls := drainCounted(t, protocol.QueueSpec{LeaseDurationSeconds: 60, MaxAttempts: 3, HistoryLimit: 2}, items)
+	if want := 2*items + items/protocol.ReadAhead + 1; calls["Txn"] != want {
+		t.Fatalf("%d transactions for %d items, want %d (all calls: %v)", calls["Txn"], items, want, calls)
+	}
+}
+
+// drainCounted drains items items of a new queue with spec through a runner
+// whose every etcd call is counted by method.
+func drainCounted(t *testing.T, spec protocol.QueueSpec, items int) map[string]int {
+	t.Helper()
 	ep, _ := etcdtest.Start(t)
 	// TTL 60: the session's first keep-alive (and the holder check after it,
 	// a transaction) comes 20 s in, long after the drain
-	q, producer := newQueue(t, ep, "per-item", protocol.QueueSpec{LeaseDurationSeconds: 60, MaxAttempts: 3})
-	const items = 2 * protocol.ReadAhead
+	q, producer := newQueue(t, ep, "per-item", spec)
 	for i := range items {
 		enqueue(t, producer, q, fmt.Sprintf("i%02d", i))
 	}
@@ -359,12 +387,5 @@ func TestADrainingRunnerSendsTwoTransactionsPerItem(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	// items claims + items completions + one candidate read per ReadAhead
-	// items and the last read, which finds none (the queue's spec is a Range).
-	if want := 2*items + items/protocol.ReadAhead + 1; calls["Txn"] != want {
-		t.Fatalf("%d transactions for %d items, want %d (all calls: %v)", calls["Txn"], items, want, calls)
-	}
-	if calls["Range"] != 1 || calls["LeaseGrant"] != 1 || len(calls) != 3 {
-		t.Fatalf("calls besides the transactions: %v; want one Range (the queue's spec) and one LeaseGrant", calls)
-	}
+	return calls
 }

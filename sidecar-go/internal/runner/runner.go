@@ -106,6 +106,9 @@ type Runner struct {
 	item    *protocol.ItemRef
 	drained bool
 	last    *endedItem
+	// ahead: the next item, claimed by the completion of the one before in
+	// the same transaction (protocol.CompleteAndClaimNext), not yet served
+	ahead *protocol.Lease
 	// Semaphores (slots.go): full is the refusal a claim waits on in phase
 	// "waiting" (nil: waiting for an item); ticket is a job sidecar's place in
 	// line; slotWatch the waiting phase's watch of the semaphores.
@@ -634,7 +637,22 @@ func (r *Runner) Complete(token int64, result any) (o Outcome) {
 	r.completionSent = true
 	r.mu.Unlock()
 
-	rec, err := lease.Complete(r.ctx, result)
+	var rec protocol.Result
+	var err error
+	if r.Draining() {
+		// the completion and, where it is safe, the claim of the next item in
+		// one transaction (protocol.CompleteAndClaimNext); the drain loop takes
+		// that item before it claims any (claimNext)
+		var next *protocol.Lease
+		rec, next, err = r.client.CompleteAndClaimNext(r.ctx, lease, result)
+		if next != nil {
+			r.mu.Lock()
+			r.ahead = next
+			r.mu.Unlock()
+		}
+	} else {
+		rec, err = lease.Complete(r.ctx, result)
+	}
 
 	r.mu.Lock()
 	if err == nil {
