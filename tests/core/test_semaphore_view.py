@@ -204,3 +204,32 @@ async def test_a_warm_client_plans_with_the_limit_spec_weight_and_waiters_in_for
     state = view.state_now()
     assert state is not None and state.waiters == []
     await claim_and_check(2)
+
+
+async def test_our_claims_and_completions_are_applied_by_index_as_by_key(
+        client: JobLeaseClient) -> None:
+    """``took``/``freed`` (a claim's slots, a completion's) change a view as
+    ``applied`` does from the keys: at once, and never undone by an older change."""
+    await Semaphores(client).create(DB, 8)
+    keys = client.keys.semaphore(DB)
+    by_index, by_key = SemaphoreView(client.store, DB, keys), SemaphoreView(client.store, DB, keys)
+    try:
+        for view in (by_index, by_key):
+            assert await view.state() is not None
+        now = max(by_index.revision, by_key.revision)  # nobody else writes: later ones are ours
+        marks = {by_index: by_index.changes, by_key: by_key.changes}
+        by_index.took(now + 1, (3, 5), b"mine", 77)
+        by_key.applied(now + 1, [(keys.slot(3), b"mine", 77), (keys.slot(5), b"mine", 77)])
+        by_index.freed(now + 2, (3,))
+        by_key.applied(now + 2, (), [keys.slot(3)])
+        by_index.took(now + 1, (3,), b"older", 77)  # older than our delete: ignored
+        by_key.applied(now + 1, [(keys.slot(3), b"older", 77)])
+        for view in (by_index, by_key):
+            state = view.state_now()
+            assert state is not None
+            assert {i: (kv.value, kv.mod_revision, kv.lease) for i, kv in state.slots.items()} \
+                == {5: (b"mine", now + 1, 77)}
+            assert view.changes == marks[view] + 1  # the one freed slot
+    finally:
+        await by_index.close()
+        await by_key.close()
