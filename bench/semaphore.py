@@ -6,7 +6,9 @@ All in one run, against one etcd the benchmark starts (docs/semaphores.md):
   (limit = the concurrency, so nobody waits: the pure cost of taking and
   freeing a slot) against the same jobs without one, at each concurrency, in
   ``--rounds`` rounds whose order alternates (a side's figure is its total
-  cycles over its total time); target >= 0.8x at 64;
+  cycles over its total time); target >= 0.8x at 64; beside it, each side's
+  CPU per cycle, this process's and etcd's (bench/cpu_cost.py), which says
+  which of the two a slot costs;
 - **grant latency**: a holder releases, the claim first in line (waiting on
   its watch in ``claim_waiting``) holds the slot: release acknowledged ->
   lease in hand, p50/p99 over ``--grants`` hand-overs (target p99 <= 50 ms on
@@ -35,6 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import cpu_cost
 from bench.claims import pct, run_pool
 from bench.report import save
 from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
@@ -66,8 +70,8 @@ async def _register(client: JobLeaseClient, n: int, uses: tuple[SemaphoreUse, ..
     return jobs
 
 
-async def cycles(config: EtcdConfig, n: int, concurrency: int, with_semaphore: bool
-                 ) -> dict[str, Any]:
+async def cycles(config: EtcdConfig, n: int, concurrency: int, with_semaphore: bool,
+                 etcd_pids: Sequence[int] = ()) -> dict[str, Any]:
     async with JobLeaseClient(config.with_(root=f"/bench/sem-{uuid.uuid4().hex[:6]}")) as c:
         # every job's spec stays cached, as a long-lived worker's few jobs' do
         # (more jobs than the cache holds would add a spec read to every claim)
@@ -85,7 +89,7 @@ async def cycles(config: EtcdConfig, n: int, concurrency: int, with_semaphore: b
             await lease.complete()
             return t1 - t0, time.perf_counter() - t1
 
-        return await run_pool(jobs, concurrency, cycle)
+        return await run_pool(jobs, concurrency, cycle, etcd_pids)
 
 
 def _combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -97,6 +101,11 @@ def _combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for key in runs[0]:
         if key.endswith("_ms"):
             out[key] = max(r[key] for r in runs)
+    # CPU per cycle over all rounds (bench/cpu_cost.py): this process's, etcd's
+    for side, key in (("client", "client_cpu_s"), ("etcd", "etcd_cpu_s")):
+        spent = [r["cpu"][key] for r in runs]
+        if all(x is not None for x in spent):
+            out[f"{side}_cpu_us_per_cycle"] = round(sum(spent) / cycles_done * 1e6, 1)
     return out
 
 
@@ -221,7 +230,8 @@ async def sidecar_grant_latency(config: EtcdConfig, grants: int, binary: str
             "latencies_ms": [round(x * 1000, 2) for x in latencies]}
 
 
-async def main_async(args: argparse.Namespace, endpoints: tuple[str, ...]) -> dict[str, Any]:
+async def main_async(args: argparse.Namespace, endpoints: tuple[str, ...],
+                     etcd_pids: Sequence[int] = ()) -> dict[str, Any]:
     config = EtcdConfig(endpoints=endpoints)
     rows = []
     for conc in args.concurrency:
@@ -229,7 +239,8 @@ async def main_async(args: argparse.Namespace, endpoints: tuple[str, ...]) -> di
         runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
         for r in range(args.rounds):  # the order alternates: neither side always first
             for with_semaphore in ((False, True) if r % 2 == 0 else (True, False)):
-                runs[with_semaphore].append(await cycles(config, n, conc, with_semaphore))
+                runs[with_semaphore].append(await cycles(config, n, conc, with_semaphore,
+                                                         etcd_pids))
         without, with_ = _combine(runs[False]), _combine(runs[True])
         rows.append({"concurrency": conc, "without": without, "with": with_,
                      "ratio": round(with_["cycles_per_s"] / without["cycles_per_s"], 3)})
@@ -251,6 +262,11 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"{row['concurrency']:>4}  {row['without']['cycles_per_s']:>13} "
               f"{row['with']['cycles_per_s']:>11} {row['ratio']:>6} "
               f"{row['without']['claim_p99_ms']:>11}ms {row['with']['claim_p99_ms']:>12}ms")
+        w, o = row["without"], row["with"]
+        if "client_cpu_us_per_cycle" in w and "etcd_cpu_us_per_cycle" in w:
+            print(f"      CPU per cycle without / with: client {w['client_cpu_us_per_cycle']} / "
+                  f"{o['client_cpu_us_per_cycle']} us, etcd {w['etcd_cpu_us_per_cycle']} / "
+                  f"{o['etcd_cpu_us_per_cycle']} us")
     g, f = report["grant_latency"], report["fairness"]
     print(f"grant latency release->next holder over {g['grants']} hand-overs: "
           f"p50 {g['p50_ms']} ms, p99 {g['p99_ms']} ms, max {g['max_ms']} ms")
@@ -287,7 +303,7 @@ def main() -> None:
     from tests.support.binaries import etcd_binary
     loadavg_before = Path("/proc/loadavg").read_text().split()[:3]
     with EtcdCluster(1, binary=etcd_binary()) as cluster:
-        report = asyncio.run(main_async(args, cluster.endpoints))
+        report = asyncio.run(main_async(args, cluster.endpoints, cpu_cost.pids_of(cluster)))
     report["loadavg_before"] = loadavg_before
     report["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
     print_report(report)

@@ -503,9 +503,9 @@ class JobLeaseClient:
         refs = self._semaphore_refs(namespace, spec.semaphores)
         if not fresh:  # the fast path plans from watched views
             views = [self._view(ref, keys) for ref, keys, _ in refs]
-            seen = [await view.state() for view in views]
+            # ready views answer without an await (a new one waits for its first read)
+            seen = [view.state_now() if view.ready else await view.state() for view in views]
             if all(state is not None for state in seen):
-                marks = tuple((view, view.changes) for view in views)
                 try:
                     return slots_plan.plan(
                         what, [(state, weight) for state, (_, _, weight) in
@@ -513,7 +513,8 @@ class JobLeaseClient:
                         ticket, self._reserved_slots)
                 except SemaphoreFullError as full:
                     if ticket is not None or waiting:
-                        full.marks = marks
+                        # the marks of the states planned from (no await since)
+                        full.marks = tuple((view, view.changes) for view in views)
                         raise
                     # the view may be behind: the read below decides
         reads = [op for _, keys, _ in refs for op in slots_plan.reads(keys)]
@@ -549,9 +550,24 @@ class JobLeaseClient:
                     k.startswith(prefix) for k in deletes):
                 view.applied(revision, puts, deletes)
 
+    def _took(self, plan: SlotPlan, revision: int, value: bytes, lease: int) -> None:
+        """Our claim with ``plan`` committed at ``revision`` (slot value ``value``
+        bound to ``lease``): ``_applied``, straight to the views of its semaphores."""
+        for state, indexes in plan.picks:
+            view = self._views.get(state.keys.prefix)
+            if view is not None:
+                view.took(revision, indexes, value, lease)
+        if plan.ticket is not None:  # its claim deleted its waiter keys
+            self._applied(revision, (), plan.ticket.keys)
+
     def _slots_freed(self, grants: Sequence[SlotGrant], revision: int) -> None:
         """A completion or release of ours deleted ``grants``' slots at ``revision``."""
-        self._applied(revision, (), [key for grant in grants for key in grant.keys])
+        for grant in grants:
+            view = self._views.get(grant.prefix) if grant.prefix else None
+            if view is not None:
+                view.freed(revision, grant.indexes)
+            elif not grant.prefix:  # a grant read back (held_slots): found by its keys
+                self._applied(revision, (), grant.keys)
 
     async def wait_for_room(self, full: SemaphoreFullError,
                             semaphores: Sequence[SemaphoreKeys], timeout: float) -> None:
@@ -727,12 +743,12 @@ class JobLeaseClient:
             compares.append(Compare(keys.pending, "mod", "==", item.pending_revision))
             success.append(Get(keys.item))
             failure.append(Get(keys.pending))
-        slot_writes: list[TxnOp] = []
+        slot_value = b""
         if slots is not None:
             compares += slots.compares()
             # after every Get the success branch is read by index; writes go last
-            slot_writes = slots.writes(session.lease_id, SlotRecord(str(job), owner, claim_id))
-            success += slot_writes
+            slot_value = SlotRecord(str(job), owner, claim_id).encode()
+            success += slots.writes(session.lease_id, slot_value)
         tenure = None
         if spec.history_limit > 0:
             tenure = TenureKeys(keys.history, generation + 1)
@@ -764,11 +780,8 @@ class JobLeaseClient:
                 item_kv = r.kv(4)
                 assert item_kv is not None  # a pending key is only ever written with its item
                 record = ItemRecord.decode(item_kv.value, item_kv.create_revision)
-            if slot_writes:
-                self._applied(r.revision,
-                              [(op.key, op.value, op.lease) for op in slot_writes
-                               if isinstance(op, Put)],
-                              [op.key for op in slot_writes if isinstance(op, Delete)])
+            if slots is not None:
+                self._took(slots, r.revision, slot_value, session.lease_id)
             return Lease(store=self.store, session=session, job=job, keys=keys,
                          owner=owner, claim_id=claim_id, token=r.revision,
                          generation=claims.version, ttl=spec.lease_duration_seconds,

@@ -178,7 +178,17 @@ def _kv(pb: Any) -> KeyValue:
                     pb.version, pb.lease)
 
 
+# The wire form of a Compare or a Delete is kept on the instance (frozen, so a
+# pure function of it; never handed out to be changed: a request copies it in).
+# A compare or delete built once and sent in every claim (a semaphore's, in
+# joblease.slots) is then turned into a protobuf once, not per transaction.
+_WIRE = "_wire"
+
+
 def _compare(c: Compare) -> Any:
+    kept = c.__dict__.get(_WIRE)
+    if kept is not None:
+        return kept
     msg = rpc_pb2.Compare(key=c.key, target=_TARGETS[c.target], result=_OPS[c.op],
                           range_end=c.range_end)
     if c.target == "version":
@@ -192,6 +202,7 @@ def _compare(c: Compare) -> Any:
     else:
         assert isinstance(c.value, bytes)
         msg.value = c.value
+    c.__dict__[_WIRE] = msg
     return msg
 
 
@@ -209,8 +220,12 @@ def _request_op(op: TxnOp) -> Any:
                         else rpc_pb2.RangeRequest.NONE)))
     if isinstance(op, Txn):
         return rpc_pb2.RequestOp(request_txn=_txn_request(op.compares, op.success, op.failure))
-    return rpc_pb2.RequestOp(request_delete_range=rpc_pb2.DeleteRangeRequest(
-        key=op.key, range_end=op.end or (prefix_end(op.key) if op.prefix else b"")))
+    kept = op.__dict__.get(_WIRE)
+    if kept is None:
+        kept = op.__dict__[_WIRE] = rpc_pb2.RequestOp(
+            request_delete_range=rpc_pb2.DeleteRangeRequest(
+                key=op.key, range_end=op.end or (prefix_end(op.key) if op.prefix else b"")))
+    return kept
 
 
 def _txn_request(compares: Sequence[Compare], success: Sequence[TxnOp],

@@ -79,7 +79,7 @@ class Lease:
     # allocate and for the garbage collector to track).
     __slots__ = ("_checkpoint_kv", "_completion_deletes", "_done", "_holder_and_result",
                  "_holder_value", "_keys", "_on_slots_freed", "_reason", "_renew_condition",
-                 "_session", "_slot_keys", "_state", "claim_id", "generation", "item", "job",
+                 "_session", "_slot_deletes", "_state", "claim_id", "generation", "item", "job",
                  "owner", "result", "slots", "store", "tenure", "token", "trace", "ttl")
 
     def __init__(
@@ -131,10 +131,9 @@ class Lease:
         #: the semaphore slots this claim took (docs/semaphores.md); completion
         #: and release delete them in their own transactions
         self.slots = slots
-        self._slot_keys = [key for grant in slots for key in grant.keys] if slots else []
+        self._slot_deletes = [d for grant in slots for d in grant.frees()] if slots else []
         #: what the completion deletes beside writing its result
-        self._completion_deletes = tuple(map(Delete, (*keys.completion_deletes,
-                                                      *self._slot_keys)))
+        self._completion_deletes = (*map(Delete, keys.completion_deletes), *self._slot_deletes)
         #: told the revision at which our completion or release freed the slots
         #: (the client's semaphore views apply it before their watches bring it)
         self._on_slots_freed = on_slots_freed
@@ -555,7 +554,7 @@ class Lease:
         for _ in range(3):
             try:
                 r = await self.store.txn(self._ours(), [Delete(self._keys.holder),
-                                                        *map(Delete, self._slot_keys),
+                                                        *self._slot_deletes,
                                                         *self._history_puts(TenureEnd.RELEASED)],
                                          self._holder_and_result)
             except OutcomeUnknownError:

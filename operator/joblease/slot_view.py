@@ -63,7 +63,11 @@ class SemaphoreView:
         #: the revision of the latest such change
         self.freed_revision = 0
         self.broken = False
-        self._changed = asyncio.Event()
+        #: the state ``state()`` last built (its slots are the live mapping):
+        #: dropped at every change of the spec or of the waiters
+        self._state: SemaphoreState | None = None
+        #: set at the next change that can make room (made when first asked for)
+        self._changed: asyncio.Event | None = None
         self._ready = asyncio.Event()
         self._task = asyncio.ensure_future(self._follow())
 
@@ -83,68 +87,103 @@ class SemaphoreView:
         except ValueError:  # not a slot key of ours (tenants can write under S/)
             return None
 
-    def _put(self, kv: KeyValue) -> None:
-        current = self._current(kv.key)
-        if current is not None and current.mod_revision >= kv.mod_revision:
-            return  # this or a newer value is applied already
-        deleted = self._deleted.get(kv.key)
+    def _newer_put(self, key: bytes, current: KeyValue | None, revision: int) -> bool:
+        """Whether a put of ``key`` at mod ``revision`` is newer than what is applied."""
+        if current is not None and current.mod_revision >= revision:
+            return False  # this or a newer value is applied already
+        deleted = self._deleted.get(key)
         if deleted is not None:
-            if kv.mod_revision <= deleted:
-                return  # older than our delete of it
-            del self._deleted[kv.key]
-        if kv.key == self.keys.spec:
-            self._spec = kv
+            if revision <= deleted:
+                return False  # older than our delete of it
+            del self._deleted[key]
+        return True
+
+    def _newer_delete(self, key: bytes, current: KeyValue | None, revision: int,
+                      ours: bool) -> bool:
+        """Whether a delete of ``key`` at ``revision`` removes what is applied
+        (``ours``: recorded, so that an older put the watch brings is ignored)."""
+        if current is not None and current.mod_revision > revision:
+            return False  # a newer put is applied already
+        deleted = self._deleted.get(key)
+        if deleted is not None:
+            if revision < deleted:
+                return False  # older than our delete of it
+            del self._deleted[key]
+            if revision == deleted:
+                return False  # the watch delivers our own delete: caught up
+        if ours:
+            # until the watch has passed it: a put it brings meanwhile is older
+            self._deleted[key] = revision
+        return current is not None
+
+    def _put(self, kv: KeyValue) -> None:
+        key = kv.key
+        if key.startswith(self.keys.slots):
+            index = self._index(key)
+            if index is not None:
+                self._put_slot(index, kv)
+            return
+        if not self._newer_put(key, self._current(key), kv.mod_revision):
+            return
+        if key == self.keys.spec:
+            self._spec, self._state = kv, None
             try:
                 self._limit = SemaphoreSpec.decode(kv.value).limit
             except CorruptRecordError:
                 self._limit = None  # state() says None: a read reports the error
             self._room(kv.mod_revision)
-        elif kv.key.startswith(self.keys.slots):
-            index = self._index(kv.key)
-            if index is not None:
-                self._slots[index] = kv
-        elif kv.key.startswith(self.keys.waiters):
-            self._waiters[kv.key] = kv
+        elif key.startswith(self.keys.waiters):
+            self._waiters[key], self._state = kv, None
+
+    def _put_slot(self, index: int, kv: KeyValue) -> None:
+        if self._newer_put(kv.key, self._slots.get(index), kv.mod_revision):
+            self._slots[index] = kv
 
     def _delete(self, key: bytes, revision: int, *, ours: bool) -> None:
-        current = self._current(key)
-        if current is not None and current.mod_revision > revision:
-            return  # a newer put is applied already
-        deleted = self._deleted.get(key)
-        if deleted is not None:
-            if revision < deleted:
-                return  # older than our delete of it
-            del self._deleted[key]
-            if revision == deleted:
-                return  # the watch delivers our own delete: caught up
-        if ours:
-            # until the watch has passed it: a put it brings meanwhile is older
-            self._deleted[key] = revision
-        if current is None:
-            return
-        if key == self.keys.spec:
-            self._spec, self._limit = None, None
-        elif key.startswith(self.keys.slots):
+        if key.startswith(self.keys.slots):
             index = self._index(key)
             if index is not None:
-                self._slots.pop(index, None)
+                self._delete_slot(index, key, revision, ours)
+            return
+        if not self._newer_delete(key, self._current(key), revision, ours):
+            return
+        if key == self.keys.spec:
+            self._spec, self._limit, self._state = None, None, None
         else:
             self._waiters.pop(key, None)
+            self._state = None
         self._room(revision)
+
+    def _delete_slot(self, index: int, key: bytes, revision: int, ours: bool) -> None:
+        if self._newer_delete(key, self._slots.get(index), revision, ours):
+            del self._slots[index]
+            self._room(revision)
 
     def _room(self, revision: int) -> None:
         """Something that can make room changed: wake the waiters."""
         self.changes += 1
         self.freed_revision = max(self.freed_revision, revision)
-        self._changed.set()
-        self._changed = asyncio.Event()
+        changed = self._changed
+        if changed is not None:  # someone may wait on it; the next one is made when asked
+            changed.set()
+            self._changed = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the first read is in (or the view broke): :meth:`state` would not wait."""
+        return self._ready.is_set()
+
+    def _behind(self, revision: int) -> bool:
+        """Whether a transaction of ours at ``revision`` is for the view to apply:
+        its first read is in and the watch has not brought that revision yet."""
+        return self._ready.is_set() and not self.broken and revision > self.revision
 
     def applied(self, revision: int, puts: Sequence[tuple[bytes, bytes, int]] = (),
                 deletes: Sequence[bytes] = ()) -> None:
         """This client's transaction committed at ``revision``: it put ``(key,
         value, lease)`` (created there) and deleted ``deletes``. Ignored until
         the first read is in, and if the watch has got that far (they bring it)."""
-        if not self._ready.is_set() or self.broken or revision <= self.revision:
+        if not self._behind(revision):
             return  # the watch has delivered it (and maybe newer changes) already
         for key, value, lease in puts:
             if key.startswith(self.keys.prefix):
@@ -152,6 +191,21 @@ class SemaphoreView:
         for key in deletes:
             if key.startswith(self.keys.prefix):
                 self._delete(key, revision, ours=True)
+
+    def took(self, revision: int, indexes: Sequence[int], value: bytes, lease: int) -> None:
+        """:meth:`applied` for a claim of ours that put slots ``indexes`` (``value``,
+        bound to ``lease``), without finding the slots from their keys."""
+        if self._behind(revision):
+            slot = self.keys.slot
+            for i in indexes:
+                self._put_slot(i, KeyValue(slot(i), value, revision, revision, 1, lease))
+
+    def freed(self, revision: int, indexes: Sequence[int]) -> None:
+        """:meth:`applied` for a completion or release of ours that deleted slots ``indexes``."""
+        if self._behind(revision):
+            slot = self.keys.slot
+            for i in indexes:
+                self._delete_slot(i, slot(i), revision, True)
 
     async def _follow(self) -> None:
         try:
@@ -170,14 +224,17 @@ class SemaphoreView:
                 self.revision = max(self.revision, batch.revision)
                 # every event up to a response's revision has been delivered
                 # (etcd's watch order), so older puts can no longer come
-                for key in [k for k, rev in self._deleted.items() if rev <= self.revision]:
-                    del self._deleted[key]
+                if self._deleted:
+                    for key in [k for k, rev in self._deleted.items() if rev <= self.revision]:
+                        del self._deleted[key]
         except JobLeaseError:
             pass  # the watch ended (compacted, etcd away): claims fall back to reads
         finally:
             self.broken = True
             self._ready.set()
-            self._changed.set()  # waiters re-plan (from a read) at once
+            if self._changed is not None:
+                self._changed.set()  # waiters re-plan (from a read) at once
+                self._changed = None
 
     # -- reading and waiting ------------------------------------------------------------
 
@@ -190,11 +247,17 @@ class SemaphoreView:
         if not self._ready.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ready.wait(), timeout)
+        return self.state_now()
+
+    def state_now(self) -> SemaphoreState | None:
+        """:meth:`state` without waiting for the first read (None until it is in)."""
         if self.broken or self._spec is None or self._limit is None:
             return None
-        waiters = sorted(self._waiters.values(), key=lambda kv: kv.create_revision)
-        return SemaphoreState(self.ref, self.keys, self._spec.mod_revision, self._limit,
-                              MappingProxyType(self._slots), waiters)
+        if self._state is None:
+            waiters = sorted(self._waiters.values(), key=lambda kv: kv.create_revision)
+            self._state = SemaphoreState(self.ref, self.keys, self._spec.mod_revision,
+                                         self._limit, MappingProxyType(self._slots), waiters)
+        return self._state
 
     def changed_since(self, mark: int | None, revision: int) -> bool:
         """Whether room may have been made since ``mark`` (a value of
@@ -208,6 +271,10 @@ class SemaphoreView:
         """Set at the next change that can make room (or when the view breaks).
         Take it before yielding to the loop: a change applied in between would
         set the one before it, and a waiter holding a later one would miss it."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+            if self.broken:
+                self._changed.set()
         return self._changed
 
     async def close(self) -> None:

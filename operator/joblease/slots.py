@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from joblease.errors import (
     InvalidInputError,
@@ -32,7 +32,7 @@ from joblease.errors import (
     SemaphoreNotFoundError,
 )
 from joblease.keys import KeySpace, SemaphoreKeys, SemaphoreRef
-from joblease.records import SemaphoreSpec, SemaphoreUse, SlotRecord
+from joblease.records import SemaphoreSpec, SemaphoreUse
 from joblease.store import (
     Compare,
     Delete,
@@ -89,6 +89,14 @@ class SlotGrant:
     indexes: tuple[int, ...]
     token: int
     keys: tuple[bytes, ...]
+    #: the deletes of ``keys`` (kept per slot: :class:`SlotOps`); none: built from ``keys``
+    deletes: tuple[Delete, ...] = field(default=(), compare=False, repr=False)
+    #: the semaphore's key prefix (none: a grant read back, found by its keys)
+    prefix: bytes = field(default=b"", compare=False, repr=False)
+
+    def frees(self) -> tuple[Delete, ...]:
+        """What frees these slots, in a completion's or release's transaction."""
+        return self.deletes or tuple(map(Delete, self.keys))
 
     def to_dict(self) -> dict[str, object]:
         return {"semaphore": str(self.semaphore), "slots": list(self.indexes),
@@ -105,6 +113,73 @@ class Ticket:
     keys: tuple[bytes, ...]
 
 
+class SlotOps:
+    """The compares and deletes of one semaphore that every claim of it sends,
+    built once (and so turned into a protobuf once, by the store): each is a
+    pure function of the semaphore's prefix and of the argument it is kept by
+    (the spec revision, the limit, the index), so a semaphore re-created or
+    given a new limit gets new ones, never an old one."""
+
+    __slots__ = ("_above", "_deletes", "_free", "_spec", "keys", "no_waiters")
+
+    def __init__(self, keys: SemaphoreKeys) -> None:
+        self.keys = keys
+        #: nobody waits: no key in ``S/waiters/``
+        self.no_waiters = Compare(keys.waiters, "create", "==", 0, range_end=keys.waiters_end)
+        self._spec: Compare | None = None  # the latest spec revision's
+        self._above: tuple[int, Compare] | None = None  # the latest limit's
+        self._free: dict[int, Compare] = {}
+        self._deletes: dict[int, Delete] = {}
+
+    def spec_unchanged(self, revision: int) -> Compare:
+        """``mod(S/spec) == revision``: the limit planned with is still in force."""
+        c = self._spec
+        if c is None or c.value != revision:
+            c = self._spec = Compare(self.keys.spec, "mod", "==", revision)
+        return c
+
+    def none_above(self, limit: int) -> Compare:
+        """No slot key at or above ``limit`` (in ``[S/slots/<limit>, end of S/slots/)``)."""
+        kept = self._above
+        if kept is None or kept[0] != limit:
+            kept = self._above = (limit, Compare(self.keys.slot(limit), "create", "==", 0,
+                                                 range_end=self.keys.slots_end))
+        return kept[1]
+
+    def free(self, index: int) -> Compare:
+        """``create(S/slots/<index>) == 0``: the slot is still free."""
+        c = self._free.get(index)
+        if c is None:
+            c = Compare(self.keys.slot(index), "create", "==", 0)
+            if len(self._free) < MAX_LIMIT:
+                self._free[index] = c
+        return c
+
+    def delete(self, index: int) -> Delete:
+        """The delete of slot ``index`` that frees it (completion, release)."""
+        d = self._deletes.get(index)
+        if d is None:
+            d = Delete(self.keys.slot(index))
+            if len(self._deletes) < MAX_LIMIT:
+                self._deletes[index] = d
+        return d
+
+
+#: ``SlotOps`` by semaphore prefix (at most ``_OPS_KEPT``: then started afresh)
+_ops: dict[bytes, SlotOps] = {}
+_OPS_KEPT = 1024
+
+
+def slot_ops(keys: SemaphoreKeys) -> SlotOps:
+    """The kept compares and deletes of the semaphore at ``keys``."""
+    ops = _ops.get(keys.prefix)
+    if ops is None:
+        if len(_ops) >= _OPS_KEPT:
+            _ops.clear()
+        ops = _ops[keys.prefix] = SlotOps(keys)
+    return ops
+
+
 @dataclass(frozen=True)
 class SlotPlan:
     """The slots a claim will take and the compares that make taking them safe."""
@@ -116,18 +191,20 @@ class SlotPlan:
         out: list[Compare] = []
         for state, indexes in self.picks:
             k = state.keys
-            out.append(Compare(k.spec, "mod", "==", state.spec_revision))
-            out += [Compare(k.slot(i), "create", "==", 0) for i in indexes]
-            out.append(Compare(k.slot(state.limit), "create", "==", 0, range_end=k.slots_end))
+            ops = slot_ops(k)
+            out.append(ops.spec_unchanged(state.spec_revision))
+            out += [ops.free(i) for i in indexes]
+            out.append(ops.none_above(state.limit))
             if self.ticket is None:
-                out.append(Compare(k.waiters, "create", "==", 0, range_end=k.waiters_end))
+                out.append(ops.no_waiters)
             else:
                 out.append(Compare(k.waiters, "create", ">", self.ticket.revision - 1,
                                    range_end=k.waiters_end))
         return out
 
-    def writes(self, lease_id: int, record: SlotRecord) -> list[TxnOp]:
-        value = record.encode()
+    def writes(self, lease_id: int, value: bytes) -> list[TxnOp]:
+        """The puts of the picked slots (``value``: the claim's encoded
+        :class:`SlotRecord`) and the deletes of the ticket's waiter keys."""
         ops: list[TxnOp] = [Put(state.keys.slot(i), value, lease=lease_id)
                             for state, indexes in self.picks for i in indexes]
         if self.ticket is not None:
@@ -135,9 +212,13 @@ class SlotPlan:
         return ops
 
     def grants(self, token: int) -> tuple[SlotGrant, ...]:
-        return tuple(SlotGrant(state.ref, indexes, token,
-                               tuple(state.keys.slot(i) for i in indexes))
-                     for state, indexes in self.picks)
+        out = []
+        for state, indexes in self.picks:
+            ops = slot_ops(state.keys)
+            out.append(SlotGrant(state.ref, indexes, token,
+                                 tuple(state.keys.slot(i) for i in indexes),
+                                 tuple(ops.delete(i) for i in indexes), state.keys.prefix))
+        return tuple(out)
 
 
 def check_uses(uses: Sequence[SemaphoreUse]) -> None:
@@ -172,20 +253,40 @@ def plan(job: str, states: Sequence[tuple[SemaphoreState, int]], ticket: Ticket 
             raise InvalidInputError(
                 f"{job} needs {weight} slots of semaphore {state.ref}, whose limit is "
                 f"{state.limit}: it could never be granted")
-        ahead = [w for w in state.waiters
-                 if ticket is None or w.create_revision < ticket.revision]
+        waiters = state.waiters  # oldest first: someone is ahead iff the oldest is
+        ahead = bool(waiters) and (ticket is None
+                                   or waiters[0].create_revision < ticket.revision)
         slots, limit = state.slots, state.limit
-        free = [i for i in range(limit) if i not in slots]
-        if ahead or len(free) < weight or any(i >= limit for i in slots):
+        # no slot at or above the limit (a lowered one), so every live slot is below it
+        if ahead or (slots and max(slots) >= limit) or limit - len(slots) < weight:
             raise SemaphoreFullError(str(state.ref), job, state.limit, state.live,
-                                     len(state.waiters), weight)
+                                     len(waiters), weight)
         taken = (reserved or {}).get(state.keys.prefix)
-        preferred = [i for i in free if i not in taken] if taken else free
-        pool = preferred if len(preferred) >= weight else free
-        # one slot (the common weight): a choice, a fifth of a sample's cost
-        chosen = [random.choice(pool)] if weight == 1 else random.sample(pool, weight)
-        picks.append((state, tuple(sorted(chosen))))
+        picks.append((state, _pick(slots, limit, weight, taken)))
     return SlotPlan(tuple(picks), ticket)
+
+
+#: random tries at a free slot before listing them (one slot: the common weight)
+_PROBES = 4
+
+
+def _pick(slots: Mapping[int, KeyValue], limit: int, weight: int, taken: set[int] | None
+          ) -> tuple[int, ...]:
+    """``weight`` free indexes below ``limit`` (there are enough), at random,
+    avoiding ``taken`` when there are enough others."""
+    if weight == 1 and (limit - len(slots)) * 4 >= limit:
+        # at least a quarter free: a few random tries before listing the free
+        # ones (as fair as a choice among the free indexes not taken, without
+        # building that list; a float's floor: randrange's checks cost more)
+        for _ in range(_PROBES):
+            i = int(random.random() * limit)
+            if i not in slots and (not taken or i not in taken):
+                return (i,)
+    free = [i for i in range(limit) if i not in slots]
+    preferred = [i for i in free if i not in taken] if taken else free
+    pool = preferred if len(preferred) >= weight else free
+    chosen = [random.choice(pool)] if weight == 1 else random.sample(pool, weight)
+    return tuple(sorted(chosen))
 
 
 def semaphore_refs(keys: KeySpace, namespace: str, uses: Sequence[SemaphoreUse]

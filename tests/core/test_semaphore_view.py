@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from joblease import JobLeaseClient, JobRef, JobSpec
 from joblease.errors import SemaphoreFullError
 from joblease.keys import SemaphoreRef
-from joblease.records import SemaphoreUse
+from joblease.records import SemaphoreSpec, SemaphoreUse, WaiterRecord
 from joblease.semaphore import Semaphores
+from joblease.slot_view import SemaphoreView
+from joblease.store import Compare, Put
 
 DB = SemaphoreRef("default", "billing-db")
 
@@ -120,3 +123,113 @@ async def test_kept_slot_keys_and_warm_views_follow_a_deleted_and_recreated_sema
         assert keys.slot(index) == formula and keys.slot_index(formula) == index
     for lease in held:
         await lease.release()
+
+
+async def _until_seen(view: SemaphoreView, revision: int) -> None:
+    deadline = time.monotonic() + 10
+    while view.revision < revision:
+        assert time.monotonic() < deadline, "the view's watch fell behind"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_warm_client_plans_with_the_limit_spec_weight_and_waiters_in_force(
+        client: JobLeaseClient) -> None:
+    """What a warm client keeps (its view's state, the kept compares, the keys per
+    use) follows a limit changed at runtime, a semaphore deleted and created
+    again, a job's weight changed and a waiter come and gone: each claim sends
+    the compares of the spec and limit etcd has by then, and takes its weight."""
+    sems = Semaphores(client)
+    keys = client.keys.semaphore(DB)
+    await sems.create(DB, 2)
+    job = (await _jobs(client, 1, ttl=30))[0]
+    sent: list[list[Compare]] = []
+    real_txn = client.store.txn
+
+    async def txn(compares: Any, success: Any, failure: Any = ()) -> Any:
+        if any(isinstance(op, Put) and op.key.startswith(keys.slots) for op in success):
+            sent.append(list(compares))
+        return await real_txn(compares, success, failure)
+
+    client.store.txn = txn  # type: ignore[method-assign]  # observes; etcd answers
+
+    async def claim_and_check(weight: int) -> None:
+        spec_kv = (await client.store.get(keys.spec))[1][0]
+        limit = SemaphoreSpec.decode(spec_kv.value).limit
+        view = client._views[keys.prefix]
+        await _until_seen(view, spec_kv.mod_revision)
+        state = view.state_now()
+        assert state is not None and state.limit == limit
+        assert state.spec_revision == spec_kv.mod_revision
+        lease = await client.claim(job, "me")
+        assert len(lease.slots[0].indexes) == weight
+        picks = lease.slots[0].indexes
+        assert sent[-1][-(weight + 3):] == [
+            Compare(keys.spec, "mod", "==", spec_kv.mod_revision),
+            *(Compare(keys.slot(i), "create", "==", 0) for i in picks),
+            Compare(keys.slot(limit), "create", "==", 0, range_end=keys.slots_end),
+            Compare(keys.waiters, "create", "==", 0, range_end=keys.waiters_end)]
+        await lease.release()
+
+    await (await client.claim(job, "me")).release()  # the view is made (and warm)
+    await claim_and_check(1)
+    await claim_and_check(1)  # warm: the same kept compares
+    await sems.create(DB, 3)  # raised at runtime
+    await claim_and_check(1)
+    await sems.create(DB, 1)  # lowered
+    await claim_and_check(1)
+    await sems.delete(DB)
+    await sems.create(DB, 1)  # re-created with the same limit: a new spec revision
+    await claim_and_check(1)
+    await sems.create(DB, 4)
+    await client.register(job, JobSpec(lease_duration_seconds=30, max_attempts=0,
+                                       semaphores=(SemaphoreUse("billing-db", 2),)))
+    await claim_and_check(2)  # the weight changed
+    # a waiter comes: the view's state shows it (a plain claim is refused), then goes
+    lease_id, _ = await client.store.grant(30)
+    waiter = keys.waiter("t-other")
+    revision = await client.store.put(waiter, WaiterRecord("x", "o", 1).encode(), lease_id)
+    view = client._views[keys.prefix]
+    await _until_seen(view, revision)
+    state = view.state_now()
+    assert state is not None and [kv.key for kv in state.waiters] == [waiter]
+    try:
+        await client.claim(job, "me")
+    except SemaphoreFullError:
+        pass
+    else:
+        raise AssertionError("a claim jumped the line")
+    await client.store.revoke(lease_id)
+    revision = (await client.store.get(keys.spec))[0]
+    await _until_seen(view, revision)
+    state = view.state_now()
+    assert state is not None and state.waiters == []
+    await claim_and_check(2)
+
+
+async def test_our_claims_and_completions_are_applied_by_index_as_by_key(
+        client: JobLeaseClient) -> None:
+    """``took``/``freed`` (a claim's slots, a completion's) change a view as
+    ``applied`` does from the keys: at once, and never undone by an older change."""
+    await Semaphores(client).create(DB, 8)
+    keys = client.keys.semaphore(DB)
+    by_index, by_key = SemaphoreView(client.store, DB, keys), SemaphoreView(client.store, DB, keys)
+    try:
+        for view in (by_index, by_key):
+            assert await view.state() is not None
+        now = max(by_index.revision, by_key.revision)  # nobody else writes: later ones are ours
+        marks = {by_index: by_index.changes, by_key: by_key.changes}
+        by_index.took(now + 1, (3, 5), b"mine", 77)
+        by_key.applied(now + 1, [(keys.slot(3), b"mine", 77), (keys.slot(5), b"mine", 77)])
+        by_index.freed(now + 2, (3,))
+        by_key.applied(now + 2, (), [keys.slot(3)])
+        by_index.took(now + 1, (3,), b"older", 77)  # older than our delete: ignored
+        by_key.applied(now + 1, [(keys.slot(3), b"older", 77)])
+        for view in (by_index, by_key):
+            state = view.state_now()
+            assert state is not None
+            assert {i: (kv.value, kv.mod_revision, kv.lease) for i, kv in state.slots.items()} \
+                == {5: (b"mine", now + 1, 77)}
+            assert view.changes == marks[view] + 1  # the one freed slot
+    finally:
+        await by_index.close()
+        await by_key.close()
