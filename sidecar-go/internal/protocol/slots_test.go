@@ -340,7 +340,11 @@ func TestASlotWatchKeptAcrossWaitsWakesForEachChangeAfterTheRevision(t *testing.
 	for _, change := range []func() int64{
 		func() int64 { return del(keys.Slot(0)) },
 		func() int64 { return del(keys.Waiter("w1")) },
-		func() int64 { createSemaphore(t, admin, sem, 2); _, kv, _ := admin.Get(ctx, keys.Spec()); return kv.ModRevision },
+		func() int64 {
+			createSemaphore(t, admin, sem, 2)
+			_, kv, _ := admin.Get(ctx, keys.Spec())
+			return kv.ModRevision
+		},
 	} {
 		woke := make(chan bool, 1)
 		go func() { woke <- wait(slot, 10*time.Second) }()
