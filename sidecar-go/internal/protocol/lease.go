@@ -142,6 +142,12 @@ func (l *Lease) LostReason() string {
 	reason, st := l.reason, l.state
 	l.mu.Unlock()
 	if reason == "" && st == Held && !l.Valid() {
+		// The session is lost but its callback has not reached this lease yet
+		// (Session.Lose closes Lost() before it runs the callbacks): say what
+		// the callback is about to record, not a guess.
+		if why := l.session.LostReason(); why != "" {
+			return "etcd lease lost: " + why
+		}
 		return "no keep-alive succeeded before the safety deadline"
 	}
 	return reason
