@@ -39,7 +39,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench.claims import bench_joblease, bench_raw, pct  # noqa: E402
+from bench.claims import RAW_LEASE_TTL, bench_joblease, bench_raw, pct  # noqa: E402
 from bench.etcd_binary import etcd_binary_or_none  # noqa: E402
 from joblease import EtcdConfig, HeldError, JobLeaseClient, JobRef, JobSpec  # noqa: E402
 from joblease.embedded import EtcdCluster  # noqa: E402
@@ -82,7 +82,8 @@ async def bench_mutex(config: EtcdConfig, cycles: int, concurrency: int) -> dict
     root = f"/bench/mutex-{uuid.uuid4().hex[:6]}"
     async with JobLeaseClient(config.with_(root=root)) as c:
         store = c.store
-        lease_id, _ = await store.grant(30)
+        # never kept alive: it must outlive the pool at any load (as bench/claims.py's raw side)
+        lease_id, _ = await store.grant(RAW_LEASE_TTL)
 
         async def cycle(i: int) -> None:
             prefix = f"{root}/lock-{i}/".encode()
