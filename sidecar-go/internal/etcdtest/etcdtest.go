@@ -81,12 +81,35 @@ func FreePort(t testing.TB) int {
 }
 
 // Start runs one etcd member until the test ends; returns its endpoint and
-// process (ready: a read has succeeded).
+// process (ready: a read has succeeded). The ports are free when picked, but
+// another process (go test runs packages side by side, each with its own
+// etcds) can bind one before etcd does; etcd then exits at once, and Start
+// tries again on other ports, up to three times, saying why each start failed.
 func Start(t testing.TB) (string, *os.Process) {
+	var failures []string
+	for attempt := 1; attempt <= 3; attempt++ {
+		ep, proc, err := startOnce(t)
+		if err == nil {
+			return ep, proc
+		}
+		failures = append(failures, err.Error())
+	}
+	t.Fatalf("etcd did not come up in three starts: %s", strings.Join(failures, "; "))
+	return "", nil
+}
+
+// startOnce starts one etcd on two fresh free ports and waits until it answers
+// (up to 30 s), or returns why it did not (exited, with its log's tail).
+func startOnce(t testing.TB) (string, *os.Process, error) {
 	dir := t.TempDir()
-	client, peer := FreePort(t), FreePort(t)
+	client := FreePort(t)
+	peer := FreePort(t)
+	for peer == client {
+		peer = FreePort(t)
+	}
 	cu, pu := fmt.Sprintf("http://127.0.0.1:%d", client), fmt.Sprintf("http://127.0.0.1:%d", peer)
-	log, _ := os.Create(filepath.Join(dir, "etcd.log"))
+	logPath := filepath.Join(dir, "etcd.log")
+	log, _ := os.Create(logPath)
 	cmd := exec.Command(Binary(t), "--data-dir", filepath.Join(dir, "data"), "--listen-client-urls", cu,
 		"--advertise-client-urls", cu, "--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu,
 		"--initial-cluster", "default="+pu)
@@ -94,10 +117,12 @@ func Start(t testing.TB) (string, *os.Process) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGCONT)
 		_ = cmd.Process.Kill()
-		_, _ = cmd.Process.Wait()
+		<-exited
 		log.Close()
 	})
 	ep := fmt.Sprintf("127.0.0.1:%d", client)
@@ -108,14 +133,27 @@ func Start(t testing.TB) (string, *os.Process) {
 		_, _, err := store.Get(ctx, "/probe")
 		cancel()
 		if err == nil {
-			break
+			return ep, cmd.Process, nil
+		}
+		select {
+		case <-exited:
+			return "", nil, fmt.Errorf("etcd on ports %d/%d exited before it answered: %s", client, peer, logTail(logPath))
+		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("etcd did not come up: %v", err)
+			t.Fatalf("etcd did not come up within 30 s: %v (log: %s)", err, logTail(logPath))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return ep, cmd.Process
+}
+
+// logTail is the last few hundred bytes of an etcd log, for a failure message.
+func logTail(path string) string {
+	data, _ := os.ReadFile(path)
+	if len(data) > 600 {
+		data = data[len(data)-600:]
+	}
+	return strings.TrimSpace(string(data))
 }
 
 // NewStore is a client of ep, closed when the test ends.
