@@ -43,32 +43,32 @@ func enableAuth(t *testing.T, ep, password string) {
 	}
 }
 
+// countingCalls is a unary interceptor that records every method called
+// through it, and how many times one was called so far.
+func countingCalls() (grpc.UnaryClientInterceptor, func(method string) int) {
+	var mu sync.Mutex
+	calls := map[string]int{}
+	record := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		mu.Lock()
+		calls[method]++
+		mu.Unlock()
+		return err
+	}
+	return record, func(method string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return calls[method]
+	}
+}
+
 // Warm connects and authenticates before any request, and the first request
 // uses that token: one Authenticate in all.
 func TestWarmAuthenticatesBeforeTheFirstRequest(t *testing.T) {
 	ep, _ := etcdtest.Start(t)
 	enableAuth(t, ep, "pw")
-	var mu sync.Mutex
-	var methods []string
-	record := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
-		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		err := invoker(ctx, method, req, reply, cc, opts...)
-		mu.Lock()
-		methods = append(methods, method)
-		mu.Unlock()
-		return err
-	}
-	count := func(method string) int {
-		mu.Lock()
-		defer mu.Unlock()
-		n := 0
-		for _, m := range methods {
-			if m == method {
-				n++
-			}
-		}
-		return n
-	}
+	record, count := countingCalls()
 	s, err := etcd.New(etcd.Config{Endpoints: []string{ep}, Username: "root", Password: "pw",
 		RequestTimeout: 5 * time.Second, UnaryInterceptor: record})
 	if err != nil {
@@ -98,18 +98,8 @@ func TestWarmAuthenticatesBeforeTheFirstRequest(t *testing.T) {
 func TestWarmsRefusedAuthenticationIsCountedOnce(t *testing.T) {
 	ep, _ := etcdtest.Start(t)
 	enableAuth(t, ep, "pw")
+	record, count := countingCalls()
 	var mu sync.Mutex
-	authenticates := 0
-	record := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
-		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		err := invoker(ctx, method, req, reply, cc, opts...)
-		if method == "/etcdserverpb.Auth/Authenticate" {
-			mu.Lock()
-			authenticates++
-			mu.Unlock()
-		}
-		return err
-	}
 	s, err := etcd.New(etcd.Config{Endpoints: []string{ep}, Username: "root", Password: "wrong",
 		RequestTimeout: 5 * time.Second, UnaryInterceptor: record})
 	if err != nil {
@@ -125,9 +115,7 @@ func TestWarmsRefusedAuthenticationIsCountedOnce(t *testing.T) {
 	// Warm's Authenticate may run before or after the request's: wait for both.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		mu.Lock()
-		n := authenticates
-		mu.Unlock()
+		n := count("/etcdserverpb.Auth/Authenticate")
 		if n >= 2 {
 			break
 		}
