@@ -12,18 +12,26 @@ ratios of cycles/s and of CPU per cycle, the client's and etcd's
 (and authenticates) once, before its timed part; the count of ``Authenticate``
 calls etcd handled per round is printed to show it.
 
+``--tls``: both etcds serve the client port as the chart's bundled etcd does
+(mutual TLS: ``--client-cert-auth`` with a CA, server and client certificate
+made for the run), so the ratio is the one a chart install sees; without it
+both are plaintext, which isolates auth's own cost.
+
     python bench/auth_claims.py [--cycles 3000] [--concurrency 1,64] [--rounds 6]
-                                [--bcrypt-cost 4] [--json out.json]
+                                [--bcrypt-cost 4] [--tls] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import os
+import ssl
 import statistics
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,16 +43,17 @@ from bench.claims import bench_joblease
 from bench.etcd_binary import etcd_binary_or_none
 from bench.report import save
 from joblease import EtcdConfig
-from joblease.embedded import EtcdCluster
+from joblease.embedded import EtcdCluster, free_port
 from joblease.etcd_store import EtcdStore
 from joblease.tenancy import enable_auth, ensure_namespace_tenant
+from tests.support.secure_etcd import write_pki
 
 ROOT_PASSWORD = "bench-root-" + uuid.uuid4().hex
 
 
-async def tenant_config(endpoints: tuple[str, ...], root: str) -> EtcdConfig:
-    """Auth on, the ``bench`` namespace's tenant: its credentials."""
-    plain = EtcdConfig(endpoints=endpoints)
+async def tenant_config(plain: EtcdConfig, root: str) -> EtcdConfig:
+    """Auth on, the ``bench`` namespace's tenant: its credentials (``plain``: the
+    etcd's endpoints and TLS, no user)."""
     async with EtcdStore(plain) as store:
         await enable_auth(store, ROOT_PASSWORD)
     async with EtcdStore(plain.with_(username="root", password=ROOT_PASSWORD)) as admin:
@@ -53,18 +62,21 @@ async def tenant_config(endpoints: tuple[str, ...], root: str) -> EtcdConfig:
 
 
 async def main_async(args: argparse.Namespace, open_etcd: EtcdCluster,
-                     auth_etcd: EtcdCluster) -> dict[str, Any]:
+                     auth_etcd: EtcdCluster, tls: EtcdConfig,
+                     metrics: dict[str, str]) -> dict[str, Any]:
+    """``tls``: the client's TLS settings (no endpoints; empty: plaintext);
+    ``metrics``: each side's plain-HTTP ``host:port`` serving etcd's /metrics."""
     open_endpoints, auth_endpoints = open_etcd.endpoints, auth_etcd.endpoints
+    auth_plain = tls.with_(endpoints=auth_endpoints)
     pids = {"open": cpu_cost.pids_of(open_etcd), "auth": cpu_cost.pids_of(auth_etcd)}
-    endpoints = {"open": open_endpoints, "auth": auth_endpoints}
     rows = []
     for i, conc in enumerate(args.concurrency):
         cycles = max(args.cycles if conc > 1 else args.cycles // 6, 50)
         per_round = max(cycles // args.rounds, 20)
         root = f"/bench/auth-{uuid.uuid4().hex[:6]}"
-        tenant = await tenant_config(auth_endpoints, root) if i == 0 else await \
-            _tenant_again(auth_endpoints, root)
-        configs = {"open": EtcdConfig(endpoints=open_endpoints), "auth": tenant}
+        tenant = await tenant_config(auth_plain, root) if i == 0 else await \
+            _tenant_again(auth_plain, root)
+        configs = {"open": tls.with_(endpoints=open_endpoints), "auth": tenant}
         roots = {"open": f"/bench/open-{uuid.uuid4().hex[:6]}", "auth": root}
         runs: dict[str, list[dict[str, Any]]] = {"open": [], "auth": []}
         costs: list[cpu_cost.RoundCost] = []
@@ -73,12 +85,12 @@ async def main_async(args: argparse.Namespace, open_etcd: EtcdCluster,
             # alternate per round, and the first round's order per row
             order = ("open", "auth") if (r + i) % 2 == 0 else ("auth", "open")
             for side in order:
-                before = cpu_cost.etcd_rpc_counts(auth_endpoints[0])
+                before = cpu_cost.etcd_rpc_counts(metrics["auth"])
                 result, cost = await cpu_cost.measured(side, functools.partial(
                     bench_joblease, configs[side], per_round, conc, root=roots[side],
                     prefix=f"r{r}", etcd_pids=pids[side],
-                    rpc_endpoint=endpoints[side][0]))
-                after = cpu_cost.etcd_rpc_counts(auth_endpoints[0])
+                    rpc_endpoint=metrics[side]))
+                after = cpu_cost.etcd_rpc_counts(metrics["auth"])
                 if side == "auth":
                     authenticates.append(after.get("Authenticate", 0)
                                          - before.get("Authenticate", 0))
@@ -95,7 +107,7 @@ async def main_async(args: argparse.Namespace, open_etcd: EtcdCluster,
                      "authenticate_calls_per_auth_round": authenticates,
                      "cpu": cpu_cost.summarize(costs, "open", "auth")})
     return {"benchmark": "auth_claims", "rounds": args.rounds,
-            "bcrypt_cost": args.bcrypt_cost, "rows": rows}
+            "bcrypt_cost": args.bcrypt_cost, "tls": bool(tls.ca_file), "rows": rows}
 
 
 def _merged(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -109,9 +121,8 @@ def _merged(results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-async def _tenant_again(endpoints: tuple[str, ...], root: str) -> EtcdConfig:
+async def _tenant_again(plain: EtcdConfig, root: str) -> EtcdConfig:
     """The tenant for another key root (auth is already on)."""
-    plain = EtcdConfig(endpoints=endpoints)
     async with EtcdStore(plain.with_(username="root", password=ROOT_PASSWORD)) as admin:
         creds = await ensure_namespace_tenant(admin, root, "bench", password=None)
     return creds.etcd_config(plain)
@@ -143,14 +154,32 @@ def main() -> None:
                         help="alternating rounds per concurrency, each of cycles/rounds cycles")
     parser.add_argument("--bcrypt-cost", type=int, default=4,
                         help="etcd's --bcrypt-cost, both etcds (default 4, the chart's)")
+    parser.add_argument("--tls", action="store_true",
+                        help="both etcds with mutual TLS, as the chart's bundled etcd")
     parser.add_argument("--json", help="write the report here")
     args = parser.parse_args()
     binary = etcd_binary_or_none()
-    extra = ("--unsafe-no-fsync", f"--bcrypt-cost={args.bcrypt_cost}")
+    extra = ["--unsafe-no-fsync", f"--bcrypt-cost={args.bcrypt_cost}"]
     load_before = os.getloadavg()
-    with EtcdCluster(1, binary=binary, extra_args=extra) as open_etcd, \
-            EtcdCluster(1, binary=binary, extra_args=extra) as auth_etcd:
-        report = asyncio.run(main_async(args, open_etcd, auth_etcd))
+    with contextlib.ExitStack() as stack:
+        tls = EtcdConfig(endpoints=())
+        serving: dict[str, Any] = {}
+        if args.tls:
+            pki = write_pki(Path(stack.enter_context(tempfile.TemporaryDirectory())))
+            extra += ["--cert-file", str(pki.server_cert), "--key-file", str(pki.server_key),
+                      "--client-cert-auth", "--trusted-ca-file", str(pki.ca)]
+            tls = tls.with_(ca_file=str(pki.ca), cert_file=str(pki.client_cert),
+                            key_file=str(pki.client_key))
+            health = ssl.create_default_context(cafile=str(pki.ca))
+            health.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+            serving = {"client_scheme": "https", "health_ssl_context": health}
+        # /metrics on a plain-HTTP port of its own (the client port may be TLS)
+        metrics = {side: f"127.0.0.1:{free_port()}" for side in ("open", "auth")}
+        open_etcd, auth_etcd = (stack.enter_context(EtcdCluster(
+            1, binary=binary, extra_args=[*extra, "--listen-metrics-urls",
+                                          f"http://{metrics[side]}"], **serving))
+            for side in ("open", "auth"))
+        report = asyncio.run(main_async(args, open_etcd, auth_etcd, tls, metrics))
         report["etcd_binary"] = open_etcd.binary
     report["loadavg_before"] = [round(x, 2) for x in load_before]
     report["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
