@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient
-from joblease.errors import OutcomeUnknownError
+from joblease import lease as lease_module
+from joblease.errors import OutcomeUnknownError, StoreUnavailableError
 from joblease.etcd_store import EtcdStore
 from joblease.keys import ItemRef, QueueRef
 from joblease.lease import Lease, LeaseState
@@ -237,3 +238,71 @@ async def test_a_fused_drain_sends_about_one_transaction_per_item(
     # every item), the first claim, n - 1 fused completions, the last one
     # alone (the pool is empty) and the read that finds nothing left
     assert len(sent) == n + 3, len(sent)
+
+
+def _read_only(compares: Sequence[Compare], success: Sequence[TxnOp]) -> bool:
+    return not compares and all(not isinstance(op, (Put, Txn)) for op in success)
+
+
+async def _assert_session_revoked(queues: Queues, store: FaultyStore, lease: Lease,
+                                  q: QueueRef) -> None:
+    """The session's etcd lease is gone in etcd, and no holder of the queue is left."""
+    assert lease.lease_id in store.revoked
+    assert await store.inner.time_to_live(lease.lease_id) == -1
+    _, held = await store.inner.get(queues.keys(q).field_prefix("held"), prefix=True)
+    assert held == []
+
+
+async def test_a_fused_completion_whose_read_back_fails_revokes_the_session(
+        faulty: tuple[Queues, FaultyStore], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused transaction commits, its answer is lost, and etcd cannot be read
+    back: the claim sent with it may have committed (it has), so the session's
+    lease is revoked before "outcome unknown" is answered (docs/queues.md)."""
+    monkeypatch.setattr(lease_module, "READ_BACK_SECONDS", 0.5)
+    queues, store = faulty
+    q = QueueRef("default", "readback-fails")
+    lease = await _two_items(queues, q, QueueSpec(lease_duration_seconds=TTL, max_attempts=3))
+    lost: list[int] = []
+
+    async def lose_the_answer_then_fail_reads(compares: Sequence[Compare],
+                                              success: Sequence[TxnOp],
+                                              failure: Sequence[TxnOp]) -> TxnResult:
+        if lost and _read_only(compares, success):
+            raise StoreUnavailableError("injected: etcd unreachable for the read-back")
+        r = await store.inner.txn(compares, success, failure)
+        if _fused(success) and not lost:
+            lost.append(r.revision)
+            raise OutcomeUnknownError("injected: the fused completion's answer was lost")
+        return r
+
+    store.on_txn = lose_the_answer_then_fail_reads
+    with pytest.raises(OutcomeUnknownError, match="revoked"):
+        await queues.complete_next(lease, 7)
+    store.on_txn = None
+    assert lost  # the fused claim committed: its holder was bound to the session
+    await _assert_session_revoked(queues, store, lease, q)
+
+
+async def test_three_fused_copies_that_find_the_item_still_ours_revoke_the_session(
+        faulty: tuple[Queues, FaultyStore]) -> None:
+    """Every copy is lost on its way (one may still be in flight and commit): after
+    three read-backs that find the held item still ours, the session's lease is
+    revoked before "outcome unknown" is answered."""
+    queues, store = faulty
+    q = QueueRef("default", "three-copies")
+    lease = await _two_items(queues, q, QueueSpec(lease_duration_seconds=TTL, max_attempts=3))
+    dropped: list[bool] = []
+
+    async def drop_every_copy(compares: Sequence[Compare], success: Sequence[TxnOp],
+                              failure: Sequence[TxnOp]) -> TxnResult:
+        if _fused(success):
+            dropped.append(True)
+            raise OutcomeUnknownError("injected: lost on its way")
+        return await store.inner.txn(compares, success, failure)
+
+    store.on_txn = drop_every_copy
+    with pytest.raises(OutcomeUnknownError, match="revoked"):
+        await queues.complete_next(lease, 7)
+    store.on_txn = None
+    assert len(dropped) == 3
+    await _assert_session_revoked(queues, store, lease, q)

@@ -33,13 +33,14 @@ type Faults struct {
 	loseNext   map[string]int
 	hangOpen   map[string]bool
 	lostAnswer map[string]int
+	drop       map[string]func(req any) bool
 }
 
 // NewFaultyStore is a client of ep whose answers f can delay or lose, closed
 // when the test ends.
 func NewFaultyStore(t testing.TB, ep string) (*etcd.Store, *Faults) {
 	f := &Faults{delay: map[string]time.Duration{}, loseNext: map[string]int{}, hangOpen: map[string]bool{},
-		lostAnswer: map[string]int{}}
+		lostAnswer: map[string]int{}, drop: map[string]func(any) bool{}}
 	s, err := etcd.New(etcd.Config{Endpoints: []string{ep}, RequestTimeout: 2 * time.Second,
 		UnaryInterceptor: f.unary, StreamInterceptor: f.stream})
 	if err != nil {
@@ -72,6 +73,15 @@ func (f *Faults) LostAnswers(method string) int {
 	return f.lostAnswer[method]
 }
 
+// DropRequests: every later call of method whose request drop says true
+// never reaches etcd, and the caller sees a reset connection (a request lost
+// on its way: nothing applied); nil ends it.
+func (f *Faults) DropRequests(method string, drop func(req any) bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.drop[method] = drop
+}
+
 // HangOpen makes opening a stream of method wait until the caller gives up
 // (its context ends), as on a connection that accepts and never answers.
 func (f *Faults) HangOpen(method string, hang bool) {
@@ -88,6 +98,12 @@ func (f *Faults) delayOf(method string) time.Duration {
 
 func (f *Faults) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	f.mu.Lock()
+	drop := f.drop[method]
+	f.mu.Unlock()
+	if drop != nil && drop(req) {
+		return status.Error(codes.Unavailable, "connection reset by peer (request dropped by etcdtest.Faults)")
+	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	f.mu.Lock()
 	lose := f.loseNext[method] > 0

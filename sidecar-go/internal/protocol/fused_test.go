@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+
+	"github.com/joblease/joblease/sidecar-go/internal/errs"
 	"github.com/joblease/joblease/sidecar-go/internal/etcd"
 	"github.com/joblease/joblease/sidecar-go/internal/etcdtest"
 )
@@ -239,4 +243,95 @@ func TestAQueueWithAHistoryCompletesWithoutAFusedClaim(t *testing.T) {
 	if l.State() != Completed {
 		t.Fatalf("state %v", l.State())
 	}
+}
+
+// isFused: the fused transaction (a nested transaction in its success branch).
+func isFused(req any) bool {
+	txn, ok := req.(*pb.TxnRequest)
+	if !ok {
+		return false
+	}
+	for _, op := range txn.Success {
+		if op.GetRequestTxn() != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// isReadOnly: a transaction without compares that only reads (a read-back).
+func isReadOnly(req any) bool {
+	txn, ok := req.(*pb.TxnRequest)
+	if !ok || len(txn.Compare) > 0 {
+		return false
+	}
+	for _, op := range append(append([]*pb.RequestOp{}, txn.Success...), txn.Failure...) {
+		if op.GetRequestRange() == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// assertSessionRevoked: etcd no longer knows the session's lease, and no
+// holder of the queue is left (neither the held item's nor the next's).
+func assertSessionRevoked(t *testing.T, ep string, admin *etcd.Store, q QueueRef, leaseID int64) {
+	t.Helper()
+	if _, remaining := leaseTTL(t, ep, leaseID); remaining != -1 {
+		t.Fatalf("the session's lease %x still lives (%d s left)", leaseID, remaining)
+	}
+	_, held, err := admin.GetPrefix(context.Background(), QueueKeysOf(DefaultRoot, q).FieldPrefix("held"))
+	if err != nil || len(held) != 0 {
+		t.Fatalf("holders left: %v (%v)", held, err)
+	}
+}
+
+// The fused transaction commits, its answer is lost and etcd cannot be read
+// back (for ReadBackTimeout): the claim sent with it may have committed (it
+// has), so the session's lease is revoked before "outcome unknown" is answered.
+func TestAFusedCompletionWhoseReadBackFailsRevokesTheSession(t *testing.T) {
+	ep, _ := startEtcd(t)
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "readback-fails"}
+	store, faults := etcdtest.NewFaultyStore(t, ep)
+	c := NewClient(store, DefaultRoot)
+	l := fusedSetup(t, ep, q, QueueSpec{LeaseDurationSeconds: 60, MaxAttempts: 3}, c)
+	faults.LoseNextAnswers(etcdtest.Txn, 1)
+	faults.DropRequests(etcdtest.Txn, isReadOnly)
+	_, next, err := c.CompleteAndClaimNext(context.Background(), l, 7)
+	faults.DropRequests(etcdtest.Txn, nil)
+	if !errs.Is(err, errs.KindOutcomeUnknown) || next != nil || !strings.Contains(err.Error(), "revoked (confirmed: true)") {
+		t.Fatalf("fused with no read-back: next %v, %v", next, err)
+	}
+	if getKV(t, admin, QueueKeysOf(DefaultRoot, q).Item(l.Item.ID).Result()) == nil {
+		t.Fatal("the fused transaction did not commit: the test lost the wrong answer")
+	}
+	assertSessionRevoked(t, ep, admin, q, l.session.LeaseID)
+}
+
+// Every copy is lost on its way (one may still be in flight and commit):
+// after three read-backs that find the held item still ours, the session's
+// lease is revoked before "outcome unknown" is answered.
+func TestThreeFusedCopiesThatFindTheItemStillOursRevokeTheSession(t *testing.T) {
+	ep, _ := startEtcd(t)
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "three-copies"}
+	store, faults := etcdtest.NewFaultyStore(t, ep)
+	c := NewClient(store, DefaultRoot)
+	l := fusedSetup(t, ep, q, QueueSpec{LeaseDurationSeconds: 60, MaxAttempts: 3}, c)
+	var dropped atomic.Int64
+	faults.DropRequests(etcdtest.Txn, func(req any) bool {
+		if isFused(req) {
+			dropped.Add(1)
+			return true
+		}
+		return false
+	})
+	_, next, err := c.CompleteAndClaimNext(context.Background(), l, 7)
+	faults.DropRequests(etcdtest.Txn, nil)
+	if !errs.Is(err, errs.KindOutcomeUnknown) || next != nil || dropped.Load() != 3 ||
+		!strings.Contains(err.Error(), "revoked (confirmed: true)") {
+		t.Fatalf("three copies lost: next %v, %d dropped, %v", next, dropped.Load(), err)
+	}
+	assertSessionRevoked(t, ep, admin, q, l.session.LeaseID)
 }

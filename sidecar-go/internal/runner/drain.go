@@ -27,6 +27,7 @@ func (r *Runner) drain() (int, bool) {
 	for {
 		lease, code := r.claimNext()
 		if lease == nil {
+			r.dropAhead() // a stop found an item claimed ahead: never served, given back
 			return r.final(code)
 		}
 		r.held(lease)
@@ -50,7 +51,11 @@ func (r *Runner) claimNext() (*protocol.Lease, int) {
 	if ahead != nil {
 		r.Metrics.Inc(r.Metrics.ClaimAttempts)
 		if r.stopping() {
-			r.held(ahead) // Shutdown releases it (release-on-term) and removes its files
+			// never served (no token file, no answer named it): given back
+			// by the caller (dropAhead), whatever release-on-term says
+			r.mu.Lock()
+			r.ahead = ahead
+			r.mu.Unlock()
 			return nil, 0
 		}
 		return ahead, 0
@@ -121,7 +126,9 @@ func (r *Runner) claimNext() (*protocol.Lease, int) {
 
 // dropAhead gives back an item claimed ahead that the drain will not serve
 // (the sidecar is stopping, or stays lost): its holder must not live on
-// with the session.
+// with the session. The drain calls it when it stops, and Shutdown again
+// once no operation is in flight: a completion answered after the drain
+// had stopped (a worker completing as the stop came) may have claimed one.
 func (r *Runner) dropAhead() {
 	r.mu.Lock()
 	ahead := r.ahead

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -388,4 +389,55 @@ func drainCounted(t *testing.T, spec protocol.QueueSpec, items int) map[string]i
 	mu.Lock()
 	defer mu.Unlock()
 	return calls
+}
+
+// A worker completes its item as the stop comes (pod deletion): the drain has
+// already stopped, the completion is answered and claims the next item in the
+// same transaction (ahead), and that item is never served. Shutdown gives it
+// back (dropAhead), whatever release-on-term says: another owner claims it at
+// once (the TTL is 60 s), and no token file or holder of ours is left.
+func TestAnItemClaimedAheadIsGivenBackWhenTheDrainStops(t *testing.T) {
+	ep, _ := etcdtest.Start(t)
+	admin := etcdtest.NewStore(t, ep)
+	q, producer := newQueue(t, ep, "ahead", protocol.QueueSpec{LeaseDurationSeconds: 60, MaxAttempts: 3})
+	enqueue(t, producer, q, "a", "b")
+	dir := t.TempDir()
+	cfg := config.Config{Queue: &q, Owner: "drainer", OnLoss: "none", OnFinal: "serve", TokenFile: dir + "/token",
+		Backoff: config.Backoff{Initial: 0.05, Maximum: 0.2, Multiplier: 2}, RegistrationWait: 5}
+	r := New(cfg, protocol.NewClient(etcdtest.NewStore(t, ep), protocol.DefaultRoot), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t.Cleanup(func() { r.RequestStop(""); r.cancel() })
+	done := make(chan End, 1)
+	go r.Lifecycle(done)
+	held, token, _ := heldView(t, r, 0)
+	r.RequestStop("SIGTERM")
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the drain did not stop")
+	}
+	if o := r.Complete(token, held); o.Answer != Done {
+		t.Fatalf("complete %s: %+v", held, o)
+	}
+	r.mu.Lock()
+	ahead := r.ahead
+	r.mu.Unlock()
+	if ahead == nil {
+		t.Fatal("the completion claimed nothing ahead: the test does not reach dropAhead")
+	}
+	next := ahead.Item.ID
+	r.Shutdown()
+	keys := protocol.QueueKeysOf(protocol.DefaultRoot, q).Item(next)
+	if _, kv, err := admin.Get(context.Background(), keys.Holder()); err != nil || kv != nil {
+		t.Fatalf("the item claimed ahead is still held after the stop: %v (%v)", kv != nil, err)
+	}
+	rival, err := protocol.NewClient(etcdtest.NewStore(t, ep), protocol.DefaultRoot).ClaimItem(
+		context.Background(), protocol.ItemRef{Queue: q, ID: next}, "rival")
+	if err != nil || rival.Token <= ahead.Token {
+		t.Fatalf("another owner could not claim %s at once: %v", next, err)
+	}
+	for _, f := range []string{cfg.TokenFile, cfg.TokenJSONFile()} {
+		if _, err := os.Stat(f); !os.IsNotExist(err) {
+			t.Fatalf("%s left after the stop (%v)", f, err)
+		}
+	}
 }

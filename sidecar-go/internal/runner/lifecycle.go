@@ -317,10 +317,11 @@ func (r *Runner) ExitCode() (int, bool) {
 	return *r.exitCode, true
 }
 
-// Shutdown releases a held lease (with release-on-term), removes the token
-// files and closes the client.
+// Shutdown gives back an item claimed ahead (dropAhead), releases a held
+// lease (with release-on-term), removes the token files and closes the client.
 func (r *Runner) Shutdown() {
 	r.opMu.Lock()
+	r.dropAhead() // never served: given back whatever release-on-term says
 	r.mu.Lock()
 	phase := r.currentLocked()
 	lease := r.lease
