@@ -51,8 +51,8 @@ BLOCKS: dict[tuple[str, str], str] = {
         "tests/kube/test_docs_as_written.py::"
         "test_the_team_a_opt_in_and_ledger_blocks_apply_as_written",
     ("docs/fencing.md", "curl -X POST http://ledger/resources/report-2024-06 \\"):
-        CLUSTER + "a worker pod beside the sidecar and the ledger's Service; "
-                  "tests/cluster/test_seed_pods.py sends these requests from a pod",
+        "tests/cluster/test_fencing_doc_curl.py::"
+        "test_the_in_pod_curl_block_writes_with_the_live_token_as_written",
     ("docs/helm.md", "# 0. the pinned kubectl and helm on PATH (the cluster: Kubernetes 1.29 "
                      "or later)"):
         "tests/support/release.py::install_as_documented",
