@@ -17,10 +17,12 @@ WORKDIR /src
 RUN python -m venv /opt/joblease
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
-# A regular (non-editable) install of the package and the operator extra (kopf).
+# A regular (non-editable) install of the package, the operator extra (kopf) and
+# the otel extra (so `joblease run` in this image exports its tenure spans when
+# the OTEL_* variables ask for it; nothing imports it otherwise: docs/tracing.md).
 # pip and setuptools are build tools: they leave the venv before it is copied
 # (nothing installs at run time).
-RUN /opt/joblease/bin/pip install --no-compile ".[operator]" \
+RUN /opt/joblease/bin/pip install --no-compile ".[operator,otel]" \
  && /opt/joblease/bin/python -m pip uninstall --yes --quiet pip setuptools \
  && /opt/joblease/bin/python -m compileall -q /opt/joblease/lib \
  && /opt/joblease/bin/joblease --help >/dev/null

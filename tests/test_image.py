@@ -135,3 +135,20 @@ def test_demo_runs_the_seed_example_from_the_installed_wheel(image_venv: Path) -
     assert verdicts == {"resultIsWorkerB": True, "staleCompletionRejectedByStore": True,
                         "staleWriteRejectedByDestination": True, "historyTellsIt": True
                         }, result.stdout
+
+
+def test_the_image_can_export_traces_when_asked(image_venv: Path) -> None:
+    """The image installs the otel extra: with an OTLP endpoint set, `joblease run`
+    in it makes a real tracer provider with the OTLP exporter (docs/tracing.md),
+    not the "SDK is not installed" warning and no spans. (No span is sent here:
+    tests/tracing sends them to a real OTLP receiver.)"""
+    python = image_venv / "bin" / "python"
+    code = ("import logging, sys; logging.basicConfig(stream=sys.stdout); "
+            "from joblease import tracing; "
+            "on = tracing.configure({'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://127.0.0.1:9'}); "
+            "print('traced' if on and tracing._current.provider is not None else 'untraced')")
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=image_venv)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "traced", out.stdout + out.stderr
+    assert "not installed" not in out.stdout + out.stderr
