@@ -8,7 +8,7 @@ transaction per item."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 
@@ -140,16 +140,7 @@ async def test_a_fused_completion_whose_answer_was_lost_is_read_back_with_its_cl
     q = QueueRef("default", "lost")
     lease = await _two_items(queues, q, QueueSpec(lease_duration_seconds=TTL, max_attempts=3))
     lost: list[int] = []
-
-    async def lose_the_answer(compares: Sequence[Compare], success: Sequence[TxnOp],
-                              failure: Sequence[TxnOp]) -> TxnResult:
-        r = await store.inner.txn(compares, success, failure)
-        if _fused(success) and not lost:
-            lost.append(r.revision)
-            raise OutcomeUnknownError("injected: the fused completion's answer was lost")
-        return r
-
-    store.on_txn = lose_the_answer
+    store.on_txn = _losing_the_fused_answer(store, lost)
     record, nxt = await queues.complete_next(lease, 7)
     assert lost and record.claim_id == lease.claim_id and lease.state is LeaseState.COMPLETED
     assert nxt is not None and nxt.token == lost[0] and nxt.generation == 1 and nxt.valid
@@ -166,17 +157,8 @@ async def test_a_read_back_never_adopts_another_claimers_holder_of_the_next_item
     lease = await _two_items(queues, q, QueueSpec(lease_duration_seconds=TTL, max_attempts=3))
     async with JobLeaseClient(etcd_config) as other_client:
         rival = await Queues(other_client).claim(ItemRef(q, _other(lease)), "rival")
-        lost: list[bool] = []
-
-        async def lose_the_answer(compares: Sequence[Compare], success: Sequence[TxnOp],
-                                  failure: Sequence[TxnOp]) -> TxnResult:
-            r = await store.inner.txn(compares, success, failure)
-            if _fused(success) and not lost:
-                lost.append(True)
-                raise OutcomeUnknownError("injected: the fused completion's answer was lost")
-            return r
-
-        store.on_txn = lose_the_answer
+        lost: list[int] = []
+        store.on_txn = _losing_the_fused_answer(store, lost)
         record, nxt = await queues.complete_next(lease, 7)
         assert lost and nxt is None and record.claim_id == lease.claim_id
         assert (await queues.item(ItemRef(q, _other(lease)))).token == rival.token
@@ -240,6 +222,24 @@ async def test_a_fused_drain_sends_about_one_transaction_per_item(
     assert len(sent) == n + 3, len(sent)
 
 
+def _losing_the_fused_answer(store: FaultyStore, lost: list[int], *,
+                             then_fail_reads: bool = False) -> Callable[
+                                 [Sequence[Compare], Sequence[TxnOp], Sequence[TxnOp]],
+                                 Awaitable[TxnResult]]:
+    """An ``on_txn`` that sends every transaction, but loses the answer of the first
+    fused one (its commit revision goes in ``lost``); with ``then_fail_reads``,
+    every read-only transaction after it fails (etcd cannot be read back)."""
+    async def on_txn(compares: Sequence[Compare], success: Sequence[TxnOp],
+                     failure: Sequence[TxnOp]) -> TxnResult:
+        if then_fail_reads and lost and _read_only(compares, success):
+            raise StoreUnavailableError("injected: etcd unreachable for the read-back")
+        r = await store.inner.txn(compares, success, failure)
+        if _fused(success) and not lost:
+            lost.append(r.revision)
+            raise OutcomeUnknownError("injected: the fused completion's answer was lost")
+        return r
+    return on_txn
+
 def _read_only(compares: Sequence[Compare], success: Sequence[TxnOp]) -> bool:
     return not compares and all(not isinstance(op, (Put, Txn)) for op in success)
 
@@ -263,19 +263,7 @@ async def test_a_fused_completion_whose_read_back_fails_revokes_the_session(
     q = QueueRef("default", "readback-fails")
     lease = await _two_items(queues, q, QueueSpec(lease_duration_seconds=TTL, max_attempts=3))
     lost: list[int] = []
-
-    async def lose_the_answer_then_fail_reads(compares: Sequence[Compare],
-                                              success: Sequence[TxnOp],
-                                              failure: Sequence[TxnOp]) -> TxnResult:
-        if lost and _read_only(compares, success):
-            raise StoreUnavailableError("injected: etcd unreachable for the read-back")
-        r = await store.inner.txn(compares, success, failure)
-        if _fused(success) and not lost:
-            lost.append(r.revision)
-            raise OutcomeUnknownError("injected: the fused completion's answer was lost")
-        return r
-
-    store.on_txn = lose_the_answer_then_fail_reads
+    store.on_txn = _losing_the_fused_answer(store, lost, then_fail_reads=True)
     with pytest.raises(OutcomeUnknownError, match="revoked"):
         await queues.complete_next(lease, 7)
     store.on_txn = None

@@ -186,12 +186,7 @@ func TestALostRaceForTheNextItemStillCompletesTheHeldOne(t *testing.T) {
 }
 
 func TestAFusedCompletionWhoseAnswerWasLostIsReadBackWithItsClaim(t *testing.T) {
-	ep, _ := startEtcd(t)
-	admin := newStore(t, ep)
-	q := QueueRef{"default", "lost"}
-	store, faults := etcdtest.NewFaultyStore(t, ep)
-	c := NewClient(store, DefaultRoot)
-	l := fusedSetup(t, ep, q, QueueSpec{LeaseDurationSeconds: 30, MaxAttempts: 3}, c)
+	_, admin, q, c, faults, l := faultyFused(t, "lost", 30)
 	faults.LoseNextAnswers(etcdtest.Txn, 1)
 	rec, next, err := c.CompleteAndClaimNext(context.Background(), l, 7)
 	if err != nil || faults.LostAnswers(etcdtest.Txn) != 1 {
@@ -217,11 +212,7 @@ func TestAFusedCompletionWhoseAnswerWasLostIsReadBackWithItsClaim(t *testing.T) 
 // The answer lost and the next item taken by another claimer meanwhile: the
 // read-back says completed, with no next item (not the rival's holder).
 func TestAReadBackNeverAdoptsAnotherClaimersHolderOfTheNextItem(t *testing.T) {
-	ep, _ := startEtcd(t)
-	q := QueueRef{"default", "lost-race"}
-	store, faults := etcdtest.NewFaultyStore(t, ep)
-	c := NewClient(store, DefaultRoot)
-	l := fusedSetup(t, ep, q, QueueSpec{LeaseDurationSeconds: 30, MaxAttempts: 3}, c)
+	ep, _, q, c, faults, l := faultyFused(t, "lost-race", 30)
 	if _, err := NewClient(newStore(t, ep), DefaultRoot).ClaimItem(context.Background(), ItemRef{q, other(l)}, "rival"); err != nil {
 		t.Fatal(err)
 	}
@@ -290,12 +281,7 @@ func assertSessionRevoked(t *testing.T, ep string, admin *etcd.Store, q QueueRef
 // back (for ReadBackTimeout): the claim sent with it may have committed (it
 // has), so the session's lease is revoked before "outcome unknown" is answered.
 func TestAFusedCompletionWhoseReadBackFailsRevokesTheSession(t *testing.T) {
-	ep, _ := startEtcd(t)
-	admin := newStore(t, ep)
-	q := QueueRef{"default", "readback-fails"}
-	store, faults := etcdtest.NewFaultyStore(t, ep)
-	c := NewClient(store, DefaultRoot)
-	l := fusedSetup(t, ep, q, QueueSpec{LeaseDurationSeconds: 60, MaxAttempts: 3}, c)
+	ep, admin, q, c, faults, l := faultyFused(t, "readback-fails", 60)
 	faults.LoseNextAnswers(etcdtest.Txn, 1)
 	faults.DropRequests(etcdtest.Txn, isReadOnly)
 	_, next, err := c.CompleteAndClaimNext(context.Background(), l, 7)
@@ -313,12 +299,7 @@ func TestAFusedCompletionWhoseReadBackFailsRevokesTheSession(t *testing.T) {
 // after three read-backs that find the held item still ours, the session's
 // lease is revoked before "outcome unknown" is answered.
 func TestThreeFusedCopiesThatFindTheItemStillOursRevokeTheSession(t *testing.T) {
-	ep, _ := startEtcd(t)
-	admin := newStore(t, ep)
-	q := QueueRef{"default", "three-copies"}
-	store, faults := etcdtest.NewFaultyStore(t, ep)
-	c := NewClient(store, DefaultRoot)
-	l := fusedSetup(t, ep, q, QueueSpec{LeaseDurationSeconds: 60, MaxAttempts: 3}, c)
+	ep, admin, q, c, faults, l := faultyFused(t, "three-copies", 60)
 	var dropped atomic.Int64
 	faults.DropRequests(etcdtest.Txn, func(req any) bool {
 		if isFused(req) {
@@ -334,4 +315,18 @@ func TestThreeFusedCopiesThatFindTheItemStillOursRevokeTheSession(t *testing.T) 
 		t.Fatalf("three copies lost: next %v, %d dropped, %v", next, dropped.Load(), err)
 	}
 	assertSessionRevoked(t, ep, admin, q, l.session.LeaseID)
+}
+
+// faultyFused: a fresh etcd, a plain store of it, and a client of it behind
+// etcdtest.Faults holding the first of queue name's two items (fusedSetup,
+// lease TTL ttl seconds).
+func faultyFused(t *testing.T, name string, ttl int64) (string, *etcd.Store, QueueRef, *Client,
+	*etcdtest.Faults, *Lease) {
+	t.Helper()
+	ep, _ := startEtcd(t)
+	admin := newStore(t, ep)
+	q := QueueRef{"default", name}
+	store, faults := etcdtest.NewFaultyStore(t, ep)
+	c := NewClient(store, DefaultRoot)
+	return ep, admin, q, c, faults, fusedSetup(t, ep, q, QueueSpec{LeaseDurationSeconds: ttl, MaxAttempts: 3}, c)
 }
