@@ -734,9 +734,15 @@ class JobLeaseClient:
         ]
         if spec.max_attempts > 0:
             compares.append(Compare(keys.claims, "version", "<", spec.max_attempts))
+        # A job with a history needs no read-back of its generation: the
+        # ``version(claims) == generation`` compare below fixes it at
+        # generation + 1, so the success branch has one Get fewer.
+        keeps_history = spec.history_limit > 0
         success: list[TxnOp] = [Put(keys.holder, holder_value, lease=session.lease_id),
-                                    Put(keys.claims, claim_value), Get(keys.claims),
-                                    Get(keys.checkpoint)]
+                                Put(keys.claims, claim_value)]
+        if not keeps_history:
+            success.append(Get(keys.claims))
+        success.append(Get(keys.checkpoint))
         failure = [Get(keys.spec), Get(keys.holder), Get(keys.result), Get(keys.claims)]
         if item is not None:
             assert isinstance(keys, ItemKeys)
@@ -750,7 +756,7 @@ class JobLeaseClient:
             slot_value = SlotRecord(str(job), owner, claim_id).encode()
             success += slots.writes(session.lease_id, slot_value)
         tenure = None
-        if spec.history_limit > 0:
+        if keeps_history:
             tenure = TenureKeys(keys.history, generation + 1)
             compares.append(Compare(keys.claims, "version", "==", generation))
             success += tenure.claim_writes(tenure_start, spec.history_limit)
@@ -772,20 +778,24 @@ class JobLeaseClient:
             self.sessions.drop(session, "a claim bound to it was cancelled in flight")
             raise
         if r.succeeded:
-            claims = r.kv(2)
-            assert claims is not None
-            self._saw_generation(job, claims.version)
+            if keeps_history:
+                claimed_generation, at = generation + 1, 2
+            else:
+                claims = r.kv(2)
+                assert claims is not None
+                claimed_generation, at = claims.version, 3
+            self._saw_generation(job, claimed_generation)
             record = None
             if item is not None:
-                item_kv = r.kv(4)
+                item_kv = r.kv(at + 1)
                 assert item_kv is not None  # a pending key is only ever written with its item
                 record = ItemRecord.decode(item_kv.value, item_kv.create_revision)
             if slots is not None:
                 self._took(slots, r.revision, slot_value, session.lease_id)
             return Lease(store=self.store, session=session, job=job, keys=keys,
                          owner=owner, claim_id=claim_id, token=r.revision,
-                         generation=claims.version, ttl=spec.lease_duration_seconds,
-                         holder_value=holder_value, checkpoint=r.kv(3), item=record,
+                         generation=claimed_generation, ttl=spec.lease_duration_seconds,
+                         holder_value=holder_value, checkpoint=r.kv(at), item=record,
                          slots=slots.grants(r.revision) if slots else (),
                          on_slots_freed=self._slots_freed, tenure=tenure,
                          holder_and_result=(failure[1], failure[2]))

@@ -236,8 +236,15 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 	if spec.MaxAttempts > 0 {
 		cmps = append(cmps, etcd.VersionLess(keys.Claims(), spec.MaxAttempts))
 	}
-	success := []etcd.Op{etcd.Put(keys.Holder(), holderValue, s.LeaseID), etcd.Put(keys.Claims(), claimValue, 0),
-		etcd.Get(keys.Claims()), etcd.Get(keys.Checkpoint())}
+	// A job with a history needs no read-back of its generation: the
+	// version(claims) == gen compare below fixes it at gen+1, so the success
+	// branch has one Get fewer.
+	keepsHistory := spec.HistoryLimit > 0
+	success := []etcd.Op{etcd.Put(keys.Holder(), holderValue, s.LeaseID), etcd.Put(keys.Claims(), claimValue, 0)}
+	if !keepsHistory {
+		success = append(success, etcd.Get(keys.Claims()))
+	}
+	success = append(success, etcd.Get(keys.Checkpoint()))
 	failure := []etcd.Op{etcd.Get(keys.Spec()), etcd.Get(keys.Holder()), etcd.Get(keys.Result()), etcd.Get(keys.Claims())}
 	if keys.IsItem() {
 		cmps = append(cmps, etcd.ModEq(keys.Pending(), pendingRev))
@@ -254,7 +261,7 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 		success = append(success, writes...)
 	}
 	var ten *tenure
-	if spec.HistoryLimit > 0 {
+	if keepsHistory {
 		gen := c.generation
 		if keys.IsItem() {
 			gen = itemGen
@@ -283,18 +290,24 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 		return nil, false, err
 	}
 	if r.Succeeded {
-		claims := r.KV(2)
+		// indices of the success branch's Gets: checkpoint (and item after it)
 		var gen int64
-		if claims != nil {
-			gen = claims.Version
+		at := 2
+		if ten != nil {
+			gen = ten.gen
+		} else {
+			if claims := r.KV(2); claims != nil {
+				gen = claims.Version
+			}
+			at = 3
 		}
 		if !keys.IsItem() {
 			c.generation = gen
 		}
-		l := newLease(c.Store, s, job, keys, owner, claimID, r.Revision, gen, ttl, holderValue, r.KV(3), plan.grants(r.Revision))
+		l := newLease(c.Store, s, job, keys, owner, claimID, r.Revision, gen, ttl, holderValue, r.KV(at), plan.grants(r.Revision))
 		l.tenure = ten
 		if keys.IsItem() {
-			if err := l.setItem(ctx, r.KV(4)); err != nil {
+			if err := l.setItem(ctx, r.KV(at+1)); err != nil {
 				return nil, false, err
 			}
 		}
