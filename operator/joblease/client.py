@@ -75,7 +75,7 @@ from joblease.keys import (
     SemaphoreKeys,
     SemaphoreRef,
 )
-from joblease.lease import Lease
+from joblease.lease import READ_BACK_SECONDS, Lease
 from joblease.records import (
     CheckpointRecord,
     History,
@@ -216,7 +216,7 @@ class JobLeaseClient:
     _spec_cache_size = 1024
 
     def __init__(self, config: EtcdConfig | None = None, *, store: Store | None = None,
-                 margin: float | None = None, read_back_timeout: float = 30.0,
+                 margin: float | None = None, read_back_timeout: float = READ_BACK_SECONDS,
                  revoke_on_loss: bool = True) -> None:
         self.config = config or EtcdConfig.from_env()
         self.store: Store = store if store is not None else EtcdStore(self.config)
@@ -242,6 +242,11 @@ class JobLeaseClient:
         self.sessions = SessionPool(self.store, self._background, margin=margin,
                                     revoke_on_loss=revoke_on_loss,
                                     revoke_timeout=read_back_timeout)
+
+    @property
+    def read_back_timeout(self) -> float:
+        """How long this client reads back an unknown outcome before saying so."""
+        return self._read_back_timeout
 
     async def __aenter__(self) -> JobLeaseClient:
         return self
@@ -792,7 +797,8 @@ class JobLeaseClient:
                 record = ItemRecord.decode(item_kv.value, item_kv.create_revision)
             if slots is not None:
                 self._took(slots, r.revision, slot_value, session.lease_id)
-            return Lease(store=self.store, session=session, job=job, keys=keys,
+            return Lease(store=self.store, read_back_timeout=self._read_back_timeout,
+                         session=session, job=job, keys=keys,
                          owner=owner, claim_id=claim_id, token=r.revision,
                          generation=claimed_generation, ttl=spec.lease_duration_seconds,
                          holder_value=holder_value, checkpoint=r.kv(at), item=record,
@@ -888,7 +894,8 @@ class JobLeaseClient:
         if holder is not None and holder.value == holder_value:
             claims = fields.get("claims")
             log.info("ambiguous claim of %s resolved by read-back: committed", job)
-            return Lease(store=self.store, session=session, job=job, keys=keys, owner=owner,
+            return Lease(store=self.store, read_back_timeout=self._read_back_timeout,
+                         session=session, job=job, keys=keys, owner=owner,
                          claim_id=claim_id, token=holder.create_revision,
                          generation=claims.version if claims else 0,
                          ttl=session.ttl, holder_value=holder_value,
@@ -992,7 +999,8 @@ class JobLeaseClient:
         _, tenure_kvs = await self.retry_read(lambda: self.store.get(tenure_key))
         tenure = tenure_of(keys.history, tenure_kvs[0] if tenure_kvs else None,
                            state.generation, token)
-        return Lease(store=self.store, session=None, job=job, keys=keys, owner=owner,
+        return Lease(store=self.store, read_back_timeout=self._read_back_timeout,
+                     session=None, job=job, keys=keys, owner=owner,
                      claim_id=h.claim_id, token=token, generation=state.generation,
                      ttl=int(holder.get("ttl", 0)), holder_value=holder_kv.value,
                      checkpoint=fields.get("checkpoint"),

@@ -78,7 +78,8 @@ class Lease:
     # One is made per claim: slots rather than a dict per handle (less to
     # allocate and for the garbage collector to track).
     __slots__ = ("_checkpoint_kv", "_completion_deletes", "_done", "_holder_and_result",
-                 "_holder_value", "_keys", "_on_slots_freed", "_reason", "_renew_condition",
+                 "_holder_value", "_keys", "_on_slots_freed", "_read_back_timeout", "_reason",
+                 "_renew_condition",
                  "_session", "_slot_deletes", "_state", "claim_id", "generation", "item", "job",
                  "owner", "result", "slots", "store", "tenure", "token", "trace", "ttl")
 
@@ -101,8 +102,11 @@ class Lease:
         on_slots_freed: Callable[[tuple[SlotGrant, ...], int], None] | None = None,
         tenure: TenureKeys | None = None,
         holder_and_result: tuple[Get, Get] | None = None,
+        read_back_timeout: float = READ_BACK_SECONDS,
     ) -> None:
         self.store = store
+        #: how long an unknown outcome is read back (the client's setting)
+        self._read_back_timeout = read_back_timeout
         self.job = job
         self.owner = owner
         self.claim_id = claim_id
@@ -528,8 +532,9 @@ class Lease:
                                    success: Sequence[Get], failure: Sequence[Get]
                                    ) -> TxnResult:
         """One read-only transaction, retried while etcd is unreachable, for at
-        most ``READ_BACK_SECONDS``; then :class:`OutcomeUnknownError` for ``what``."""
-        deadline = time.monotonic() + READ_BACK_SECONDS
+        most the client's ``read_back_timeout``; then :class:`OutcomeUnknownError`
+        for ``what``."""
+        deadline = time.monotonic() + self._read_back_timeout
         while True:
             try:
                 return await self.store.txn(compares, success, failure)

@@ -789,7 +789,8 @@ class Queues:
                      item_kv: KeyValue | None) -> Lease | None:
         assert item_kv is not None  # a pending key is only ever written with its item
         session = lease.session
-        return Lease(store=self.store, session=session, job=item, keys=claim.keys,
+        return Lease(store=self.store, read_back_timeout=self.client.read_back_timeout,
+                     session=session, job=item, keys=claim.keys,
                      owner=lease.owner, claim_id=claim.claim_id, token=token,
                      generation=generation, ttl=lease.ttl, holder_value=claim.holder_value,
                      checkpoint=checkpoint,
@@ -826,7 +827,8 @@ class Queues:
         tenure_key = keys.history.tenure(generation)
         tenure = tenure_of(keys.history, next((kv for kv in r.kvs(5) if kv.key == tenure_key),
                                               None), generation, token)
-        return Lease(store=self.store, session=None, job=item, keys=keys, owner=owner,
+        return Lease(store=self.store, read_back_timeout=self.client.read_back_timeout,
+                     session=None, job=item, keys=keys, owner=owner,
                      claim_id=holder["claimId"], token=token, tenure=tenure,
                      generation=generation,
                      ttl=int(holder.get("ttl", 0)), holder_value=holder_kv.value,

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-import joblease.lease as lease_module
 from joblease import (
     EtcdConfig,
     InvalidInputError,
@@ -85,13 +84,18 @@ async def test_release_that_cannot_be_confirmed_raises_and_the_job_stays_held(
 
 
 async def test_completion_whose_read_back_fails_too_says_outcome_unknown(
-    faulty: tuple[JobLeaseClient, FaultyStore], client: JobLeaseClient,
-    monkeypatch: pytest.MonkeyPatch,
+    etcd_config: EtcdConfig, client: JobLeaseClient,
 ) -> None:
     """"etcd unavailable" promises nothing was written; after a completion was
-    sent, only "outcome unknown" is true."""
-    monkeypatch.setattr(lease_module, "READ_BACK_SECONDS", 0.5, raising=False)
-    c, store = faulty
+    sent, only "outcome unknown" is true, and it is said once the client's
+    ``read_back_timeout`` (here 0.5 s, not the 30 s default) has passed."""
+    store = FaultyStore(EtcdStore(etcd_config))
+    async with JobLeaseClient(etcd_config, store=store, read_back_timeout=0.5) as c:
+        await _complete_with_etcd_gone(c, store, client)
+
+
+async def _complete_with_etcd_gone(c: JobLeaseClient, store: FaultyStore,
+                                   client: JobLeaseClient) -> None:
     job = JobRef("default", "complete-unknown")
     await client.register(job, JobSpec(10, 0))
     lease = await c.claim(job, "worker-a")
@@ -103,8 +107,10 @@ async def test_completion_whose_read_back_fails_too_says_outcome_unknown(
         raise StoreUnavailableError("injected: etcd unreachable")
 
     store.before_txn = etcd_gone
+    began = time.monotonic()
     with pytest.raises(OutcomeUnknownError):
         await lease.complete({"n": 1})
+    assert time.monotonic() - began < 10, "the client's read_back_timeout must bound it"
     store.before_txn = None
     assert (await lease.complete({"n": 1})).claim_id == lease.claim_id
 

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient
-from joblease import lease as lease_module
 from joblease.errors import OutcomeUnknownError, StoreUnavailableError
 from joblease.etcd_store import EtcdStore
 from joblease.keys import ItemRef, QueueRef
@@ -254,11 +253,11 @@ async def _assert_session_revoked(queues: Queues, store: FaultyStore, lease: Lea
 
 
 async def test_a_fused_completion_whose_read_back_fails_revokes_the_session(
-        faulty: tuple[Queues, FaultyStore], monkeypatch: pytest.MonkeyPatch) -> None:
+        faulty: tuple[Queues, FaultyStore]) -> None:
     """The fused transaction commits, its answer is lost, and etcd cannot be read
-    back: the claim sent with it may have committed (it has), so the session's
-    lease is revoked before "outcome unknown" is answered (docs/queues.md)."""
-    monkeypatch.setattr(lease_module, "READ_BACK_SECONDS", 0.5)
+    back (for the fixture client's read_back_timeout, 0.5 s): the claim sent with
+    it may have committed (it has), so the session's lease is revoked before
+    "outcome unknown" is answered (docs/queues.md)."""
     queues, store = faulty
     q = QueueRef("default", "readback-fails")
     lease = await _two_items(queues, q, QueueSpec(lease_duration_seconds=TTL, max_attempts=3))
