@@ -42,6 +42,17 @@ type Client struct {
 	// says otherwise, sessionFor revokes that lease and grants one of the
 	// spec's TTL before the claim, as it does when a job's TTL changes.
 	LeaseTTLHint int64
+	// ReadBackTimeout bounds how long an unknown outcome is read back, and a
+	// read retried, while etcd is unreachable, for this client and its leases
+	// (0: DefaultReadBackTimeout).
+	ReadBackTimeout time.Duration
+}
+
+func (c *Client) readBackTimeout() time.Duration {
+	if c.ReadBackTimeout > 0 {
+		return c.ReadBackTimeout
+	}
+	return DefaultReadBackTimeout
 }
 
 // NewClient over store, keys under root.
@@ -304,7 +315,7 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 		if !keys.IsItem() {
 			c.generation = gen
 		}
-		l := newLease(c.Store, s, job, keys, owner, claimID, r.Revision, gen, ttl, holderValue, r.KV(at), plan.grants(r.Revision))
+		l := c.newLease(s, job, keys, owner, claimID, r.Revision, gen, ttl, holderValue, r.KV(at), plan.grants(r.Revision))
 		l.tenure = ten
 		if keys.IsItem() {
 			if err := l.setItem(ctx, r.KV(at+1)); err != nil {
@@ -400,7 +411,7 @@ func retryRead[T any](ctx context.Context, timeout time.Duration, fn func() (T, 
 // copy in flight cannot commit later, and claims is read again.
 func (c *Client) resolveAmbiguous(ctx context.Context, job JobRef, keys JobKeys, owner, claimID string,
 	holderValue []byte, s *session.Session, spec Spec, revoked *[]string, plan *SlotPlan, ten *tenure) (*Lease, error) {
-	fields, err := retryRead(ctx, ReadBackTimeout, func() (map[string]*etcd.KV, error) {
+	fields, err := retryRead(ctx, c.readBackTimeout(), func() (map[string]*etcd.KV, error) {
 		// The fields the lease needs, at one revision (an item's keys are
 		// spread over its queue's sub-prefixes, so no one prefix read).
 		names := []string{"holder", "claims", "checkpoint", "item"}
@@ -428,7 +439,7 @@ func (c *Client) resolveAmbiguous(ctx context.Context, job JobRef, keys JobKeys,
 			gen = cl.Version
 		}
 		// the holder committed, so did its slots (one transaction)
-		l := newLease(c.Store, s, job, keys, owner, claimID, h.CreateRevision, gen, s.TTL, holderValue, fields["checkpoint"],
+		l := c.newLease(s, job, keys, owner, claimID, h.CreateRevision, gen, s.TTL, holderValue, fields["checkpoint"],
 			plan.grants(h.CreateRevision))
 		l.tenure = ten
 		if keys.IsItem() {
@@ -443,7 +454,7 @@ func (c *Client) resolveAmbiguous(ctx context.Context, job JobRef, keys JobKeys,
 		return nil, errs.ClaimOutcomeUnknown(job.String(), claimID, s.LeaseID, false, s.TTL,
 			"not visible on read-back, and the revoke that settles it failed")
 	}
-	kv, err := retryRead(ctx, ReadBackTimeout, func() (*etcd.KV, error) {
+	kv, err := retryRead(ctx, c.readBackTimeout(), func() (*etcd.KV, error) {
 		_, kv, err := c.Store.Get(ctx, keys.Claims())
 		return kv, err
 	})
@@ -477,7 +488,7 @@ func (c *Client) endSession(ctx context.Context, s *session.Session) bool {
 	}
 	s.Lose("revoked to settle an ambiguous claim", false)
 	s.Close(ctx, false)
-	_, err := retryRead(ctx, min(ReadBackTimeout, time.Duration(s.TTL)*time.Second), func() (struct{}, error) {
+	_, err := retryRead(ctx, min(c.readBackTimeout(), time.Duration(s.TTL)*time.Second), func() (struct{}, error) {
 		return struct{}{}, c.Store.Revoke(ctx, s.LeaseID)
 	})
 	if err != nil {

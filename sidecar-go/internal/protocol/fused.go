@@ -251,7 +251,7 @@ func (c *Client) nextFromReadBack(ctx context.Context, l *Lease, item ItemRef, n
 
 func (c *Client) fusedLease(ctx context.Context, l *Lease, item ItemRef, next FusedClaim, token, gen int64,
 	checkpoint, itemKV *etcd.KV) *Lease {
-	nl := newLease(c.Store, l.session, itemJob(item), next.Keys, l.Owner, ClaimIDOf(next.ClaimsValue), token, gen, l.session.TTL,
+	nl := c.newLease(l.session, itemJob(item), next.Keys, l.Owner, ClaimIDOf(next.ClaimsValue), token, gen, l.session.TTL,
 		next.HolderValue, checkpoint, nil)
 	c.poolOf(item.Queue).refusedCost = 0
 	if err := nl.setItem(ctx, itemKV); err != nil {

@@ -278,14 +278,20 @@ func assertSessionRevoked(t *testing.T, ep string, admin *etcd.Store, q QueueRef
 }
 
 // The fused transaction commits, its answer is lost and etcd cannot be read
-// back (for ReadBackTimeout): the claim sent with it may have committed (it
-// has), so the session's lease is revoked before "outcome unknown" is answered.
+// back (for the client's ReadBackTimeout): the claim sent with it may have
+// committed (it has), so the session's lease is revoked before "outcome
+// unknown" is answered, and answered once that timeout is spent, not the default's.
 func TestAFusedCompletionWhoseReadBackFailsRevokesTheSession(t *testing.T) {
 	ep, admin, q, c, faults, l := faultyFused(t, "readback-fails", 60)
 	faults.LoseNextAnswers(etcdtest.Txn, 1)
 	faults.DropRequests(etcdtest.Txn, isReadOnly)
+	start := time.Now()
 	_, next, err := c.CompleteAndClaimNext(context.Background(), l, 7)
+	took := time.Since(start)
 	faults.DropRequests(etcdtest.Txn, nil)
+	if took < fusedReadBack || took > DefaultReadBackTimeout/2 {
+		t.Fatalf("outcome unknown after %v: the client's read-back timeout is %v", took, fusedReadBack)
+	}
 	if !errs.Is(err, errs.KindOutcomeUnknown) || next != nil || !strings.Contains(err.Error(), "revoked (confirmed: true)") {
 		t.Fatalf("fused with no read-back: next %v, %v", next, err)
 	}
@@ -317,9 +323,13 @@ func TestThreeFusedCopiesThatFindTheItemStillOursRevokeTheSession(t *testing.T) 
 	assertSessionRevoked(t, ep, admin, q, l.session.LeaseID)
 }
 
+// fusedReadBack is faultyFused's client's read-back timeout.
+const fusedReadBack = 2 * time.Second
+
 // faultyFused: a fresh etcd, a plain store of it, and a client of it behind
 // etcdtest.Faults holding the first of queue name's two items (fusedSetup,
-// lease TTL ttl seconds).
+// lease TTL ttl seconds). Its read-backs give up after fusedReadBack: etcd
+// answers at once here unless a test drops the reads.
 func faultyFused(t *testing.T, name string, ttl int64) (string, *etcd.Store, QueueRef, *Client,
 	*etcdtest.Faults, *Lease) {
 	t.Helper()
@@ -328,5 +338,6 @@ func faultyFused(t *testing.T, name string, ttl int64) (string, *etcd.Store, Que
 	q := QueueRef{"default", name}
 	store, faults := etcdtest.NewFaultyStore(t, ep)
 	c := NewClient(store, DefaultRoot)
+	c.ReadBackTimeout = fusedReadBack
 	return ep, admin, q, c, faults, fusedSetup(t, ep, q, QueueSpec{LeaseDurationSeconds: ttl, MaxAttempts: 3}, c)
 }

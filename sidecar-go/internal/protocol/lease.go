@@ -15,9 +15,11 @@ import (
 	"github.com/joblease/joblease/sidecar-go/internal/session"
 )
 
-// ReadBackTimeout bounds how long an unknown outcome is read back while etcd
-// is unreachable before the operation says OutcomeUnknown.
-const ReadBackTimeout = 30 * time.Second
+// DefaultReadBackTimeout bounds how long an unknown outcome is read back (and
+// a read retried) while etcd is unreachable before the operation says
+// OutcomeUnknown, unless the Client's ReadBackTimeout says otherwise (Python:
+// lease.READ_BACK_SECONDS, JobLeaseClient's read_back_timeout).
+const DefaultReadBackTimeout = 30 * time.Second
 
 // State of a lease handle.
 type State int
@@ -66,13 +68,15 @@ type Lease struct {
 	// unlisten unregisters the session's loss callback once the lease ended
 	// (the session lives on for the next claims; nil until registered).
 	unlisten func()
+	// readBackTimeout bounds this lease's read-backs: its client's ReadBackTimeout.
+	readBackTimeout time.Duration
 }
 
-func newLease(store *etcd.Store, s *session.Session, job JobRef, keys JobKeys, owner, claimID string,
+func (c *Client) newLease(s *session.Session, job JobRef, keys JobKeys, owner, claimID string,
 	token, generation, ttl int64, holderValue []byte, checkpoint *etcd.KV, slots []SlotGrant) *Lease {
-	l := &Lease{store: store, session: s, Job: job, keys: keys, Owner: owner, ClaimID: claimID, Token: token,
+	l := &Lease{store: c.Store, session: s, Job: job, keys: keys, Owner: owner, ClaimID: claimID, Token: token,
 		Generation: generation, TTL: ttl, holderValue: holderValue, done: make(chan struct{}), checkpointKV: checkpoint,
-		Slots: slots}
+		Slots: slots, readBackTimeout: c.readBackTimeout()}
 	for _, g := range slots {
 		l.slotKeys = append(l.slotKeys, g.keys...)
 	}
@@ -281,9 +285,9 @@ func (l *Lease) CheckpointDict() any {
 func now() float64 { return float64(time.Now().UnixNano()) / 1e9 }
 
 // readUntilAnswered runs one read-only transaction, retried while etcd is
-// unreachable, for at most ReadBackTimeout; then OutcomeUnknown for what.
+// unreachable, for at most its client's ReadBackTimeout; then OutcomeUnknown for what.
 func (l *Lease) readUntilAnswered(ctx context.Context, what string, cmps []etcd.Cmp, success, failure []etcd.Op) (etcd.TxnResult, error) {
-	deadline := time.Now().Add(ReadBackTimeout)
+	deadline := time.Now().Add(l.readBackTimeout)
 	for {
 		r, err := l.store.Txn(ctx, cmps, success, failure)
 		if err == nil || !errs.Is(err, errs.KindUnavailable, errs.KindOutcomeUnknown) {

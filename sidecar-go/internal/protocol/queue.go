@@ -170,7 +170,7 @@ func (c *Client) claimItem(ctx context.Context, item ItemRef, owner string, pend
 // with it), or the error that says why it has none (no queue, never
 // enqueued, completed, failed).
 func (c *Client) pendingOf(ctx context.Context, item ItemRef, keys JobKeys) (*etcd.KV, int64, error) {
-	r, err := retryRead(ctx, ReadBackTimeout, func() (etcd.TxnResult, error) {
+	r, err := retryRead(ctx, c.readBackTimeout(), func() (etcd.TxnResult, error) {
 		return c.Store.Txn(ctx, nil, []etcd.Op{etcd.Get(keys.Pending()), etcd.Get(keys.Item()), etcd.Get(keys.Result()),
 			etcd.Get(keys.Claims()), etcd.Get(keys.Spec())}, nil)
 	})
@@ -417,7 +417,7 @@ func (c *Client) candidateRead(ctx context.Context, keys QueueKeys, pool *candid
 	ahead := min(max(ReadAhead, pool.pendingHint/ReadAheadShare), ReadAheadMax)
 	limit := int64(pool.heldHint + ahead)
 	for {
-		r, err := retryRead(ctx, ReadBackTimeout, func() (etcd.TxnResult, error) {
+		r, err := retryRead(ctx, c.readBackTimeout(), func() (etcd.TxnResult, error) {
 			return c.Store.Txn(ctx, nil, []etcd.Op{etcd.GetPrefixOp(heldPrefix, etcd.RangeOpts{KeysOnly: true}),
 				etcd.GetPrefixOp(pendingPrefix, etcd.RangeOpts{Limit: limit, OldestFirst: true}),
 				etcd.GetPrefixOp(pendingPrefix, etcd.RangeOpts{CountOnly: true})}, nil)

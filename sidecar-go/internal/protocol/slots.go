@@ -111,7 +111,7 @@ func (c *Client) readSemaphores(ctx context.Context, needs []semNeed) ([]semStat
 		ops = append(ops, etcd.Get(n.keys.Spec()), etcd.GetPrefixOp(n.keys.Slots(), etcd.RangeOpts{}),
 			etcd.GetPrefixOp(n.keys.Waiters(), etcd.RangeOpts{OldestFirst: true}))
 	}
-	r, err := retryRead(ctx, ReadBackTimeout, func() (etcd.TxnResult, error) { return c.Store.Txn(ctx, nil, ops, nil) })
+	r, err := retryRead(ctx, c.readBackTimeout(), func() (etcd.TxnResult, error) { return c.Store.Txn(ctx, nil, ops, nil) })
 	if err != nil {
 		return nil, 0, err
 	}
