@@ -726,6 +726,14 @@ class Queues:
         except (StoreUnavailableError, InvalidInputError):
             self._pools.setdefault(item.queue, _Pool()).candidates.append(pending)
             raise
+        except asyncio.CancelledError:
+            # The request may be on its way and commit the claim of the next
+            # item, bound to this session, which no handle knows of and which
+            # the session would renew for as long as it lives: end the session,
+            # as a claim cancelled in flight does (client._claim_on).
+            self.client.sessions.drop(
+                session, f"a completion sent with the claim of {item} was cancelled in flight")
+            raise
         if evidence is None:
             await self.client.sessions.end(
                 session, f"the claim of {item} sent with a completion could not be read back")

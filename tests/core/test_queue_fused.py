@@ -8,6 +8,7 @@ transaction per item."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
@@ -21,6 +22,7 @@ from joblease.queue import READ_AHEAD, Queues
 from joblease.records import QueueSpec, ResultRecord
 from joblease.store import Compare, Put, Store, Txn, TxnOp, TxnResult
 from tests.support.faulty_store import FaultyStore
+from tests.support.waiting import poll
 
 TTL = 30
 
@@ -292,4 +294,43 @@ async def test_three_fused_copies_that_find_the_item_still_ours_revoke_the_sessi
         await queues.complete_next(lease, 7)
     store.on_txn = None
     assert len(dropped) == 3
+    await _assert_session_revoked(queues, store, lease, q)
+
+
+async def test_a_fused_completion_cancelled_in_flight_leaves_no_holder_renewed(
+        faulty: tuple[Queues, FaultyStore]) -> None:
+    """Cancelling a fused completion whose transaction committed but whose answer
+    never came (the fault-injecting store withholds it) must not leave the next
+    item's holder, which no handle knows of, renewed by the session: the session
+    is ended, so its etcd lease goes and no holder of the queue is left."""
+    queues, store = faulty
+    q = QueueRef("default", "cancelled")
+    lease = await _two_items(queues, q, QueueSpec(lease_duration_seconds=TTL, max_attempts=3))
+    committed = asyncio.Event()
+
+    async def commit_and_never_answer(compares: Sequence[Compare], success: Sequence[TxnOp],
+                                      failure: Sequence[TxnOp]) -> TxnResult:
+        r = await store.inner.txn(compares, success, failure)
+        if _fused(success):
+            committed.set()
+            await asyncio.Event().wait()
+        return r
+
+    store.on_txn = commit_and_never_answer
+    task = asyncio.create_task(queues.complete_next(lease, 7))
+    await asyncio.wait_for(committed.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    store.on_txn = None
+    # the fused claim committed (its claims key is not bound to the session): the
+    # case under test
+    _, claims = await store.inner.get(queues.keys(q).item(_other(lease)).claims)
+    assert [kv.version for kv in claims] == [1]
+
+    async def revoked() -> bool:
+        return await store.inner.time_to_live(lease.lease_id) == -1
+
+    await poll(revoked, 5, "the session's etcd lease to be revoked (TTL is 30 s)",
+               interval=0.01)
     await _assert_session_revoked(queues, store, lease, q)
