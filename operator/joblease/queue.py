@@ -31,6 +31,7 @@ from joblease.errors import (
     AlreadyCompletedError,
     AttemptsExhaustedError,
     ConflictError,
+    CorruptRecordError,
     FencedError,
     HeldError,
     InvalidInputError,
@@ -225,6 +226,20 @@ def fused_request(lease: Lease, result_value: bytes, claim: FusedClaim
     return lease.fused_request(result_value, fused_claim_txn(claim))
 
 
+#: stuck pending keys a pool remembers at most (``_Pool.stuck``)
+_STUCK_KEPT = 1024
+
+
+def _stuck_error(queue: QueueRef, keys: QueueKeys, ids: list[str]) -> CorruptRecordError:
+    """What claim_next says when only stuck pending keys are left to claim."""
+    shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+    return CorruptRecordError(
+        f"queue {queue} pending",
+        f"item(s) {shown} are pending but already completed, a state joblease never writes "
+        f"(the completion deletes the pending key): nothing else is claimable; delete "
+        f"their keys under {keys.field_prefix('pending').decode()!r}")
+
+
 class _Pool:
     """Candidates of one queue read at one revision, shared by a client's claimers."""
 
@@ -234,6 +249,13 @@ class _Pool:
         self.held_hint = 0  # holders seen at the last read: how far to read ahead
         self.pending_hint = 0  # pending keys counted at the last read: how much to read
         self.found = False  # whether the last read found any candidate
+        #: pending keys (by key, at their mod revision) whose claim was refused as
+        #: completed: a pending key outliving its item's completion, which
+        #: joblease never writes (the completion deletes it), would otherwise be
+        #: read, claimed and refused again without end; reads skip them
+        self.stuck: dict[bytes, int] = {}
+        #: the item ids of such keys the last read skipped
+        self.stuck_seen: list[str] = []
         self._lock = asyncio.Lock()
 
     def take(self) -> KeyValue | None:
@@ -243,7 +265,8 @@ class _Pool:
             return None
         return self.candidates.pop(random.randrange(min(PICK_FROM, len(self.candidates))))
 
-    async def refill(self, read: Callable[[], Awaitable[tuple[int, list[KeyValue], int, int]]]
+    async def refill(self, read: Callable[[], Awaitable[tuple[int, list[KeyValue], int, int,
+                                                               list[str]]]]
                      ) -> tuple[int, bool]:
         """Read again unless a concurrent claimer just did: the revision of the
         read, and whether it found any candidate (the claimers that took them
@@ -252,9 +275,18 @@ class _Pool:
         async with self._lock:
             if self.revision == revision:  # nobody refilled while we waited
                 (self.revision, self.candidates, self.held_hint,
-                 self.pending_hint) = await read()
+                 self.pending_hint, self.stuck_seen) = await read()
                 self.found = bool(self.candidates)
         return self.revision, self.found
+
+    def refused_as_completed(self, pending: KeyValue) -> None:
+        """A claim of ``pending``'s item was refused as completed. Usually
+        another claimer completed it meanwhile, deleting the key (so it is
+        never read at this revision again); if the key is still there, it is
+        stuck, and reads skip it."""
+        if len(self.stuck) >= _STUCK_KEPT:
+            self.stuck.clear()  # mostly races' keys, long gone: a stuck one is refused once more
+        self.stuck[pending.key] = pending.mod_revision
 
 
 class Queues:
@@ -608,9 +640,11 @@ class Queues:
                 try:
                     return await self._claim(ItemRef(queue, item_id), keys.item(item_id),
                                              owner, pending, waiting=wait > 0)
-                except (HeldError, AttemptsExhaustedError, AlreadyCompletedError,
-                        ItemNotFoundError):
-                    continue  # taken, exhausted (now marked failed) or completed meanwhile
+                except AlreadyCompletedError:
+                    pool.refused_as_completed(pending)  # completed meanwhile, or stuck
+                    continue
+                except (HeldError, AttemptsExhaustedError, ItemNotFoundError):
+                    continue  # taken, exhausted (now marked failed) or gone meanwhile
                 except SemaphoreFullError as exc:
                     pool.candidates.append(pending)  # still claimable once a slot frees
                     full = exc
@@ -624,7 +658,7 @@ class Queues:
                                                            spec.semaphores)], left)
                 continue
             revision, found = await pool.refill(
-                lambda: self._candidates(keys, pool.held_hint, pool.pending_hint))
+                lambda: self._candidates(keys, pool.held_hint, pool.pending_hint, pool.stuck))
             if pool.candidates or found:
                 # Candidates (or ones that concurrent claimers took while we
                 # waited for their read): claimable items may be left, so
@@ -632,16 +666,20 @@ class Queues:
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
+                if pool.stuck_seen:
+                    raise _stuck_error(queue, keys, pool.stuck_seen)
                 return None
             await self._wait_for_change(keys, revision, left)
 
-    async def _candidates(self, keys: QueueKeys, held_hint: int, pending_hint: int
-                          ) -> tuple[int, list[KeyValue], int, int]:
+    async def _candidates(self, keys: QueueKeys, held_hint: int, pending_hint: int,
+                          stuck: dict[bytes, int]
+                          ) -> tuple[int, list[KeyValue], int, int, list[str]]:
         """The revision read at, the oldest pending keys that have no holder
         (at most the read-ahead of them when there are that many: one in
         ``READ_AHEAD_SHARE`` of the ``pending_hint`` pending keys the last read
         counted, between ``READ_AHEAD_MIN`` and ``READ_AHEAD_MAX``), the number
-        of holders and the number of pending keys, in one read-only transaction."""
+        of holders and the number of pending keys, in one read-only
+        transaction; and the ids of the ``stuck`` pending keys it skipped."""
         held_prefix, pending_prefix = keys.field_prefix("held"), keys.field_prefix("pending")
         ahead = min(max(READ_AHEAD_MIN, pending_hint // READ_AHEAD_SHARE), READ_AHEAD_MAX)
         limit = held_hint + ahead
@@ -652,12 +690,21 @@ class Queues:
                 Get(pending_prefix, prefix=True, count_only=True)])
             held = {kv.key[len(held_prefix):] for kv in r.kvs(0)}
             pending = r.kvs(1)
-            free = [kv for kv in pending if kv.key[len(pending_prefix):] not in held]
+            free, skipped = [], []
+            for kv in pending:
+                if stuck and stuck.get(kv.key) == kv.mod_revision:
+                    skipped.append(kv.key[len(pending_prefix):].decode())
+                elif kv.key[len(pending_prefix):] not in held:
+                    free.append(kv)
             # Fewer free ones than asked for although the read was cut at the
-            # limit: the holders filled it; read again past them.
+            # limit: the holders (and stuck keys) filled it; read again past them.
             if len(free) >= READ_AHEAD or len(pending) < limit:
-                return r.revision, free, len(held), r.count(2)
-            limit = len(held) + ahead
+                if stuck and len(pending) < limit:  # read whole: forget keys gone since
+                    seen = {kv.key: kv.mod_revision for kv in pending}
+                    for key in [k for k, rev in stuck.items() if seen.get(k) != rev]:
+                        del stuck[key]
+                return r.revision, free, len(held), r.count(2), skipped
+            limit = len(held) + len(skipped) + ahead
 
     async def _wait_for_change(self, keys: QueueKeys, revision: int, timeout: float) -> None:
         """Until a pending key is written, a holder deleted or the spec changed

@@ -282,6 +282,39 @@ type candidatePool struct {
 	// readCost is how long the last candidate read took; refusedCost how
 	// long the claims refused since then (or since the last success) took.
 	readCost, refusedCost time.Duration
+	// stuck: pending keys (at their mod revision) whose claim was refused as
+	// completed. A pending key that outlives its item's completion, which
+	// joblease never writes (the completion deletes it), would otherwise be
+	// read, claimed and refused again without end; reads skip them.
+	// stuckSeen: the item ids of such keys the last read skipped.
+	stuck     map[string]int64
+	stuckSeen []string
+}
+
+// stuckKept bounds candidatePool.stuck (as joblease.queue's _STUCK_KEPT).
+const stuckKept = 1024
+
+// refusedAsCompleted records that a claim of pending's item was refused as
+// completed. Usually another claimer completed it meanwhile, deleting the
+// key (so it is never read at this revision again); if the key is still
+// there, it is stuck, and reads skip it.
+func (p *candidatePool) refusedAsCompleted(pending etcd.KV) {
+	if p.stuck == nil || len(p.stuck) >= stuckKept {
+		p.stuck = map[string]int64{} // mostly races' keys, long gone: a stuck one is refused once more
+	}
+	p.stuck[string(pending.Key)] = pending.ModRevision
+}
+
+// stuckError is what ClaimNext answers when only stuck pending keys are left
+// to claim (joblease.queue's _stuck_error).
+func stuckError(queue QueueRef, keys QueueKeys, ids []string) error {
+	shown := strings.Join(ids[:min(5, len(ids))], ", ")
+	if len(ids) > 5 {
+		shown += fmt.Sprintf(" and %d more", len(ids)-5)
+	}
+	return errs.Corrupt("queue "+queue.String()+" pending", fmt.Sprintf("item(s) %s are pending but already completed, "+
+		"a state joblease never writes (the completion deletes the pending key): nothing else is claimable; delete "+
+		"their keys under '%s'", shown, keys.FieldPrefix("pending")))
 }
 
 // refused records a claim of a candidate that was refused after d (another
@@ -336,8 +369,12 @@ func (c *Client) poolOf(queue QueueRef) *candidatePool {
 // by another claimer, completed, or found exhausted and marked failed
 // meanwhile) is dropped and another tried, until refusals have cost as long
 // as the last read took (candidatePool.refused: then the rest is dropped);
-// an empty pool is read again. It returns a lease, or nil and what to wait
-// from when a read found nothing claimable (it never waits itself).
+// an empty pool is read again. A candidate refused as completed whose
+// pending key is still there (a state joblease never writes) is skipped by
+// later reads; when only such keys are left, ClaimNext answers Corrupt naming
+// them rather than reading and being refused without end. It returns a
+// lease, or nil and what to wait from when a read found nothing claimable
+// (it never waits itself).
 // Suspended is returned as ClaimItem would, before anything is sent.
 //
 // Not safe for concurrent use on one Client (nor is the rest of Client): a
@@ -374,7 +411,11 @@ func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*
 				return lease, NoItem{}, nil
 			}
 			switch {
-			case errs.Is(err, errs.KindHeld, errs.KindExhausted, errs.KindCompleted),
+			case errs.Is(err, errs.KindCompleted):
+				pool.refusedAsCompleted(pending) // completed meanwhile, or stuck
+				pool.refused(time.Since(sent))
+				continue
+			case errs.Is(err, errs.KindHeld, errs.KindExhausted),
 				errs.Is(err, errs.KindNotRegistered) && hasDetail(err, "item"):
 				// Taken, exhausted (now marked failed), completed meanwhile, or
 				// gone with a re-created queue: try another, or read again.
@@ -396,6 +437,9 @@ func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*
 		}
 		pool.readCost, pool.refusedCost = time.Since(read), 0
 		if len(free) == 0 {
+			if len(pool.stuckSeen) > 0 {
+				return nil, NoItem{}, stuckError(queue, keys, pool.stuckSeen)
+			}
 			return nil, NoItem{Revision: revision, Empty: pool.pendingHint == 0}, nil
 		}
 		pool.candidates = free
@@ -435,16 +479,32 @@ func (c *Client) candidateRead(ctx context.Context, keys QueueKeys, pool *candid
 			pending, count = r.Gets[1], r.Counts[2]
 		}
 		var free []etcd.KV
+		var skipped []string
 		for _, kv := range pending {
-			if !held[strings.TrimPrefix(string(kv.Key), pendingPrefix)] {
+			id := strings.TrimPrefix(string(kv.Key), pendingPrefix)
+			if rev, ok := pool.stuck[string(kv.Key)]; ok && rev == kv.ModRevision {
+				skipped = append(skipped, id)
+			} else if !held[id] {
 				free = append(free, kv)
 			}
 		}
-		pool.heldHint, pool.pendingHint = len(held), int(count)
+		pool.heldHint, pool.pendingHint, pool.stuckSeen = len(held), int(count), skipped
 		if len(free) >= ReadAhead || int64(len(pending)) < limit {
+			if len(pool.stuck) > 0 && int64(len(pending)) < limit { // read whole: forget keys gone since
+				seen := map[string]int64{}
+				for _, kv := range pending {
+					seen[string(kv.Key)] = kv.ModRevision
+				}
+				for key, rev := range pool.stuck {
+					if at, ok := seen[key]; !ok || at != rev {
+						delete(pool.stuck, key)
+					}
+				}
+			}
 			return r.Revision, free, nil
 		}
-		limit = int64(len(held) + ahead)
+		// the holders (and stuck keys) filled a read cut at the limit: read past them
+		limit = int64(len(held) + len(skipped) + ahead)
 	}
 }
 

@@ -560,3 +560,67 @@ func TestAPoolIsReadAgainOnceItsRefusalsCostARead(t *testing.T) {
 		t.Fatal("a deep queue's pool was dropped for refusals far cheaper than its read")
 	}
 }
+
+// completedButPending enqueues and completes ids, then puts each one's pending
+// key back as it was: a pending key outliving its item's completion, a state
+// joblease never writes (written here by hand, as a tenant could).
+func completedButPending(t *testing.T, admin *etcd.Store, c *Client, q QueueRef, ids ...string) {
+	t.Helper()
+	ctx := context.Background()
+	enqueue(t, c, q, ids...)
+	for _, id := range ids {
+		key := QueueKeysOf(DefaultRoot, q).Item(id).Pending()
+		saved := getKV(t, admin, key)
+		l, err := c.ClaimItem(ctx, ItemRef{q, id}, "done-before")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Complete(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Txn(ctx, nil, []etcd.Op{etcd.Put(key, saved.Value, 0)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// ClaimNext over stuck pending keys (joblease.queue's claim_next, tests/core/
+// test_queue_stuck.py): it skips them, claims what else is claimable, and
+// when nothing else is, says so (corrupt, naming them) after a bounded number
+// of reads, instead of reading and being refused without end.
+func TestStuckPendingKeysAreAClearErrorNotALoop(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "stuck"}
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 30, MaxAttempts: 3})
+	completedButPending(t, admin, NewClient(newStore(t, ep), DefaultRoot), q, "a", "b")
+	store, reads := countingStore(t, ep)
+	c := NewClient(store, DefaultRoot)
+	l, _, err := c.ClaimNext(ctx, q, "worker")
+	if l != nil || !errs.Is(err, errs.KindCorrupt) || !strings.Contains(err.Error(), "item(s) a, b are pending but already completed") ||
+		!strings.Contains(err.Error(), "default/stuck") {
+		t.Fatalf("claim next over stuck keys only: %v, %v", l, err)
+	}
+	// the spec and a candidate read, a refused claim of each, one more read that skips both
+	if n := reads.Load(); n > 3 {
+		t.Fatalf("%d read-only transactions for two stuck keys", n)
+	}
+	for _, id := range []string{"a", "b"} { // nothing changed
+		if getKV(t, admin, QueueKeysOf(DefaultRoot, q).Item(id).Pending()) == nil {
+			t.Fatalf("the pending key of %s was removed", id)
+		}
+	}
+	enqueue(t, c, q, "c")
+	l, _, err = c.ClaimNext(ctx, q, "worker")
+	if err != nil || l == nil || l.Item.ID != "c" {
+		t.Fatalf("a claimable item beside stuck keys: %v, %v", l, err)
+	}
+	if _, err := l.Complete(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.ClaimNext(ctx, q, "worker"); !errs.Is(err, errs.KindCorrupt) {
+		t.Fatalf("stuck keys only, again: %v", err)
+	}
+}
