@@ -123,6 +123,35 @@ SCAN_PAGE = 512
 _NOT_RESERVING = contextlib.nullcontext()
 
 
+class _Reservation:
+    """A claim's slot picks in ``reserved`` (by semaphore prefix) while it is in
+    flight (JobLeaseClient._reserving); a plain class, not a generator-based
+    context manager: one is entered per claim that takes slots."""
+
+    __slots__ = ("_plan", "_reserved")
+
+    def __init__(self, reserved: dict[bytes, set[int]], plan: SlotPlan) -> None:
+        self._reserved, self._plan = reserved, plan
+
+    def __enter__(self) -> None:
+        reserved = self._reserved
+        for state, indexes in self._plan.picks:
+            held = reserved.get(state.keys.prefix)
+            if held is None:
+                reserved[state.keys.prefix] = set(indexes)
+            else:
+                held.update(indexes)
+
+    def __exit__(self, *exc: object) -> None:
+        reserved = self._reserved
+        for state, indexes in self._plan.picks:
+            held = reserved.get(state.keys.prefix)
+            if held is not None:
+                held.difference_update(indexes)
+                if not held:
+                    del reserved[state.keys.prefix]
+
+
 @dataclass(frozen=True)
 class ItemClaim:
     """What a claim of a queue item compares besides a job's conditions: the
@@ -610,7 +639,7 @@ class JobLeaseClient:
         pick other slots (they would only collide with it)."""
         if plan is None:
             return _NOT_RESERVING
-        return self._reserved(plan)
+        return _Reservation(self._reserved_slots, plan)
 
     def _valid_owner(self, owner: str) -> None:
         """Validate ``owner`` and remember it (a worker claims as one owner, or a
@@ -619,19 +648,6 @@ class JobLeaseClient:
         if len(self._valid_owners) >= 64:
             self._valid_owners.clear()
         self._valid_owners.add(owner)
-
-    @contextlib.contextmanager
-    def _reserved(self, plan: SlotPlan) -> Iterator[None]:
-        for state, indexes in plan.picks:
-            self._reserved_slots.setdefault(state.keys.prefix, set()).update(indexes)
-        try:
-            yield
-        finally:
-            for state, indexes in plan.picks:
-                held = self._reserved_slots.get(state.keys.prefix, set())
-                held.difference_update(indexes)
-                if not held:
-                    self._reserved_slots.pop(state.keys.prefix, None)
 
     async def claim(self, job: JobRef, owner: str, *, ticket: Ticket | None = None) -> Lease:
         """Claim ``job`` for ``owner`` in one etcd transaction.

@@ -52,6 +52,9 @@ class SemaphoreView:
         self._spec: KeyValue | None = None
         self._limit: int | None = None  # decoded once per spec change (None: corrupt)
         self._slots: dict[int, KeyValue] = {}
+        #: the indexes below the limit without a live slot (kept with ``_slots``,
+        #: so a pick on a busy semaphore does not list them: slots.SemaphoreState.free)
+        self._free: set[int] = set()
         self._waiters: dict[bytes, KeyValue] = {}
         #: keys this client deleted before the watch delivered the delete: the
         #: revision of that delete (a put of the key at or below it is older)
@@ -128,9 +131,13 @@ class SemaphoreView:
         if key == self.keys.spec:
             self._spec, self._state = kv, None
             try:
-                self._limit = SemaphoreSpec.decode(kv.value).limit
+                limit = SemaphoreSpec.decode(kv.value).limit
             except CorruptRecordError:
                 self._limit = None  # state() says None: a read reports the error
+            else:
+                if limit != self._limit:
+                    self._limit = limit
+                    self._free = set(range(limit)).difference(self._slots)
             self._room(kv.mod_revision)
         elif key.startswith(self.keys.waiters):
             self._waiters[key], self._state = kv, None
@@ -138,6 +145,7 @@ class SemaphoreView:
     def _put_slot(self, index: int, kv: KeyValue) -> None:
         if self._newer_put(kv.key, self._slots.get(index), kv.mod_revision):
             self._slots[index] = kv
+            self._free.discard(index)
 
     def _delete(self, key: bytes, revision: int, *, ours: bool) -> None:
         if key.startswith(self.keys.slots):
@@ -157,6 +165,8 @@ class SemaphoreView:
     def _delete_slot(self, index: int, key: bytes, revision: int, ours: bool) -> None:
         if self._newer_delete(key, self._slots.get(index), revision, ours):
             del self._slots[index]
+            if self._limit is not None and index < self._limit:
+                self._free.add(index)
             self._room(revision)
 
     def _room(self, revision: int) -> None:
@@ -256,7 +266,8 @@ class SemaphoreView:
         if self._state is None:
             waiters = sorted(self._waiters.values(), key=lambda kv: kv.create_revision)
             self._state = SemaphoreState(self.ref, self.keys, self._spec.mod_revision,
-                                         self._limit, MappingProxyType(self._slots), waiters)
+                                         self._limit, MappingProxyType(self._slots), waiters,
+                                         self._free)
         return self._state
 
     def changed_since(self, mark: int | None, revision: int) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from joblease.errors import (
@@ -58,6 +59,9 @@ class SemaphoreState:
     limit: int
     slots: Mapping[int, KeyValue]  # live slots by index
     waiters: list[KeyValue]  # oldest first
+    #: the indexes below the limit with no live slot, when kept by whoever made
+    #: the state (a watched view keeps them; None: listed from ``slots`` when needed)
+    free: AbstractSet[int] | None = field(default=None, compare=False)
 
     @property
     def live(self) -> int:
@@ -120,7 +124,7 @@ class SlotOps:
     (the spec revision, the limit, the index), so a semaphore re-created or
     given a new limit gets new ones, never an old one."""
 
-    __slots__ = ("_above", "_deletes", "_free", "_spec", "keys", "no_waiters")
+    __slots__ = ("_above", "_deletes", "_free", "_granted", "_spec", "keys", "no_waiters")
 
     def __init__(self, keys: SemaphoreKeys) -> None:
         self.keys = keys
@@ -130,6 +134,8 @@ class SlotOps:
         self._above: tuple[int, Compare] | None = None  # the latest limit's
         self._free: dict[int, Compare] = {}
         self._deletes: dict[int, Delete] = {}
+        #: a one-slot grant's keys and deletes, by index (the common weight)
+        self._granted: dict[int, tuple[tuple[bytes, ...], tuple[Delete, ...]]] = {}
 
     def spec_unchanged(self, revision: int) -> Compare:
         """``mod(S/spec) == revision``: the limit planned with is still in force."""
@@ -163,6 +169,18 @@ class SlotOps:
             if len(self._deletes) < MAX_LIMIT:
                 self._deletes[index] = d
         return d
+
+    def granted(self, indexes: tuple[int, ...]) -> tuple[tuple[bytes, ...], tuple[Delete, ...]]:
+        """The slot keys of a grant of ``indexes``, and their deletes."""
+        if len(indexes) == 1:
+            kept = self._granted.get(indexes[0])
+            if kept is None:
+                kept = ((self.keys.slot(indexes[0]),), (self.delete(indexes[0]),))
+                if len(self._granted) < MAX_LIMIT:
+                    self._granted[indexes[0]] = kept
+            return kept
+        return (tuple(self.keys.slot(i) for i in indexes),
+                tuple(self.delete(i) for i in indexes))
 
 
 #: ``SlotOps`` by semaphore prefix (at most ``_OPS_KEPT``: then started afresh)
@@ -214,10 +232,8 @@ class SlotPlan:
     def grants(self, token: int) -> tuple[SlotGrant, ...]:
         out = []
         for state, indexes in self.picks:
-            ops = slot_ops(state.keys)
-            out.append(SlotGrant(state.ref, indexes, token,
-                                 tuple(state.keys.slot(i) for i in indexes),
-                                 tuple(ops.delete(i) for i in indexes), state.keys.prefix))
+            keys, deletes = slot_ops(state.keys).granted(indexes)
+            out.append(SlotGrant(state.ref, indexes, token, keys, deletes, state.keys.prefix))
         return tuple(out)
 
 
@@ -261,8 +277,8 @@ def plan(job: str, states: Sequence[tuple[SemaphoreState, int]], ticket: Ticket 
         if ahead or (slots and max(slots) >= limit) or limit - len(slots) < weight:
             raise SemaphoreFullError(str(state.ref), job, state.limit, state.live,
                                      len(waiters), weight)
-        taken = (reserved or {}).get(state.keys.prefix)
-        picks.append((state, _pick(slots, limit, weight, taken)))
+        taken = reserved.get(state.keys.prefix) if reserved else None
+        picks.append((state, _pick(slots, limit, weight, taken, state.free)))
     return SlotPlan(tuple(picks), ticket)
 
 
@@ -270,10 +286,11 @@ def plan(job: str, states: Sequence[tuple[SemaphoreState, int]], ticket: Ticket 
 _PROBES = 4
 
 
-def _pick(slots: Mapping[int, KeyValue], limit: int, weight: int, taken: set[int] | None
-          ) -> tuple[int, ...]:
+def _pick(slots: Mapping[int, KeyValue], limit: int, weight: int, taken: set[int] | None,
+          free_kept: AbstractSet[int] | None = None) -> tuple[int, ...]:
     """``weight`` free indexes below ``limit`` (there are enough), at random,
-    avoiding ``taken`` when there are enough others."""
+    avoiding ``taken`` when there are enough others; ``free_kept``: the free
+    indexes, if the caller keeps them (else they are listed from ``slots``)."""
     if weight == 1 and (limit - len(slots)) * 4 >= limit:
         # at least a quarter free: a few random tries before listing the free
         # ones (as fair as a choice among the free indexes not taken, without
@@ -282,7 +299,10 @@ def _pick(slots: Mapping[int, KeyValue], limit: int, weight: int, taken: set[int
             i = int(random.random() * limit)
             if i not in slots and (not taken or i not in taken):
                 return (i,)
-    free = [i for i in range(limit) if i not in slots]
+    # fewer than a quarter free (the usual case of a busy semaphore): the kept
+    # ones cost what they number, listing them from the slots what the limit is
+    free = list(free_kept) if free_kept is not None else [
+        i for i in range(limit) if i not in slots]
     preferred = [i for i in free if i not in taken] if taken else free
     pool = preferred if len(preferred) >= weight else free
     chosen = [random.choice(pool)] if weight == 1 else random.sample(pool, weight)

@@ -15,6 +15,7 @@ from joblease.keys import SemaphoreRef
 from joblease.records import SemaphoreSpec, SemaphoreUse, WaiterRecord
 from joblease.semaphore import Semaphores
 from joblease.slot_view import SemaphoreView
+from joblease.slots import SemaphoreState
 from joblease.store import Compare, Put
 
 DB = SemaphoreRef("default", "billing-db")
@@ -26,6 +27,12 @@ async def _jobs(client: JobLeaseClient, n: int, ttl: int) -> list[JobRef]:
         await client.register(job, JobSpec(lease_duration_seconds=ttl, max_attempts=0,
                                            semaphores=(SemaphoreUse("billing-db"),)))
     return jobs
+
+
+def _free_kept(state: SemaphoreState | None) -> None:
+    """The free indexes a view keeps are those below the limit with no live slot."""
+    assert state is not None and state.free is not None
+    assert set(state.free) == set(range(state.limit)) - set(state.slots)
 
 
 async def _live_in_etcd(client: JobLeaseClient) -> set[int]:
@@ -43,11 +50,13 @@ async def test_a_view_shows_our_writes_at_once_and_the_watch_never_undoes_them(
             view = client._views[client.keys.semaphore(DB).prefix]
             state = await view.state()
             assert state is not None and mine.slots[0].indexes[0] in state.slots
+            _free_kept(state)
             theirs = await other.claim(jobs[2 * round_ + 1], "them")
             await mine.complete()
             state = await view.state()
             assert state is not None
             assert mine.slots[0].indexes[0] not in state.slots, "our completion freed it"
+            _free_kept(state)
             await theirs.release()
             # Once the watch has delivered everything up to now, the view is
             # etcd's state: no put it brought late brought a freed slot back.
@@ -59,6 +68,7 @@ async def test_a_view_shows_our_writes_at_once_and_the_watch_never_undoes_them(
             state = await view.state()
             assert state is not None
             assert set(state.slots) == await _live_in_etcd(client) == set()
+            _free_kept(state)
 
 
 async def test_a_release_wakes_the_next_waiter_in_line_hand_over_after_hand_over(
@@ -160,8 +170,10 @@ async def test_a_warm_client_plans_with_the_limit_spec_weight_and_waiters_in_for
         state = view.state_now()
         assert state is not None and state.limit == limit
         assert state.spec_revision == spec_kv.mod_revision
+        _free_kept(state)
         lease = await client.claim(job, "me")
         assert len(lease.slots[0].indexes) == weight
+        _free_kept(view.state_now())
         picks = lease.slots[0].indexes
         assert sent[-1][-(weight + 3):] == [
             Compare(keys.spec, "mod", "==", spec_kv.mod_revision),
@@ -230,6 +242,33 @@ async def test_our_claims_and_completions_are_applied_by_index_as_by_key(
             assert {i: (kv.value, kv.mod_revision, kv.lease) for i, kv in state.slots.items()} \
                 == {5: (b"mine", now + 1, 77)}
             assert view.changes == marks[view] + 1  # the one freed slot
+            _free_kept(state)
     finally:
         await by_index.close()
         await by_key.close()
+
+
+async def test_the_free_slots_a_view_keeps_follow_a_limit_changed_while_slots_are_held(
+        client: JobLeaseClient) -> None:
+    """The view keeps the free indexes below the limit (a pick on a busy
+    semaphore takes from them): a limit raised or lowered while slots are
+    live, and a slot freed above a lowered limit, leave exactly the indexes
+    below the limit with no live slot."""
+    sems = Semaphores(client)
+    keys = client.keys.semaphore(DB)
+    await sems.create(DB, 3)
+    jobs = await _jobs(client, 3, ttl=30)
+    held = [await client.claim(job, "me") for job in jobs]  # all three slots
+    view = client._views[keys.prefix]
+    _free_kept(view.state_now())
+    for limit in (5, 2, 4, 1):
+        revision = await sems.create(DB, limit)
+        await _until_seen(view, revision)
+        state = view.state_now()
+        assert state is not None and state.limit == limit
+        _free_kept(state)
+    for lease in held:
+        await lease.release()
+        _free_kept(view.state_now())
+    state = view.state_now()
+    assert state is not None and set(state.free or ()) == {0}

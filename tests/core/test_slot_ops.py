@@ -91,11 +91,14 @@ def test_a_pick_takes_only_free_slots_and_avoids_the_ones_in_flight() -> None:
         taken = set(rng.sample(sorted(free), rng.randint(0, len(free))))
         slots = _state(keys, 1, limit, live).slots
         weight = rng.randint(1, len(free))
-        picked = _pick(slots, limit, weight, taken)
-        assert len(set(picked)) == weight and set(picked) <= free
-        if len(free - taken) >= weight:
-            assert not set(picked) & taken, (limit, live, taken, picked)
+        for kept in (None, free):  # listed from the slots, or kept by a view
+            picked = _pick(slots, limit, weight, taken, kept)
+            assert len(set(picked)) == weight and set(picked) <= free
+            if len(free - taken) >= weight:
+                assert not set(picked) & taken, (limit, live, taken, picked)
     # one free slot left (the probes miss it most times): that one
     for _ in range(50):
         assert _pick(_state(keys, 1, 64, set(range(64)) - {41}).slots, 64, 1, None) == (41,)
         assert _pick(_state(keys, 1, 64, set(range(60))).slots, 64, 1, {60, 61, 63}) == (62,)
+        assert _pick(_state(keys, 1, 64, set(range(60))).slots, 64, 1, {60, 61, 63},
+                     {60, 61, 62, 63}) == (62,)
