@@ -244,15 +244,42 @@ async def main_async(args: argparse.Namespace, endpoints: tuple[str, ...],
         without, with_ = _combine(runs[False]), _combine(runs[True])
         rows.append({"concurrency": conc, "without": without, "with": with_,
                      "ratio": round(with_["cycles_per_s"] / without["cycles_per_s"], 3)})
-    report: dict[str, Any] = {"benchmark": "semaphore", "rows": rows,
-                              "grant_latency": await grant_latency(config, args.grants),
-                              "fairness": await fairness(config, args.waiters),
-                              "sidecar_grant_latency": []}
+    report: dict[str, Any] = {"benchmark": "semaphore", "rows": rows, "grant_latency": None,
+                              "fairness": None, "sidecar_grant_latency": [],
+                              "views_unwatched": args.views_unwatched}
+    if args.views_unwatched:
+        return report  # waiting needs the views' watches: those parts would only hang
+    report["grant_latency"] = await grant_latency(config, args.grants)
+    report["fairness"] = await fairness(config, args.waiters)
     if args.sidecar_grants:
         for label, binary in args.sidecar:  # in the order given: repeat them to alternate
             report["sidecar_grant_latency"].append({"label": label, **await sidecar_grant_latency(
                 config, args.sidecar_grants, binary)})
     return report
+
+
+def _unwatch_views() -> None:
+    """--views-unwatched: replace SemaphoreView's follower by its first read
+    alone. Not a mode of the product: a view that does not watch never sees
+    another client's slots or a freed slot it did not free, and its waiters
+    would never wake; here one client makes every write, so the views stay
+    right and the cycles' difference is what the watch costs."""
+    from joblease.slot_view import SemaphoreView
+    from joblease.store import Get
+
+    async def first_read_only(view: SemaphoreView) -> None:
+        try:
+            r = await view._store.txn([], [Get(view.keys.prefix, prefix=True)])
+            for kv in r.kvs(0):
+                view._put(kv)
+            view.revision = r.revision
+            view._ready.set()
+            await asyncio.Event().wait()  # until closed
+        finally:
+            view.broken = True
+            view._ready.set()
+
+    SemaphoreView._follow = first_read_only  # type: ignore[method-assign,assignment]
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -267,6 +294,11 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"      CPU per cycle without / with: client {w['client_cpu_us_per_cycle']} / "
                   f"{o['client_cpu_us_per_cycle']} us, etcd {w['etcd_cpu_us_per_cycle']} / "
                   f"{o['etcd_cpu_us_per_cycle']} us")
+    if report["views_unwatched"]:
+        print("(--views-unwatched: an experiment, not the product; grant latency and "
+              "fairness not measured)")
+        print(f"load average before {report['loadavg_before']}, after {report['loadavg_after']}")
+        return
     g, f = report["grant_latency"], report["fairness"]
     print(f"grant latency release->next holder over {g['grants']} hand-overs: "
           f"p50 {g['p50_ms']} ms, p99 {g['p99_ms']} ms, max {g['max_ms']} ms")
@@ -295,7 +327,14 @@ def main() -> None:
                         help="a Go sidecar binary to measure (repeatable, measured in the order "
                              "given; default: this checkout's build, hack/build-sidecar)")
     parser.add_argument("--json", help="write the report here")
+    parser.add_argument("--views-unwatched", action="store_true",
+                        help="experiment: the client's semaphore views make their first read "
+                             "but never watch (only this client's own writes reach them, which "
+                             "in this single-client run is every write), to measure what the "
+                             "watch costs; the cycles part only")
     args = parser.parse_args()
+    if args.views_unwatched:
+        _unwatch_views()
     args.sidecar = [tuple(x.split("=", 1)) for x in args.sidecar]
     if args.sidecar_grants and not args.sidecar:
         from tests.support.binaries import go_sidecar_binary
