@@ -16,10 +16,10 @@ with fresh jobs joblease pays one extra read per job: shown separately).
 - **history**: the joblease side again, on jobs whose spec keeps a tenure
   history (``historyLimit`` 10: the claim also puts the tenure; the completion
   is unchanged; docs/protocol.md, "Tenure history"); the ratio
-  history/joblease is what the history costs. The two run in ``--rounds``
-  alternating rounds (order swapped each round) and each side's cycles/s is
-  its cycles over its seconds summed over the rounds, so a busy machine's
-  swings hit both sides alike. Then, at the retention limit: one job claimed,
+  history/joblease is what the history costs. The three sides run in
+  ``--rounds`` rounds (their order changing each round, through all six) and
+  each side's cycles/s is its cycles over its seconds summed over the rounds,
+  so a busy machine's swings hit every side alike. Then, at the retention limit: one job claimed,
   checkpointed and released ``limit + 5`` times, and the etcd keys and bytes
   (key + value) its history and its own prefix hold then.
 
@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import functools
 import gc
+import itertools
 import json
 import statistics
 import sys
@@ -218,24 +219,34 @@ async def bench_raw(config: EtcdConfig, cycles: int, concurrency: int, *,
         return out
 
 
+#: the sides of one round in each of the six orders, a round after another: over six
+#: rounds each side runs first, second and third twice (and next to each other side)
+_ORDERS = list(itertools.permutations(("raw", "off", "history")))
+
+
 async def paired(config: EtcdConfig, cycles: int, concurrency: int, rounds: int, *,
                  first_history: bool, etcd_pids: Sequence[int] = ()
-                 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """The joblease side without and with a history, in ``rounds`` alternating
-    rounds of ``cycles / rounds`` cycles each; per side, cycles/s over the sums,
-    latencies the median of the rounds'; and the CPU per cycle of both
-    (bench/cpu_cost.py: medians of paired rounds)."""
+                 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The raw side and the joblease side without and with a history, in ``rounds``
+    rounds of ``cycles / rounds`` cycles each, their order changing each round (see
+    ``_ORDERS``; ``first_history`` starts at its other end); per side, cycles/s over
+    the sums, latencies the median of the rounds'; and the CPU per cycle of the
+    joblease sides (bench/cpu_cost.py: medians of paired rounds)."""
     per_round = max(cycles // rounds, 20)
-    runs: dict[int, list[dict[str, Any]]] = {0: [], HISTORY_LIMIT: []}
+    runs: dict[str, list[dict[str, Any]]] = {"raw": [], "off": [], "history": []}
     costs: list[cpu_cost.RoundCost] = []
+    orders = _ORDERS[::-1] if first_history else _ORDERS
     for r in range(rounds):
-        order = [0, HISTORY_LIMIT] if (r % 2 == 0) != first_history else [HISTORY_LIMIT, 0]
-        for limit in order:
+        for side in orders[r % len(orders)]:
+            if side == "raw":
+                runs["raw"].append(await bench_raw(config, per_round, concurrency,
+                                                   etcd_pids=etcd_pids))
+                continue
+            limit = HISTORY_LIMIT if side == "history" else 0
             result, cost = await cpu_cost.measured(
-                "history" if limit else "off",
-                functools.partial(bench_joblease, config, per_round, concurrency, limit,
-                                  etcd_pids=etcd_pids))
-            runs[limit].append(result)
+                side, functools.partial(bench_joblease, config, per_round, concurrency, limit,
+                                        etcd_pids=etcd_pids))
+            runs[side].append(result)
             costs.append(cost)
 
     def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -247,7 +258,7 @@ async def paired(config: EtcdConfig, cycles: int, concurrency: int, rounds: int,
             out[key] = round(statistics.median(x[key] for x in results), 2)
         return out
 
-    return (merged(runs[0]), merged(runs[HISTORY_LIMIT]),
+    return (merged(runs["raw"]), merged(runs["off"]), merged(runs["history"]),
             cpu_cost.summarize(costs, "off", "history"))
 
 
@@ -277,10 +288,10 @@ async def main_async(args: argparse.Namespace, endpoints: tuple[str, ...],
     rows = []
     for n, conc in enumerate(args.concurrency):
         cycles = max(args.cycles if conc > 1 else args.cycles // 6, 50)
-        # alternate the order so neither side always runs on a warmer etcd
-        raw = await bench_raw(config, cycles, conc)
-        jl, hist, cpu = await paired(config, cycles, conc, args.rounds,
-                                     first_history=n % 2 == 1, etcd_pids=etcd_pids)
+        # the three sides in the same rounds, their order changing, so that none
+        # always runs first, or on a fuller etcd, or in a quieter minute
+        raw, jl, hist, cpu = await paired(config, cycles, conc, args.rounds,
+                                          first_history=n % 2 == 1, etcd_pids=etcd_pids)
         rows.append({"concurrency": conc, "joblease": jl, "raw": raw, "history": hist,
                      "history_cpu": cpu,
                      "ratio_cycles": round(jl["cycles_per_s"] / raw["cycles_per_s"], 3),
