@@ -48,6 +48,7 @@ from joblease.errors import (
     FencedError,
     HeldError,
     InvalidInputError,
+    ItemRecordMissingError,
     JobLeaseError,
     LeaseNotFoundError,
     NotRegisteredError,
@@ -767,9 +768,10 @@ class JobLeaseClient:
         failure = [Get(keys.spec), Get(keys.holder), Get(keys.result), Get(keys.claims)]
         if item is not None:
             assert isinstance(keys, ItemKeys)
-            compares.append(Compare(keys.pending, "mod", "==", item.pending_revision))
+            compares += [Compare(keys.pending, "mod", "==", item.pending_revision),
+                         Compare(keys.item, "version", ">", 0)]
             success.append(Get(keys.item))
-            failure.append(Get(keys.pending))
+            failure += [Get(keys.pending), Get(keys.item)]
         slot_value = b""
         if slots is not None:
             compares += slots.compares()
@@ -809,7 +811,7 @@ class JobLeaseClient:
             record = None
             if item is not None:
                 item_kv = r.kv(at + 1)
-                assert item_kv is not None  # a pending key is only ever written with its item
+                assert item_kv is not None  # compared: version(item) > 0
                 record = ItemRecord.decode(item_kv.value, item_kv.create_revision)
             if slots is not None:
                 self._took(slots, r.revision, slot_value, session.lease_id)
@@ -822,7 +824,8 @@ class JobLeaseClient:
                          on_slots_freed=self._slots_freed, tenure=tenure,
                          holder_and_result=(failure[1], failure[2]))
         if item is not None:
-            return self._item_refused(job, r, spec_revision, spec, item)
+            assert isinstance(keys, ItemKeys)
+            return self._item_refused(job, r, spec_revision, spec, item, keys)
         return self._refused(job, r, spec_revision)
 
     def _refused(self, job: JobRef | ItemRef, r: TxnResult, spec_revision: int) -> bool:
@@ -852,10 +855,11 @@ class JobLeaseClient:
 
     @staticmethod
     def _item_refused(item_ref: JobRef | ItemRef, r: TxnResult, spec_revision: int,
-                      spec: JobSpec, item: ItemClaim) -> bool:
+                      spec: JobSpec, item: ItemClaim, keys: ItemKeys) -> bool:
         """Raise why a claim of a queue item failed; True if the queue's spec or
         the item's pending key merely changed (read them again and retry)."""
-        spec_kv, holder_kv, result_kv, claims_kv, pending_kv = (r.kv(i) for i in range(5))
+        spec_kv, holder_kv, result_kv, claims_kv, pending_kv, item_kv = (
+            r.kv(i) for i in range(6))
         name = str(item_ref)
         if spec_kv is None:
             queue = item_ref.queue if isinstance(item_ref, ItemRef) else item_ref
@@ -873,6 +877,8 @@ class JobLeaseClient:
             raise AttemptsExhaustedError(name, generation, spec.max_attempts)
         if pending_kv.mod_revision != item.pending_revision:
             return True
+        if item_kv is None:
+            raise ItemRecordMissingError(name, keys.item.decode())
         if spec.max_attempts and generation >= spec.max_attempts:
             raise AttemptsExhaustedError(name, generation, spec.max_attempts)
         return True

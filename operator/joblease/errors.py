@@ -280,6 +280,20 @@ class CorruptRecordError(JobLeaseError):
         return {"record": self.record, "why": self.why}
 
 
+class ItemRecordMissingError(CorruptRecordError):
+    """A queue item is pending but its item record (the payload) is gone: a
+    state joblease never writes (enqueue writes both keys in one transaction,
+    deletion removes both), left by a hand-made write. Its claim is refused
+    before anything is written."""
+
+    def __init__(self, item: str, record_key: str) -> None:
+        super().__init__(
+            f"item {item}",
+            f"it is pending but its record {record_key!r} is missing, a state joblease never "
+            f"writes: not claimed; enqueue the item again, or delete its pending key")
+        self.item = item
+
+
 class CompactedError(JobLeaseError):
     """A watch asked for revisions etcd has compacted away; resync from a snapshot."""
 

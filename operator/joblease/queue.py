@@ -36,6 +36,7 @@ from joblease.errors import (
     HeldError,
     InvalidInputError,
     ItemNotFoundError,
+    ItemRecordMissingError,
     JobLeaseError,
     OutcomeUnknownError,
     PayloadTooLargeError,
@@ -211,7 +212,8 @@ def fused_claim_txn(claim: FusedClaim) -> Txn:
                 Compare(k.result, "version", "==", 0)]
     if claim.max_attempts > 0:
         compares.append(Compare(k.claims, "version", "<", claim.max_attempts))
-    compares.append(Compare(k.pending, "mod", "==", claim.pending_revision))
+    compares += [Compare(k.pending, "mod", "==", claim.pending_revision),
+                 Compare(k.item, "version", ">", 0)]
     return Txn(tuple(compares), (Put(k.holder, claim.holder_value, lease=claim.lease_id),
                                  Put(k.claims, claim.claims_value), Get(k.claims),
                                  Get(k.checkpoint), Get(k.item)))
@@ -235,9 +237,10 @@ def _stuck_error(queue: QueueRef, keys: QueueKeys, ids: list[str]) -> CorruptRec
     shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
     return CorruptRecordError(
         f"queue {queue} pending",
-        f"item(s) {shown} are pending but already completed, a state joblease never writes "
-        f"(the completion deletes the pending key): nothing else is claimable; delete "
-        f"their keys under {keys.field_prefix('pending').decode()!r}")
+        f"item(s) {shown} are pending but already completed or without their item record, "
+        f"states joblease never writes (the completion deletes the pending key, enqueue "
+        f"writes both): nothing else is claimable; delete their keys under "
+        f"{keys.field_prefix('pending').decode()!r} (or enqueue one without a record again)")
 
 
 class _Pool:
@@ -250,9 +253,10 @@ class _Pool:
         self.pending_hint = 0  # pending keys counted at the last read: how much to read
         self.found = False  # whether the last read found any candidate
         #: pending keys (by key, at their mod revision) whose claim was refused as
-        #: completed: a pending key outliving its item's completion, which
-        #: joblease never writes (the completion deletes it), would otherwise be
-        #: read, claimed and refused again without end; reads skip them
+        #: completed or for a missing item record: a pending key outliving its
+        #: item's completion or record, which joblease never writes (the
+        #: completion and deletion remove it too), would otherwise be read,
+        #: claimed and refused again without end; reads skip them
         self.stuck: dict[bytes, int] = {}
         #: the item ids of such keys the last read skipped
         self.stuck_seen: list[str] = []
@@ -279,11 +283,11 @@ class _Pool:
                 self.found = bool(self.candidates)
         return self.revision, self.found
 
-    def refused_as_completed(self, pending: KeyValue) -> None:
-        """A claim of ``pending``'s item was refused as completed. Usually
-        another claimer completed it meanwhile, deleting the key (so it is
-        never read at this revision again); if the key is still there, it is
-        stuck, and reads skip it."""
+    def refused_for_good(self, pending: KeyValue) -> None:
+        """A claim of ``pending``'s item was refused as completed (or for a
+        missing item record). Usually another claimer completed (or deleted)
+        it meanwhile, deleting the key (so it is never read at this revision
+        again); if the key is still there, it is stuck, and reads skip it."""
         if len(self.stuck) >= _STUCK_KEPT:
             self.stuck.clear()  # mostly races' keys, long gone: a stuck one is refused once more
         self.stuck[pending.key] = pending.mod_revision
@@ -640,8 +644,8 @@ class Queues:
                 try:
                     return await self._claim(ItemRef(queue, item_id), keys.item(item_id),
                                              owner, pending, waiting=wait > 0)
-                except AlreadyCompletedError:
-                    pool.refused_as_completed(pending)  # completed meanwhile, or stuck
+                except (AlreadyCompletedError, ItemRecordMissingError):
+                    pool.refused_for_good(pending)  # completed meanwhile, or stuck
                     continue
                 except (HeldError, AttemptsExhaustedError, ItemNotFoundError):
                     continue  # taken, exhausted (now marked failed) or gone meanwhile
@@ -842,7 +846,7 @@ class Queues:
     def _fused_lease(self, lease: Lease, item: ItemRef, claim: FusedClaim, token: int,
                      generation: int, checkpoint: KeyValue | None,
                      item_kv: KeyValue | None) -> Lease | None:
-        assert item_kv is not None  # a pending key is only ever written with its item
+        assert item_kv is not None  # compared: version(item) > 0
         session = lease.session
         return Lease(store=self.store, read_back_timeout=self.client.read_back_timeout,
                      session=session, job=item, keys=claim.keys,

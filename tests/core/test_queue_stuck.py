@@ -1,7 +1,9 @@
-"""A pending key that outlives its item's completion (a state joblease never
-writes: the completion deletes it in its own transaction; written here by hand,
-as a tenant with write access to its prefix could) must not make ``claim_next``
-read, claim and be refused without end. Against the session's real etcd; the
+"""A pending key that outlives its item's completion, or its item record (states
+joblease never writes: the completion deletes the pending key in its own
+transaction, enqueue writes both keys in one; made here by hand, as a tenant
+with write access to its prefix could) must not make ``claim_next`` read, claim
+and be refused without end, nor a claim commit a holder for an item it cannot
+hand over. Against the session's real etcd; the
 transactions sent are counted by the fault-injecting store, which forwards them
 all (nothing is faked)."""
 
@@ -13,12 +15,12 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from joblease import EtcdConfig, JobLeaseClient
-from joblease.errors import CorruptRecordError
+from joblease.errors import CorruptRecordError, ItemRecordMissingError
 from joblease.etcd_store import EtcdStore
 from joblease.keys import ItemRef, QueueRef
 from joblease.queue import Queues
 from joblease.records import QueueSpec
-from joblease.store import Compare, TxnOp, TxnResult
+from joblease.store import Compare, Delete, TxnOp, TxnResult
 from tests.support.faulty_store import FaultyStore
 from tests.support.waiting import poll
 
@@ -123,3 +125,84 @@ async def test_a_stuck_pending_key_written_again_is_tried_again(
     with pytest.raises(CorruptRecordError):
         await queues.claim_next(q, "worker")
     assert len(sent) >= 3, len(sent)  # read, claimed (refused) again, read
+
+
+async def _without_records(queues: Queues, store: EtcdStore, q: QueueRef,
+                           ids: Sequence[str]) -> None:
+    """Delete the item records of ``ids`` by hand, their pending keys left."""
+    await store.txn([], [Delete(queues.keys(q).item(i).item) for i in ids], [])
+
+
+async def _untouched(queues: Queues, store: EtcdStore, q: QueueRef, item_id: str,
+                     pending_revision: int) -> None:
+    """Nothing was written for ``item_id``: no holder, no claim, the same pending key."""
+    keys = queues.keys(q).item(item_id)
+    for key in (keys.holder, keys.claims, keys.result):
+        _, kvs = await store.get(key)
+        assert kvs == [], key
+    _, kvs = await store.get(keys.pending)
+    assert [kv.mod_revision for kv in kvs] == [pending_revision]
+
+
+async def _pending_revision(queues: Queues, store: EtcdStore, q: QueueRef, item_id: str
+                            ) -> int:
+    _, kvs = await store.get(queues.keys(q).item(item_id).pending)
+    return kvs[0].mod_revision
+
+
+async def test_a_claim_of_a_pending_item_without_its_record_is_refused_and_writes_nothing(
+        counted: tuple[Queues, list[int], EtcdStore]) -> None:
+    queues, _, store = counted
+    q = QueueRef("default", "no-record")
+    await queues.create(q, QueueSpec(lease_duration_seconds=30, max_attempts=3))
+    await queues.enqueue(q, [("a", {"n": 1})])
+    await _without_records(queues, store, q, ["a"])
+    revision = await _pending_revision(queues, store, q, "a")
+    with pytest.raises(ItemRecordMissingError) as info:
+        await asyncio.wait_for(queues.claim(ItemRef(q, "a"), "worker"), 10)
+    assert isinstance(info.value, CorruptRecordError)  # exit 14, HTTP 500 "corrupt"
+    assert queues.keys(q).item("a").item.decode() in str(info.value)
+    await _untouched(queues, store, q, "a", revision)
+    # the repair the error names (docs/queues.md): enqueue it again
+    await queues.enqueue(q, [("a", {"n": 2})])
+    lease = await asyncio.wait_for(queues.claim(ItemRef(q, "a"), "worker"), 10)
+    assert lease.item is not None and lease.item.payload == {"n": 2}
+    await lease.complete()
+
+
+async def test_claim_next_claims_the_rest_then_names_the_items_without_their_record(
+        counted: tuple[Queues, list[int], EtcdStore]) -> None:
+    queues, sent, store = counted
+    q = QueueRef("default", "no-record-rest")
+    await queues.create(q, QueueSpec(lease_duration_seconds=30))
+    await queues.enqueue(q, [("a", None), ("b", None)])
+    await _without_records(queues, store, q, ["a"])
+    revision = await _pending_revision(queues, store, q, "a")
+    lease = await asyncio.wait_for(queues.claim_next(q, "worker"), 10)
+    assert lease is not None and lease.job == ItemRef(q, "b")
+    await lease.complete()
+    sent.clear()
+    with pytest.raises(CorruptRecordError, match="item\\(s\\) a are pending") as info:
+        await asyncio.wait_for(queues.claim_next(q, "worker"), 10)
+    assert "without their item record" in str(info.value)
+    assert len(sent) <= 6, len(sent)  # no loop of reads and refusals
+    await _untouched(queues, store, q, "a", revision)
+
+
+async def test_a_completion_fused_with_a_claim_of_an_item_without_its_record_claims_nothing(
+        counted: tuple[Queues, list[int], EtcdStore]) -> None:
+    """The fused claim compares the record too: the completion commits alone."""
+    queues, _, store = counted
+    q = QueueRef("default", "no-record-fused")
+    await queues.create(q, QueueSpec(lease_duration_seconds=30))
+    await queues.enqueue(q, [("a", None), ("b", None)])
+    lease = await asyncio.wait_for(queues.claim_next(q, "worker"), 10)
+    assert lease is not None
+    other = "b" if lease.job == ItemRef(q, "a") else "a"
+    assert [kv.key for kv in queues._pools[q].candidates] == [
+        queues.keys(q).item(other).pending]  # the fused claim's only candidate
+    await _without_records(queues, store, q, [other])
+    revision = await _pending_revision(queues, store, q, other)
+    record, following = await asyncio.wait_for(queues.complete_next(lease, 1), 10)
+    assert record.result == 1 and following is None
+    await _untouched(queues, store, q, other, revision)

@@ -518,6 +518,10 @@ func VersionEq(key string, v int64) Cmp {
 	return &pb.Compare{Key: []byte(key), Target: pb.Compare_VERSION, Result: pb.Compare_EQUAL,
 		TargetUnion: &pb.Compare_Version{Version: v}}
 }
+func VersionGreater(key string, v int64) Cmp {
+	return &pb.Compare{Key: []byte(key), Target: pb.Compare_VERSION, Result: pb.Compare_GREATER,
+		TargetUnion: &pb.Compare_Version{Version: v}}
+}
 func VersionLess(key string, v int64) Cmp {
 	return &pb.Compare{Key: []byte(key), Target: pb.Compare_VERSION, Result: pb.Compare_LESS,
 		TargetUnion: &pb.Compare_Version{Version: v}}

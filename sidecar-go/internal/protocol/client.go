@@ -258,9 +258,9 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 	success = append(success, etcd.Get(keys.Checkpoint()))
 	failure := []etcd.Op{etcd.Get(keys.Spec()), etcd.Get(keys.Holder()), etcd.Get(keys.Result()), etcd.Get(keys.Claims())}
 	if keys.IsItem() {
-		cmps = append(cmps, etcd.ModEq(keys.Pending(), pendingRev))
+		cmps = append(cmps, etcd.ModEq(keys.Pending(), pendingRev), etcd.VersionGreater(keys.Item(), 0))
 		success = append(success, etcd.Get(keys.Item()))
-		failure = append(failure, etcd.Get(keys.Pending()))
+		failure = append(failure, etcd.Get(keys.Pending()), etcd.Get(keys.Item()))
 	}
 	if plan != nil {
 		cmps = append(cmps, plan.compares()...)
@@ -325,7 +325,7 @@ func (c *Client) claimOn(ctx context.Context, job JobRef, keys JobKeys, owner st
 		return l, false, nil
 	}
 	if keys.IsItem() {
-		again, err := itemRefused(job, r, specRev, spec, pendingRev)
+		again, err := itemRefused(job, keys, r, specRev, spec, pendingRev)
 		return nil, again, err
 	}
 	again, err := c.refused(job, r, specRev)

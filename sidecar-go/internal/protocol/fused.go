@@ -44,7 +44,7 @@ func FusedRequest(held JobKeys, ours []etcd.Cmp, resultValue []byte, next FusedC
 	if next.MaxAttempts > 0 {
 		cmps = append(cmps, etcd.VersionLess(k.Claims(), next.MaxAttempts))
 	}
-	cmps = append(cmps, etcd.ModEq(k.Pending(), next.PendingRev))
+	cmps = append(cmps, etcd.ModEq(k.Pending(), next.PendingRev), etcd.VersionGreater(k.Item(), 0))
 	claim := etcd.TxnOp(cmps, []etcd.Op{etcd.Put(k.Holder(), next.HolderValue, next.LeaseID),
 		etcd.Put(k.Claims(), next.ClaimsValue, 0), etcd.Get(k.Claims()), etcd.Get(k.Checkpoint()), etcd.Get(k.Item())}, nil)
 	success := []etcd.Op{etcd.Put(held.Result(), resultValue, 0)}

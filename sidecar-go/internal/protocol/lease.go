@@ -105,7 +105,7 @@ func (l *Lease) setItem(ctx context.Context, kv *etcd.KV) error {
 	// Job is itemJob(ref): "<queue>/<id>" in the queue's namespace.
 	ref := ItemRef{Queue: QueueRef{l.Job.Namespace, strings.TrimSuffix(l.Job.Name, "/"+l.keys.ItemID)}, ID: l.keys.ItemID}
 	l.Item = &ref
-	if kv == nil { // a pending key is only ever written with its item
+	if kv == nil { // compared: version(item) > 0; kept should a claim without it come here
 		_ = l.Release(ctx)
 		return errs.ItemNotFound(ref.String())
 	}

@@ -201,8 +201,8 @@ func (c *Client) pendingOf(ctx context.Context, item ItemRef, keys JobKeys) (*et
 
 // itemRefused explains a failed claim of an item; (true, nil) when the
 // queue's spec or the item's pending key merely changed (read them again).
-func itemRefused(job JobRef, r etcd.TxnResult, specRev int64, spec Spec, pendingRev int64) (bool, error) {
-	specKV, holderKV, resultKV, claimsKV, pendingKV := r.KV(0), r.KV(1), r.KV(2), r.KV(3), r.KV(4)
+func itemRefused(job JobRef, keys JobKeys, r etcd.TxnResult, specRev int64, spec Spec, pendingRev int64) (bool, error) {
+	specKV, holderKV, resultKV, claimsKV, pendingKV, itemKV := r.KV(0), r.KV(1), r.KV(2), r.KV(3), r.KV(4), r.KV(5)
 	name := job.String()
 	if specKV == nil {
 		queue, _, _ := strings.Cut(job.Name, "/")
@@ -235,10 +235,36 @@ func itemRefused(job JobRef, r etcd.TxnResult, specRev int64, spec Spec, pending
 	if pendingKV.ModRevision != pendingRev {
 		return true, nil
 	}
+	if itemKV == nil {
+		return false, itemRecordMissing(name, keys.Item())
+	}
 	if spec.MaxAttempts > 0 && gen >= spec.MaxAttempts {
 		return false, errs.AttemptsExhausted(name, gen, spec.MaxAttempts)
 	}
 	return true, nil
+}
+
+// itemRecordMissing: the item is pending but its record is gone, a state
+// joblease never writes (enqueue writes both keys in one transaction,
+// deletion removes both); its claim is refused before anything is written
+// (joblease.errors.ItemRecordMissingError).
+func itemRecordMissing(item, recordKey string) error {
+	return errs.Corrupt("item "+item, fmt.Sprintf("it is pending but its record '%s' is missing, a state joblease "+
+		"never writes: not claimed; enqueue the item again, or delete its pending key", recordKey))
+}
+
+// isItemRecordMissing: err is itemRecordMissing's for item.
+func isItemRecordMissing(err error, item ItemRef) bool {
+	e, ok := errs.As(err)
+	if !ok || !errs.Is(err, errs.KindCorrupt) {
+		return false
+	}
+	for _, kv := range e.Details {
+		if kv.Key == "record" {
+			return kv.Value == "item "+itemJob(item).String()
+		}
+	}
+	return false
 }
 
 // markFailed moves an exhausted item out of the pending set (docs/queues.md,
@@ -283,9 +309,10 @@ type candidatePool struct {
 	// long the claims refused since then (or since the last success) took.
 	readCost, refusedCost time.Duration
 	// stuck: pending keys (at their mod revision) whose claim was refused as
-	// completed. A pending key that outlives its item's completion, which
-	// joblease never writes (the completion deletes it), would otherwise be
-	// read, claimed and refused again without end; reads skip them.
+	// completed or for a missing item record. A pending key that outlives its
+	// item's completion or record, which joblease never writes (the
+	// completion and deletion remove it too), would otherwise be read,
+	// claimed and refused again without end; reads skip them.
 	// stuckSeen: the item ids of such keys the last read skipped.
 	stuck     map[string]int64
 	stuckSeen []string
@@ -294,11 +321,12 @@ type candidatePool struct {
 // stuckKept bounds candidatePool.stuck (as joblease.queue's _STUCK_KEPT).
 const stuckKept = 1024
 
-// refusedAsCompleted records that a claim of pending's item was refused as
-// completed. Usually another claimer completed it meanwhile, deleting the
-// key (so it is never read at this revision again); if the key is still
-// there, it is stuck, and reads skip it.
-func (p *candidatePool) refusedAsCompleted(pending etcd.KV) {
+// refusedForGood records that a claim of pending's item was refused as
+// completed (or for a missing item record). Usually another claimer
+// completed (or deleted) it meanwhile, deleting the key (so it is never read
+// at this revision again); if the key is still there, it is stuck, and
+// reads skip it.
+func (p *candidatePool) refusedForGood(pending etcd.KV) {
 	if p.stuck == nil || len(p.stuck) >= stuckKept {
 		p.stuck = map[string]int64{} // mostly races' keys, long gone: a stuck one is refused once more
 	}
@@ -312,9 +340,10 @@ func stuckError(queue QueueRef, keys QueueKeys, ids []string) error {
 	if len(ids) > 5 {
 		shown += fmt.Sprintf(" and %d more", len(ids)-5)
 	}
-	return errs.Corrupt("queue "+queue.String()+" pending", fmt.Sprintf("item(s) %s are pending but already completed, "+
-		"a state joblease never writes (the completion deletes the pending key): nothing else is claimable; delete "+
-		"their keys under '%s'", shown, keys.FieldPrefix("pending")))
+	return errs.Corrupt("queue "+queue.String()+" pending", fmt.Sprintf("item(s) %s are pending but already completed "+
+		"or without their item record, states joblease never writes (the completion deletes the pending key, enqueue "+
+		"writes both): nothing else is claimable; delete their keys under '%s' (or enqueue one without a record again)",
+		shown, keys.FieldPrefix("pending")))
 }
 
 // refused records a claim of a candidate that was refused after d (another
@@ -369,8 +398,9 @@ func (c *Client) poolOf(queue QueueRef) *candidatePool {
 // by another claimer, completed, or found exhausted and marked failed
 // meanwhile) is dropped and another tried, until refusals have cost as long
 // as the last read took (candidatePool.refused: then the rest is dropped);
-// an empty pool is read again. A candidate refused as completed whose
-// pending key is still there (a state joblease never writes) is skipped by
+// an empty pool is read again. A candidate refused as completed, or for a
+// missing item record, whose pending key is still there (states joblease
+// never writes) is skipped by
 // later reads; when only such keys are left, ClaimNext answers Corrupt naming
 // them rather than reading and being refused without end. It returns a
 // lease, or nil and what to wait from when a read found nothing claimable
@@ -411,8 +441,8 @@ func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*
 				return lease, NoItem{}, nil
 			}
 			switch {
-			case errs.Is(err, errs.KindCompleted):
-				pool.refusedAsCompleted(pending) // completed meanwhile, or stuck
+			case errs.Is(err, errs.KindCompleted), isItemRecordMissing(err, ItemRef{queue, id}):
+				pool.refusedForGood(pending) // completed meanwhile, or stuck
 				pool.refused(time.Since(sent))
 				continue
 			case errs.Is(err, errs.KindHeld, errs.KindExhausted),

@@ -624,3 +624,102 @@ func TestStuckPendingKeysAreAClearErrorNotALoop(t *testing.T) {
 		t.Fatalf("stuck keys only, again: %v", err)
 	}
 }
+
+// withoutRecord deletes the item records of ids by hand, their pending keys
+// left (a state joblease never writes; a tenant with write access to its
+// prefix could), and returns each one's pending key's mod revision.
+func withoutRecord(t *testing.T, admin *etcd.Store, q QueueRef, ids ...string) map[string]int64 {
+	t.Helper()
+	revs := map[string]int64{}
+	for _, id := range ids {
+		keys := QueueKeysOf(DefaultRoot, q).Item(id)
+		if _, err := admin.Txn(context.Background(), nil, []etcd.Op{etcd.Delete(keys.Item())}, nil); err != nil {
+			t.Fatal(err)
+		}
+		revs[id] = getKV(t, admin, keys.Pending()).ModRevision
+	}
+	return revs
+}
+
+// untouched: nothing was written for id (no holder, no claim, no result, the
+// same pending key).
+func untouched(t *testing.T, admin *etcd.Store, q QueueRef, id string, pendingRev int64) {
+	t.Helper()
+	keys := QueueKeysOf(DefaultRoot, q).Item(id)
+	for _, key := range []string{keys.Holder(), keys.Claims(), keys.Result()} {
+		if kv := getKV(t, admin, key); kv != nil {
+			t.Fatalf("%s was written: %s", key, kv.Value)
+		}
+	}
+	if kv := getKV(t, admin, keys.Pending()); kv == nil || kv.ModRevision != pendingRev {
+		t.Fatalf("the pending key of %s changed: %v", id, kv)
+	}
+}
+
+// A pending item whose record is gone is refused by the claim's own compare
+// (version(item) > 0): nothing written, a clear error, and ClaimNext skips it
+// as it skips a pending key refused as completed (joblease.queue does the
+// same: tests/core/test_queue_stuck.py).
+func TestPendingItemsWithoutTheirRecordAreRefusedNotClaimed(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "no-record"}
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 30, MaxAttempts: 3})
+	store, reads := countingStore(t, ep)
+	c := NewClient(store, DefaultRoot)
+	enqueue(t, c, q, "a", "b")
+	revs := withoutRecord(t, admin, q, "a")
+	l, err := c.ClaimItem(ctx, ItemRef{q, "a"}, "worker")
+	if l != nil || !errs.Is(err, errs.KindCorrupt) || !isItemRecordMissing(err, ItemRef{q, "a"}) ||
+		!strings.Contains(err.Error(), QueueKeysOf(DefaultRoot, q).Item("a").Item()) {
+		t.Fatalf("claim of a pending item without its record: %v, %v", l, err)
+	}
+	untouched(t, admin, q, "a", revs["a"])
+	l, _, err = c.ClaimNext(ctx, q, "worker")
+	if err != nil || l == nil || l.Item.ID != "b" {
+		t.Fatalf("the claimable item beside one without its record: %v, %v", l, err)
+	}
+	if _, err := l.Complete(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	reads.Store(0)
+	l, _, err = c.ClaimNext(ctx, q, "worker")
+	if l != nil || !errs.Is(err, errs.KindCorrupt) ||
+		!strings.Contains(err.Error(), "item(s) a are pending but already completed or without their item record") {
+		t.Fatalf("claim next over an item without its record only: %v, %v", l, err)
+	}
+	if n := reads.Load(); n > 3 {
+		t.Fatalf("%d read-only transactions for one item without its record", n)
+	}
+	untouched(t, admin, q, "a", revs["a"])
+}
+
+// The fused claim compares the next item's record too: when it is gone, the
+// completion commits alone and nothing is claimed.
+func TestACompletionFusedWithAClaimOfAnItemWithoutItsRecordClaimsNothing(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "no-record-fused"}
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 30})
+	c := NewClient(newStore(t, ep), DefaultRoot)
+	enqueue(t, c, q, "a", "b")
+	l, _, err := c.ClaimNext(ctx, q, "worker")
+	if err != nil || l == nil {
+		t.Fatalf("claim next: %v, %v", l, err)
+	}
+	other := map[string]string{"a": "b", "b": "a"}[l.Item.ID]
+	if pool := c.poolOf(q); len(pool.candidates) != 1 ||
+		string(pool.candidates[0].Key) != QueueKeysOf(DefaultRoot, q).Item(other).Pending() {
+		t.Fatalf("the fused claim's candidate is not %s: %v", other, pool.candidates)
+	}
+	revs := withoutRecord(t, admin, q, other)
+	r, next, err := c.CompleteAndClaimNext(ctx, l, 1)
+	if err != nil || next != nil || r.Token != l.Token {
+		t.Fatalf("completion fused with the claim of an item without its record: %v, %v, %v", r, next, err)
+	}
+	untouched(t, admin, q, other, revs[other])
+}
