@@ -44,6 +44,9 @@ FAULTS = {"freeze-short": 3, "freeze-long": 3, "kill-worker": 2, "kill-sidecar":
 #: ... up to 5 min, reset after 10 min of running), so back-to-back kills of the one
 #: etcd member would stop the run for minutes instead of testing a crash
 SHARED, SHARED_SPACING = ("restart-operator", "kill-etcd"), 4
+#: the trial that replaces a pod waiting in restart back-off (``Nemesis.one``): a
+#: ``kubectl delete pod`` as ``delete-pod`` is, its target chosen, not drawn
+REPLACE = "replace-backed-off"
 
 
 @dataclass
@@ -74,14 +77,11 @@ class Nemesis:
 
     def running_pods(self) -> list[dict[str, Any]]:
         """Pods whose worker and sidecar both run (the ones a pod fault can land on)."""
-        def running(pod: dict[str, Any], name: str) -> bool:
-            status = pod.get("status", {})
-            return any(s["name"] == name and "running" in (s.get("state") or {})
-                       for s in status.get("initContainerStatuses", [])
-                       + status.get("containerStatuses", []))
+        return [p for p in self._pods() if _runs(p, SIDECAR) and _runs(p, WORKER)]
+
+    def _pods(self) -> list[dict[str, Any]]:
         return [p for p in pods_of(self.cluster, self.namespace, self.selector)
-                if not p["metadata"].get("deletionTimestamp")
-                and running(p, SIDECAR) and running(p, WORKER)]
+                if not p["metadata"].get("deletionTimestamp")]
 
     def draw(self) -> str:
         """The next fault: every type once first (in a seeded order, so even a short run
@@ -113,7 +113,16 @@ class Nemesis:
             except (AssertionError, ClusterError) as exc:  # restarting from the last kill
                 return self._record(Trial(fault, name, note=f"did not land: {exc}"[:200]))
             return self._record(Trial(fault, name))
-        pods = self.running_pods()
+        every = self._pods()
+        pods = [p for p in every if _runs(p, SIDECAR) and _runs(p, WORKER)]
+        backed_off = [p for p in every if _backed_off(p)]
+        if backed_off and len(backed_off) >= len(pods):
+            # At least as many pods wait in the kubelet's restart back-off as run:
+            # replace one (a real delete, counted as its own type), or a long run
+            # ends up faulting one pod while the others wait minutes to restart.
+            name = self.rng.choice(backed_off)["metadata"]["name"]
+            self._delete(self.namespace, name)
+            return self._record(Trial(REPLACE, name))
         if not pods:
             return None
         pod = self.rng.choice(pods)
@@ -184,6 +193,21 @@ class Nemesis:
             if not t.note:
                 out[t.fault] = out.get(t.fault, 0) + 1
         return out
+
+
+def _runs(pod: dict[str, Any], container: str) -> bool:
+    status = pod.get("status", {})
+    return any(s["name"] == container and "running" in (s.get("state") or {})
+               for s in status.get("initContainerStatuses", [])
+               + status.get("containerStatuses", []))
+
+
+def _backed_off(pod: dict[str, Any]) -> bool:
+    """A container of ``pod`` waits in the kubelet's restart back-off."""
+    status = pod.get("status", {})
+    return any(((s.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff"
+               for s in status.get("initContainerStatuses", [])
+               + status.get("containerStatuses", []))
 
 
 def hold(seconds: float) -> None:
