@@ -44,6 +44,11 @@ FAULTS = {"freeze-short": 3, "freeze-long": 3, "kill-worker": 2, "kill-sidecar":
 #: ... up to 5 min, reset after 10 min of running), so back-to-back kills of the one
 #: etcd member would stop the run for minutes instead of testing a crash
 SHARED, SHARED_SPACING = ("restart-operator", "kill-etcd"), 4
+#: seconds between two kills of the etcd member: the kubelet resets a container's
+#: back-off only after 10 minutes of running, so kills spaced by trials alone pile it up
+#: (the 7th kill of a soak left etcd down for 5 minutes); a deleted operator pod is a
+#: new pod, with no back-off to pile up
+ETCD_KILL_INTERVAL = 11 * 60
 #: the trial that replaces a pod waiting in restart back-off (``Nemesis.one``): a
 #: ``kubectl delete pod`` as ``delete-pod`` is, its target chosen, not drawn
 REPLACE = "replace-backed-off"
@@ -74,6 +79,7 @@ class Nemesis:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self.etcd_killed_at: float | None = None  # time.monotonic() of the last kill-etcd
 
     def running_pods(self) -> list[dict[str, Any]]:
         """Pods whose worker and sidecar both run (the ones a pod fault can land on)."""
@@ -86,13 +92,17 @@ class Nemesis:
     def draw(self) -> str:
         """The next fault: every type once first (in a seeded order, so even a short run
         injects each), then by weight; a shared fault only ``SHARED_SPACING`` landed
-        trials after the last one."""
+        trials after the last one, and ``kill-etcd`` only ``ETCD_KILL_INTERVAL``
+        seconds after the last."""
         landed = [t.fault for t in self.trials if not t.note]
         untried = [f for f in FAULTS if f not in landed]
         since_shared = next((n for n, f in enumerate(reversed(landed)) if f in SHARED),
                             len(landed))
+        etcd_rested = (self.etcd_killed_at is None
+                       or time.monotonic() - self.etcd_killed_at >= ETCD_KILL_INTERVAL)
         allowed = [f for f in (untried or FAULTS)
-                   if f not in SHARED or since_shared >= SHARED_SPACING or not landed]
+                   if (f not in SHARED or since_shared >= SHARED_SPACING or not landed)
+                   and (f != "kill-etcd" or etcd_rested)]
         if not allowed:  # only shared faults left untried, too soon for one
             allowed = [f for f in FAULTS if f not in SHARED]
         return self.rng.choices(allowed, weights=[FAULTS[f] for f in allowed])[0]
@@ -112,6 +122,7 @@ class Nemesis:
                 kill_containers(self.cluster, [container_id(member, "etcd")])
             except (AssertionError, ClusterError) as exc:  # restarting from the last kill
                 return self._record(Trial(fault, name, note=f"did not land: {exc}"[:200]))
+            self.etcd_killed_at = time.monotonic()
             return self._record(Trial(fault, name))
         every = self._pods()
         pods = [p for p in every if _runs(p, SIDECAR) and _runs(p, WORKER)]
