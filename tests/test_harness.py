@@ -43,3 +43,38 @@ def test_a_stopped_process_log_is_still_readable(tmp_path: Path) -> None:
     p.stop()
     p.stop()  # idempotent
     assert "hello from the child" in p.output()
+
+
+def test_pids_in_cgroup_survives_cgroups_removed_while_it_walks(tmp_path: Path) -> None:
+    """The cluster's teardown reads the pids of its cgroups while the kubelet and
+    containerd may still remove some: a directory gone mid-walk must not raise (a
+    full run's teardown once failed on it). A plain directory tree stands in for the
+    cgroup hierarchy (creating and removing real cgroups here would need a cluster)."""
+    import shutil
+    import threading
+
+    from tests.support.cluster.host import pids_in_cgroup
+
+    top = tmp_path / "kubepods"
+    top.mkdir()
+    (top / "cgroup.procs").write_text("1\n")
+    stop = threading.Event()
+
+    def churn() -> None:  # pods' cgroups coming and going, as containerd makes them
+        n = 0
+        while not stop.is_set():
+            pod = top / f"pod{n % 8}"
+            shutil.rmtree(pod, ignore_errors=True)
+            for c in range(4):
+                (pod / f"c{c}" / "x").mkdir(parents=True, exist_ok=True)
+                (pod / f"c{c}" / "cgroup.procs").write_text(f"{100 + c}\n")
+            n += 1
+
+    worker = threading.Thread(target=churn)
+    worker.start()
+    try:
+        for _ in range(1000):
+            assert 1 in pids_in_cgroup(top)
+    finally:
+        stop.set()
+        worker.join()

@@ -185,14 +185,15 @@ def remove_cgroup_tree(top: Path, deadline_s: float = 30.0) -> None:
 
 
 def pids_in_cgroup(top: Path) -> set[int]:
+    """Every pid in ``top`` and the cgroups below it. The kubelet and containerd
+    remove cgroups while this walks them: ``os.walk`` skips a directory gone
+    before it is listed (``Path.rglob`` raised), and a ``cgroup.procs`` gone
+    before it is read counts as empty."""
     pids: set[int] = set()
-    if not top.exists():
-        return pids
-    for procs in top.rglob("cgroup.procs"):
-        with contextlib.suppress(OSError):
-            pids.update(int(x) for x in procs.read_text().split())
-    with contextlib.suppress(OSError):
-        pids.update(int(x) for x in (top / "cgroup.procs").read_text().split())
+    for directory, _, files in os.walk(top):
+        if "cgroup.procs" in files:
+            with contextlib.suppress(OSError):
+                pids.update(int(x) for x in (Path(directory) / "cgroup.procs").read_text().split())
     return pids
 
 
