@@ -291,7 +291,6 @@ class ItemRecordMissingError(CorruptRecordError):
             f"item {item}",
             f"it is pending but its record {record_key!r} is missing, a state joblease never "
             f"writes: not claimed; enqueue the item again, or delete its pending key")
-        self.item = item
 
 
 class CompactedError(JobLeaseError):

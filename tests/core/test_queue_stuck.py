@@ -128,9 +128,15 @@ async def test_a_stuck_pending_key_written_again_is_tried_again(
 
 
 async def _without_records(queues: Queues, store: EtcdStore, q: QueueRef,
-                           ids: Sequence[str]) -> None:
-    """Delete the item records of ``ids`` by hand, their pending keys left."""
+                           ids: Sequence[str]) -> dict[str, int]:
+    """Delete the item records of ``ids`` by hand, their pending keys left; the
+    pending keys' mod revisions."""
     await store.txn([], [Delete(queues.keys(q).item(i).item) for i in ids], [])
+    revisions = {}
+    for i in ids:
+        _, kvs = await store.get(queues.keys(q).item(i).pending)
+        revisions[i] = kvs[0].mod_revision
+    return revisions
 
 
 async def _untouched(queues: Queues, store: EtcdStore, q: QueueRef, item_id: str,
@@ -144,20 +150,13 @@ async def _untouched(queues: Queues, store: EtcdStore, q: QueueRef, item_id: str
     assert [kv.mod_revision for kv in kvs] == [pending_revision]
 
 
-async def _pending_revision(queues: Queues, store: EtcdStore, q: QueueRef, item_id: str
-                            ) -> int:
-    _, kvs = await store.get(queues.keys(q).item(item_id).pending)
-    return kvs[0].mod_revision
-
-
 async def test_a_claim_of_a_pending_item_without_its_record_is_refused_and_writes_nothing(
         counted: tuple[Queues, list[int], EtcdStore]) -> None:
     queues, _, store = counted
     q = QueueRef("default", "no-record")
     await queues.create(q, QueueSpec(lease_duration_seconds=30, max_attempts=3))
     await queues.enqueue(q, [("a", {"n": 1})])
-    await _without_records(queues, store, q, ["a"])
-    revision = await _pending_revision(queues, store, q, "a")
+    (revision,) = (await _without_records(queues, store, q, ["a"])).values()
     with pytest.raises(ItemRecordMissingError) as info:
         await asyncio.wait_for(queues.claim(ItemRef(q, "a"), "worker"), 10)
     assert isinstance(info.value, CorruptRecordError)  # exit 14, HTTP 500 "corrupt"
@@ -176,8 +175,7 @@ async def test_claim_next_claims_the_rest_then_names_the_items_without_their_rec
     q = QueueRef("default", "no-record-rest")
     await queues.create(q, QueueSpec(lease_duration_seconds=30))
     await queues.enqueue(q, [("a", None), ("b", None)])
-    await _without_records(queues, store, q, ["a"])
-    revision = await _pending_revision(queues, store, q, "a")
+    (revision,) = (await _without_records(queues, store, q, ["a"])).values()
     lease = await asyncio.wait_for(queues.claim_next(q, "worker"), 10)
     assert lease is not None and lease.job == ItemRef(q, "b")
     await lease.complete()
@@ -201,8 +199,7 @@ async def test_a_completion_fused_with_a_claim_of_an_item_without_its_record_cla
     other = "b" if lease.job == ItemRef(q, "a") else "a"
     assert [kv.key for kv in queues._pools[q].candidates] == [
         queues.keys(q).item(other).pending]  # the fused claim's only candidate
-    await _without_records(queues, store, q, [other])
-    revision = await _pending_revision(queues, store, q, other)
+    (revision,) = (await _without_records(queues, store, q, [other])).values()
     record, following = await asyncio.wait_for(queues.complete_next(lease, 1), 10)
     assert record.result == 1 and following is None
     await _untouched(queues, store, q, other, revision)

@@ -83,7 +83,7 @@ class Nemesis:
 
     def running_pods(self) -> list[dict[str, Any]]:
         """Pods whose worker and sidecar both run (the ones a pod fault can land on)."""
-        return [p for p in self._pods() if _runs(p, SIDECAR) and _runs(p, WORKER)]
+        return [p for p in self._pods() if _running(p)]
 
     def _pods(self) -> list[dict[str, Any]]:
         return [p for p in pods_of(self.cluster, self.namespace, self.selector)
@@ -125,7 +125,7 @@ class Nemesis:
             self.etcd_killed_at = time.monotonic()
             return self._record(Trial(fault, name))
         every = self._pods()
-        pods = [p for p in every if _runs(p, SIDECAR) and _runs(p, WORKER)]
+        pods = [p for p in every if _running(p)]
         backed_off = [p for p in every if _backed_off(p)]
         if backed_off and len(backed_off) >= len(pods):
             # At least as many pods wait in the kubelet's restart back-off as run:
@@ -204,6 +204,11 @@ class Nemesis:
             if not t.note:
                 out[t.fault] = out.get(t.fault, 0) + 1
         return out
+
+
+def _running(pod: dict[str, Any]) -> bool:
+    """The pod's worker and sidecar both run."""
+    return _runs(pod, SIDECAR) and _runs(pod, WORKER)
 
 
 def _runs(pod: dict[str, Any], container: str) -> bool:

@@ -255,16 +255,8 @@ func itemRecordMissing(item, recordKey string) error {
 
 // isItemRecordMissing: err is itemRecordMissing's for item.
 func isItemRecordMissing(err error, item ItemRef) bool {
-	e, ok := errs.As(err)
-	if !ok || !errs.Is(err, errs.KindCorrupt) {
-		return false
-	}
-	for _, kv := range e.Details {
-		if kv.Key == "record" {
-			return kv.Value == "item "+itemJob(item).String()
-		}
-	}
-	return false
+	record, ok := detail(err, "record")
+	return ok && errs.Is(err, errs.KindCorrupt) && record == "item "+itemJob(item).String()
 }
 
 // markFailed moves an exhausted item out of the pending set (docs/queues.md,
@@ -670,14 +662,20 @@ func (c *Client) ReadItemState(ctx context.Context, item ItemRef) (JobState, err
 // hasDetail: err is a protocol error whose details name key (an
 // ItemNotFound names the item, a QueueNotFound the queue).
 func hasDetail(err error, key string) bool {
+	_, ok := detail(err, key)
+	return ok
+}
+
+// detail is the value err's details give key, and whether they give one.
+func detail(err error, key string) (any, bool) {
 	e, ok := errs.As(err)
 	if !ok {
-		return false
+		return nil, false
 	}
 	for _, kv := range e.Details {
 		if kv.Key == key {
-			return true
+			return kv.Value, true
 		}
 	}
-	return false
+	return nil, false
 }
