@@ -688,6 +688,12 @@ class Queues:
         ahead = min(max(READ_AHEAD_MIN, pending_hint // READ_AHEAD_SHARE), READ_AHEAD_MAX)
         limit = held_hint + ahead
         while True:
+            # Skip only the keys marked stuck before this read was sent: a
+            # concurrent claimer may mark one while the read is in flight, a
+            # key this read can show still pending (held, not yet completed)
+            # at an older revision than the completion that refused the claim.
+            # A read sent after the mark sees what the refusal saw.
+            stuck_before = dict(stuck)
             r = await self._read([
                 Get(held_prefix, prefix=True, keys_only=True),
                 Get(pending_prefix, prefix=True, limit=limit, oldest_first=True),
@@ -696,7 +702,7 @@ class Queues:
             pending = r.kvs(1)
             free, skipped = [], []
             for kv in pending:
-                if stuck and stuck.get(kv.key) == kv.mod_revision:
+                if stuck_before and stuck_before.get(kv.key) == kv.mod_revision:
                     skipped.append(kv.key[len(pending_prefix):].decode())
                 elif kv.key[len(pending_prefix):] not in held:
                     free.append(kv)

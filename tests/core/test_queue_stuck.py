@@ -203,3 +203,42 @@ async def test_a_completion_fused_with_a_claim_of_an_item_without_its_record_cla
     record, following = await asyncio.wait_for(queues.complete_next(lease, 1), 10)
     assert record.result == 1 and following is None
     await _untouched(queues, store, q, other, revision)
+
+
+async def test_a_key_refused_while_a_read_is_in_flight_is_not_called_stuck_by_that_read(
+        counted: tuple[Queues, list[int], EtcdStore]) -> None:
+    """The race a client's concurrent claimers run into (CI, 2026-12-07): a
+    candidate read is sent while another claimer holds item ``a``; before the
+    read's answer is looked at, the holder completes ``a`` and a third claimer,
+    which had ``a`` from an older read, is refused it as completed and marks the
+    key. The read shows ``a`` still pending at the mark's mod revision, but it
+    was sent before the mark: it must not call ``a`` stuck (that read answered
+    CorruptRecordError for a queue joblease had drained correctly). The
+    interleaving is made deterministic by the transaction hook; the refusal's
+    mark is the pool's own call, as claim_next makes it."""
+    queues, _, store = counted
+    q = QueueRef("default", "stuck-race")
+    await queues.create(q, QueueSpec(lease_duration_seconds=30))
+    await queues.enqueue(q, [("a", None)])
+    pending_key = queues.keys(q).item("a").pending
+    _, (stale,) = await store.get(pending_key)  # what the older read handed out
+    holder = await queues.claim(ItemRef(q, "a"), "holder")
+    raced: list[bool] = []
+
+    async def complete_and_refuse_during_the_read(
+            compares: Sequence[Compare], success: Sequence[TxnOp],
+            failure: Sequence[TxnOp]) -> TxnResult:
+        answer = await store.txn(compares, success, failure)
+        if not raced and any(getattr(op, "count_only", False) for op in success):
+            raced.append(True)
+            await holder.complete()  # deletes a's pending key
+            queues._pools[q].refused_for_good(stale)  # the third claimer's refusal
+        return answer
+
+    queues.client.store.on_txn = complete_and_refuse_during_the_read  # type: ignore[attr-defined]
+    assert await asyncio.wait_for(queues.claim_next(q, "reader"), 10) is None
+    assert raced, "the candidate read never ran"
+    queues.client.store.on_txn = None  # type: ignore[attr-defined]
+    # the completion stands and nothing is left pending
+    assert (await queues.item(ItemRef(q, "a"))).result is not None
+    assert (await store.get(pending_key))[1] == []
