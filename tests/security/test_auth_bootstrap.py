@@ -8,6 +8,7 @@ no etcd user, like the chart's.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -56,4 +57,22 @@ async def test_the_operator_turns_auth_on_once_and_connects_as_root(
     # a restart finds auth on and changes nothing (a wrong password is not "fixed")
     await turn_auth_on(root)
     with pytest.raises(PermissionDeniedError):
+        await turn_auth_on(plain.with_(username="root", password="not-the-password"))
+
+
+async def test_replicas_starting_together_all_find_auth_on(
+        fresh_mtls_etcd: EtcdCluster, pki: Pki) -> None:
+    """Two operator replicas of a fresh install both see auth off and both turn it
+    on: the slower one's next step, over a connection without credentials, is then
+    refused ("user name not found"). It crashed the replica on its first start (a
+    restart of the chart's standby, seen in the HA test, 2026-12-07); it must find
+    that another replica was quicker and go on."""
+    plain = EtcdConfig(endpoints=fresh_mtls_etcd.endpoints, ca_file=str(pki.ca),
+                       cert_file=str(pki.client_cert), key_file=str(pki.client_key),
+                       root="/bootstrap")
+    root = plain.with_(username="root", password="a-generated-root-password")
+    await asyncio.gather(*(turn_auth_on(root) for _ in range(4)))
+    async with EtcdStore(root) as admin:
+        assert await EtcdAuthAdmin(admin).auth_enabled()
+    with pytest.raises(PermissionDeniedError):  # and a wrong password is still refused
         await turn_auth_on(plain.with_(username="root", password="not-the-password"))

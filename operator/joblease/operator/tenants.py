@@ -62,7 +62,7 @@ from collections.abc import Callable
 from typing import Any
 
 from joblease import tenancy
-from joblease.errors import InvalidInputError, JobLeaseError
+from joblease.errors import InvalidInputError, JobLeaseError, PermissionDeniedError
 from joblease.etcd_store import EtcdConfig, EtcdStore
 from joblease.operator.kube import ConflictError, KubeApi
 
@@ -396,18 +396,33 @@ async def turn_auth_on(config: EtcdConfig) -> None:
     if config.username != tenancy.ROOT_USER:
         raise InvalidInputError(f"enabling etcd auth needs the user {tenancy.ROOT_USER!r}, "
                                 f"not {config.username!r}")
+    if await _auth_on_as_root(config):
+        return
+    try:
+        async with EtcdStore(config.with_(username=None, password=None)) as plain:
+            if await tenancy.EtcdAuthAdmin(plain).auth_enabled():
+                return  # another replica was quicker
+            await tenancy.enable_auth(plain, config.password)
+    except PermissionDeniedError:
+        # Replicas of a fresh install start together: another one turned auth on
+        # between our check and one of our steps, which etcd then refuses to the
+        # connection without credentials. Root can tell (a wrong password raises).
+        if await _auth_on_as_root(config):
+            log.info("etcd auth was turned on by another replica meanwhile")
+            return
+        raise
+    log.info("etcd auth turned on (user %s)", config.username)
+
+
+async def _auth_on_as_root(config: EtcdConfig) -> bool:
+    """Whether etcd auth is on, asked as ``config``'s root (False while it is off)."""
     try:
         async with EtcdStore(config) as as_root:
-            if await tenancy.EtcdAuthAdmin(as_root).auth_enabled():
-                return
+            return await tenancy.EtcdAuthAdmin(as_root).auth_enabled()
     except JobLeaseError as exc:
         if "authentication is not enabled" not in str(exc):
             raise
-    async with EtcdStore(config.with_(username=None, password=None)) as plain:
-        if await tenancy.EtcdAuthAdmin(plain).auth_enabled():
-            return  # another replica was quicker
-        await tenancy.enable_auth(plain, config.password)
-    log.info("etcd auth turned on (user %s)", config.username)
+        return False
 
 
 async def warn_if_auth_disabled(store: EtcdStore) -> None:
