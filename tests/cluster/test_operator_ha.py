@@ -13,7 +13,7 @@ test every half second before, during and after the switch, and a
   clock: one machine): the standby, or the Deployment's replacement when that
   one's first campaign comes before the standby's (the ReplicaSet creates it as
   soon as the old pod is terminating, and the old leader resigns only after
-  stopping its leader-only parts: a race seen once in about 20 runs); then the
+  stopping its leader-only parts: 3 of 9 runs here on 2026-12-07); then the
   standby's log must show it saw the key vacated and campaigned, losing to the
   replacement's term;
 - every JobLease created around the switch was registered (the load could
@@ -169,14 +169,12 @@ def test_deleting_the_active_operator_pod_hands_over_to_another_replica(
     pods = operator_pods(release)
     assert len(pods) == 2 and all(ready(p) for p in pods), "both replicas Ready"
     names = [p["metadata"]["name"] for p in pods]
-    leaders = wait_until(lambda: [n for n in names if leader_line(release, n)] or None,
-                         timeout=120, interval=1, what="an operator pod leading")
+    leaders = wait_until(
+        lambda: {n: line for n in names if (line := leader_line(release, n))} or None,
+        timeout=120, interval=1, what="an operator pod leading")
     assert len(leaders) == 1, leaders
-    (old,) = leaders
+    ((old, (_, _, old_term)),) = leaders.items()
     (standby,) = [n for n in names if n != old]
-    old_line = leader_line(release, old)
-    assert old_line is not None
-    old_term = old_line[2]
 
     load_pod(release)
     watch = StatusWatch(cluster.kubeconfig, release.namespace)

@@ -29,12 +29,17 @@ def fresh_mtls_etcd(pki: Pki) -> Iterator[EtcdCluster]:
     cluster.stop()
 
 
-async def test_the_operator_turns_auth_on_once_and_connects_as_root(
-        fresh_mtls_etcd: EtcdCluster, pki: Pki) -> None:
-    plain = EtcdConfig(endpoints=fresh_mtls_etcd.endpoints, ca_file=str(pki.ca),
+def _configs(cluster: EtcdCluster, pki: Pki) -> tuple[EtcdConfig, EtcdConfig]:
+    """The chart's connection: the client certificate alone, and as root."""
+    plain = EtcdConfig(endpoints=cluster.endpoints, ca_file=str(pki.ca),
                        cert_file=str(pki.client_cert), key_file=str(pki.client_key),
                        root="/bootstrap")
-    root = plain.with_(username="root", password="a-generated-root-password")
+    return plain, plain.with_(username="root", password="a-generated-root-password")
+
+
+async def test_the_operator_turns_auth_on_once_and_connects_as_root(
+        fresh_mtls_etcd: EtcdCluster, pki: Pki) -> None:
+    plain, root = _configs(fresh_mtls_etcd, pki)
     job = JobRef("team-a", "job")
     async with JobLeaseClient(plain) as before:  # auth off: the certificate is enough
         await before.register(job, JobSpec(lease_duration_seconds=5))
@@ -67,10 +72,7 @@ async def test_replicas_starting_together_all_find_auth_on(
     refused ("user name not found"). It crashed the replica on its first start (a
     restart of the chart's standby, seen in the HA test, 2026-12-07); it must find
     that another replica was quicker and go on."""
-    plain = EtcdConfig(endpoints=fresh_mtls_etcd.endpoints, ca_file=str(pki.ca),
-                       cert_file=str(pki.client_cert), key_file=str(pki.client_key),
-                       root="/bootstrap")
-    root = plain.with_(username="root", password="a-generated-root-password")
+    plain, root = _configs(fresh_mtls_etcd, pki)
     await asyncio.gather(*(turn_auth_on(root) for _ in range(4)))
     async with EtcdStore(root) as admin:
         assert await EtcdAuthAdmin(admin).auth_enabled()
