@@ -3,6 +3,7 @@ owns, and a stopped process's log can still be attached to a failure report."""
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
@@ -78,3 +79,28 @@ def test_pids_in_cgroup_survives_cgroups_removed_while_it_walks(tmp_path: Path) 
     finally:
         stop.set()
         worker.join()
+
+
+def test_a_port_taken_before_etcd_binds_it_is_picked_again() -> None:
+    """Ports are picked by bind-then-release; another process can take one before
+    etcd binds it (a full run's error: "bind: address already in use"). Here the
+    test itself holds member m0's client and m1's peer port, as that process did:
+    the first start must move to new ports and bring the whole cluster up."""
+
+    cluster = EtcdCluster(3)
+    held = []
+    for port in (cluster.members[0].client_port, cluster.members[1].peer_port):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        held.append(s)
+    taken = {s.getsockname()[1] for s in held}
+    try:
+        cluster.start(timeout=30)
+        ports = {p for m in cluster.members for p in (m.client_port, m.peer_port)}
+        assert not ports & taken, (ports, taken)
+        assert all(m.healthy() for m in cluster.members)
+    finally:
+        cluster.stop()
+        for s in held:
+            s.close()

