@@ -278,9 +278,16 @@ async def test_fuzz_sidecar_http_api(fuzz_target: FuzzTarget, etcd_config: EtcdC
     fuzz_target.assert_unharmed()
 
 
-def raw_http(url: str, request: bytes, timeout: float = 10) -> bytes:
+#: The Go sidecar's ReadHeaderTimeout (sidecar-go/cmd/joblease-sidecar/main.go): a
+#: request without a complete header (a TLS hello) is closed only after it.
+SIDECAR_HEADER_TIMEOUT = 10
+
+
+def raw_http(url: str, request: bytes, timeout: float = SIDECAR_HEADER_TIMEOUT + 5) -> bytes:
     """Send ``request`` as bytes on a fresh connection; everything the server sends
-    until it closes the connection (or ``timeout`` passes without a byte)."""
+    until it closes the connection (or ``timeout`` passes without a byte). The
+    default outlasts the sidecar's header timeout: with both at 10 s, a clean-clone
+    run's client gave up first (2026-12-07)."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
         sock.sendall(request)
