@@ -1,8 +1,8 @@
 """An etcd lease kept alive on one stream, with a local safety deadline.
 
-Like etcd's Go ``concurrency.Session``: a client keeps one etcd lease per TTL
-and binds every holder key it creates to it, so a claim costs no extra round
-trip for a lease grant.
+Like etcd's Go ``concurrency.Session``: a client binds the holder keys it
+creates to a few shared etcd leases per TTL (joblease.session_pool: at most 8
+claims a lease), so a claim costs no extra round trip for a lease grant.
 
 Expiry is decided by etcd (invariant ``etcd-decides-expiry``, docs/protocol.md).
 Locally the session only keeps a
