@@ -83,22 +83,23 @@ class SessionPool:
             if session is None:
                 return None
             self._current[ttl] = session
-            self._current.move_to_end(ttl)
-            self._sweep(keep=session)
-            return session
         self._current.move_to_end(ttl)
         self._sweep(keep=session, now=False)
         return session
 
     def _open_with_room(self, ttl: int) -> Session[Lease] | None:
-        """An open session of ``ttl`` that is usable and has room; open ones no
-        longer usable are retired on the way (they keep their holders)."""
-        found = None
-        for session in list(self._open.get(ttl, ())):
-            if not self._usable(session):
-                self._retire(session)
-            elif found is None and self._has_room(session):
-                found = session
+        """An open session of ``ttl`` that is usable and has room (the oldest first);
+        one with room that is no longer usable is retired on the way (it keeps its
+        holders; one without room is retired when it has room again)."""
+        found, unusable = None, []
+        for session in self._open.get(ttl, ()):
+            if self._has_room(session):  # before _usable: that reads the clock
+                if self._usable(session):
+                    found = session
+                    break
+                unusable.append(session)
+        for session in unusable:
+            self._retire(session)
         return found
 
     def _retire(self, session: Session[Lease]) -> None:
