@@ -15,6 +15,10 @@ injection label. Real pods, the real operator, the real etcd; nothing faked.
   another namespace's credentials keep working.
 - The etcd process restarts (its data kept): the operator and a running sidecar
   authenticate again (simple tokens die with the process) and carry on.
+- A rotation of a namespace's credentials under a steady claim/complete load (a
+  Deployment of queue workers draining): no claim or completion fails, the kubelet's
+  copy of the Secret reaches the sidecars within the chart's grace, and the old user is
+  refused afterwards.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ import time
 from typing import Any
 
 import pytest
+import yaml
 
+from tests.support.binaries import REPO_ROOT
 from tests.support.cluster import Cluster, image_ref, kill_containers
-from tests.support.pods import container_id, etcd_state, wait_phase
+from tests.support.pods import container_id, etcd_state, pod_logs, wait_phase
+from tests.support.queue_pods import pods_of, queue_cli, queue_ready
 from tests.support.release import INJECT_LABEL, TENANT_SECRET, Release
 from tests.support.waiting import wait_until
 
@@ -281,3 +288,102 @@ def test_an_etcd_restart_with_auth_on_is_survived_by_operator_and_sidecars(
     done = wait_phase(cluster, ns, "survivor", "Completed", timeout=120)
     assert done["fencingToken"] == held["fencingToken"]
     assert done["result"] == {"after": "restart"}
+
+
+def test_a_rotation_under_a_draining_deployment_fails_no_claim(
+        cluster: Cluster, joblease_release: Release, queue_namespace: str) -> None:
+    """Credential rotation under a steady claim/complete load, with the chart's defaults
+    (grace ``rotationGraceSeconds`` 150 s, the operator's resync every 60 s): the example
+    Deployment of queue workers (examples/queue-deployment.yaml, 2 replicas; each Go
+    sidecar claims and completes one item after another) drains while the operator
+    rotates the namespace's credentials (``joblease.io/rotate=true`` on its Secret).
+    The sidecars go on with the old user's token until etcd deletes that user, then
+    authenticate again from their mounted files, which the kubelet has refreshed by
+    then. The queue is topped up a little at a time, so the drain outlasts the rotation.
+
+    Asserted: the Secret names the other user; etcd refuses the old password at the
+    end of the grace and accepts the new one; items were completed after the old user
+    was gone; no item was claimed twice (a failed claim, completion or keep-alive ends
+    the sidecar's lease and its item goes to another claim); no container restarted;
+    no sidecar logged an authentication failure or a refusal."""
+    ns, queue = queue_namespace, "files"
+    docs = [d for d in yaml.safe_load_all(
+        (REPO_ROOT / "examples" / "queue-deployment.yaml").read_text()) if d]
+    for doc in docs:
+        if doc["kind"] == "Deployment":
+            doc["spec"]["replicas"] = 2  # two sidecars re-authenticate; fewer pods to start
+    for doc in docs:
+        doc["metadata"]["namespace"] = ns
+    cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+    queue_ready(cluster, ns, queue)
+    enqueued = 0
+
+    def top_up() -> dict[str, Any]:
+        """The queue's counts, with 20 more items whenever fewer than 20 wait: at each
+        poll (every 2-3 s), so the load is steady but bounded (the two workers drain
+        some 45 items/s here when they can, too much beside the rest of the suite)."""
+        nonlocal enqueued
+        counts: dict[str, Any] = queue_cli(cluster, ns, "queue", "get", queue)
+        if counts["pending"] < 20:
+            lines = "".join(json.dumps({"id": f"r{n:05d}", "payload": {"n": n}}) + "\n"
+                            for n in range(enqueued, enqueued + 20))
+            added = queue_cli(cluster, ns, "queue", "enqueue", queue, "--file", "-",
+                              stdin=lines)
+            assert added["added"] == 20, added
+            enqueued += 20
+        return counts
+
+    def completed_at_least(n: int) -> bool:
+        return int(top_up()["completed"]) >= n
+
+    wait_until(lambda: completed_at_least(30), timeout=300, interval=2,
+               what="30 items completed before the rotation")
+    old_user, old_password = tenant_credentials(cluster, ns)
+    cluster.kubectl("annotate", "secret", TENANT_SECRET, "-n", ns, "joblease.io/rotate=true",
+                    check=True)
+    began = time.monotonic()
+
+    def rotated() -> bool:
+        top_up()
+        return tenant_credentials(cluster, ns)[0] != old_user
+    wait_until(rotated, timeout=180, interval=2, what="the Secret naming the other user")
+    new_user, new_password = tenant_credentials(cluster, ns)
+
+    def old_refused() -> bool:
+        top_up()
+        return not etcd_accepts(joblease_release, old_user, old_password)
+    wait_until(old_refused, timeout=150 + 180, interval=3, what="etcd refusing the old user")
+    refused_after = time.monotonic() - began
+    at_refusal = int(top_up()["completed"])
+    print(f"\nrotation: the old user refused {refused_after:.0f}s after the annotation, "
+          f"{at_refusal} items completed by then")
+    wait_until(lambda: completed_at_least(at_refusal + 30), timeout=240, interval=2,
+               what="30 items completed after the old user was deleted")
+    assert etcd_accepts(joblease_release, new_user, new_password)
+
+    selector = "app.kubernetes.io/name=files"
+    pods = pods_of(cluster, ns, selector)
+    assert len(pods) == 2
+    for pod in pods:
+        statuses = [*pod["status"].get("initContainerStatuses", ()),
+                    *pod["status"].get("containerStatuses", ())]
+        assert all(c["restartCount"] == 0 for c in statuses), (
+            pod["metadata"]["name"], [(c["name"], c["restartCount"]) for c in statuses])
+        log = pod_logs(cluster, ns, pod["metadata"]["name"], "joblease")
+        for bad in ("authentication failed", "permission denied", "lease lost"):
+            assert bad not in log, (pod["metadata"]["name"], bad, log[-3000:])
+    # stop the drain: each sidecar gives its item back on SIGTERM
+    cluster.kubectl("scale", "deployment/files", "-n", ns, "--replicas=0", check=True)
+    wait_until(lambda: queue_cli(cluster, ns, "queue", "get", queue)["held"] == 0,
+               timeout=120, interval=2, what="no item held after the scale-down")
+    counts = queue_cli(cluster, ns, "queue", "get", queue)
+    assert counts["failed"] == 0 and counts["total"] == enqueued, counts
+    listed = queue_cli(cluster, ns, "items", queue, "--limit", "100000")
+    items = {i["item"]: i for i in listed}
+    assert len(items) == enqueued, (len(items), enqueued)
+    twice = [i for i, st in items.items() if st["generation"] > 1]
+    assert not twice, twice
+    done = [st for st in items.values() if st["phase"] == "Completed"]
+    assert len(done) == counts["completed"] >= at_refusal + 30, counts
+    print(f"rotation: {len(done)} items completed ({at_refusal} before the old user was "
+          f"refused), none claimed twice")
