@@ -142,8 +142,7 @@ class SessionPool:
         claim is using. Not ``now`` (a claim on the session it used last): only
         every ``_SWEEP_EVERY``-th time, so that claims spread over several open
         sessions do not each look at all of them."""
-        if not self._retired and len(self._open) <= 1 and all(
-                len(sessions) == 1 for sessions in self._open.values()):
+        if not self._retired and sum(map(len, self._open.values())) <= 1:
             return  # only ``keep`` (the common case: one TTL, few claims): nothing to close
         if not now:
             self._until_sweep -= 1

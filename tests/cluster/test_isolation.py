@@ -34,7 +34,7 @@ import yaml
 from tests.support.binaries import REPO_ROOT
 from tests.support.cluster import Cluster, image_ref, kill_containers
 from tests.support.pods import container_id, etcd_state, pod_logs, wait_phase
-from tests.support.queue_pods import pods_of, queue_cli, queue_ready
+from tests.support.queue_pods import pods_of, queue_cli, queue_items, queue_ready
 from tests.support.release import INJECT_LABEL, TENANT_SECRET, Release
 from tests.support.waiting import wait_until
 
@@ -378,8 +378,7 @@ def test_a_rotation_under_a_draining_deployment_fails_no_claim(
                timeout=120, interval=2, what="no item held after the scale-down")
     counts = queue_cli(cluster, ns, "queue", "get", queue)
     assert counts["failed"] == 0 and counts["total"] == enqueued, counts
-    listed = queue_cli(cluster, ns, "items", queue, "--limit", "100000")
-    items = {i["item"]: i for i in listed}
+    items = queue_items(cluster, ns, queue, limit=100_000)
     assert len(items) == enqueued, (len(items), enqueued)
     twice = [i for i, st in items.items() if st["generation"] > 1]
     assert not twice, twice

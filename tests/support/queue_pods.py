@@ -61,8 +61,10 @@ def queue_ready(cluster: Cluster, namespace: str, queue: str, timeout: float = 1
     return found
 
 
-def queue_items(cluster: Cluster, namespace: str, queue: str) -> dict[str, dict[str, Any]]:
-    items: list[dict[str, Any]] = queue_cli(cluster, namespace, "items", queue, "--limit", "5000")
+def queue_items(cluster: Cluster, namespace: str, queue: str, limit: int = 5000
+                ) -> dict[str, dict[str, Any]]:
+    items: list[dict[str, Any]] = queue_cli(cluster, namespace, "items", queue, "--limit",
+                                            str(limit))
     return {i["item"]: i for i in items}
 
 
