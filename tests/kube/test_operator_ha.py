@@ -252,7 +252,10 @@ async def test_a_leader_cut_off_from_etcd_steps_down_before_the_standby_leads(
                 code = await asyncio.to_thread(a.proc.wait, 60)
                 assert code == 3, f"exit code {code}"
                 lost = logged_at(a.log, r"leadership of \S+ \(term \d+\) lost")
-                led = logged_at(b.log, r"is the leader")
+                # etcd shows b's key as soon as its transaction commits; b logs the win
+                # only once the reply reaches it, so its line may still be on the way.
+                led = await wait_for("the standby's 'is the leader' line",
+                                     now(lambda: logged_at(b.log, r"is the leader")), 10)
                 assert lost is not None and led is not None and lost <= led, (lost, led)
                 assert logged_at(a.log, "exiting \\(a restart stands by\\)") is not None
                 await kube.apply("after-the-cut", SPEC)
