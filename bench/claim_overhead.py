@@ -37,8 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec
-from joblease.etcd_store import _txn_request, _writes
+from joblease import EtcdConfig, JobLeaseClient, JobRef, JobSpec, etcd_wire
+from joblease.etcd_store import _writes
 from joblease.store import Compare, Delete, Get, KeyValue, Put, TxnOp, TxnResult
 
 
@@ -63,7 +63,7 @@ class InstantStore:
                   failure: Sequence[TxnOp] = ()) -> TxnResult:
         self.revision += 1
         if self.build:
-            _txn_request(compares, success, failure).SerializeToString()
+            etcd_wire.txn_request(compares, success, failure)
             _writes((*success, *failure))
         responses: list[Any] = []
         for op in success:

@@ -51,7 +51,7 @@ CATEGORIES = [
     ("session pool (for_claim, ready, using)", r"session_pool.py"),
     ("keys (JobKeys properties)", r"keys.py"),
     ("store op dataclasses (Compare/Put/Get)", r"__create_fn__"),
-    ("request build (_txn_request/_compare/_request_op)", r"_txn_request|_compare \(|_request_op"),
+    ("request build (etcd_wire)", r"etcd_wire"),
     ("response decode (_txn_result/_response/_kv)", r"_txn_result|_response|_kv \("),
     ("claim code itself (client.py)", r"joblease/client.py"),
     ("completion code itself (lease.py)", r"joblease/lease.py"),

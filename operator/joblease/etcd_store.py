@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from joblease import etcd_wire
 from joblease._etcdpb import kv_pb2, rpc_pb2, rpc_pb2_grpc
 from joblease.envvars import read_list, read_str, split_list
 from joblease.errors import (
@@ -39,7 +40,6 @@ from joblease.store import (
     Delete,
     Get,
     KeyValue,
-    Put,
     Txn,
     TxnOp,
     TxnResult,
@@ -51,19 +51,6 @@ from joblease.store import (
 
 log = logging.getLogger(__name__)
 
-_TARGETS = {
-    "version": rpc_pb2.Compare.VERSION,
-    "create": rpc_pb2.Compare.CREATE,
-    "mod": rpc_pb2.Compare.MOD,
-    "value": rpc_pb2.Compare.VALUE,
-    "lease": rpc_pb2.Compare.LEASE,
-}
-_OPS = {
-    "==": rpc_pb2.Compare.EQUAL,
-    "!=": rpc_pb2.Compare.NOT_EQUAL,
-    "<": rpc_pb2.Compare.LESS,
-    ">": rpc_pb2.Compare.GREATER,
-}
 # Messages gRPC gives when a request never left the client: safe to send elsewhere.
 _NOT_SENT_HINTS = ("failed to connect", "connection refused", "no address", "dns resolution")
 # etcd's answers to a request carrying an auth token it no longer accepts (a simple
@@ -178,65 +165,6 @@ def _kv(pb: Any) -> KeyValue:
                     pb.version, pb.lease)
 
 
-# The wire form of a Compare or a Delete is kept on the instance (frozen, so a
-# pure function of it; never handed out to be changed: a request copies it in).
-# A compare or delete built once and sent in every claim (a semaphore's, in
-# joblease.slots) is then turned into a protobuf once, not per transaction.
-_WIRE = "_wire"
-
-
-def _compare(c: Compare) -> Any:
-    kept = c.__dict__.get(_WIRE)
-    if kept is not None:
-        return kept
-    msg = rpc_pb2.Compare(key=c.key, target=_TARGETS[c.target], result=_OPS[c.op],
-                          range_end=c.range_end)
-    if c.target == "version":
-        msg.version = int(c.value)
-    elif c.target == "create":
-        msg.create_revision = int(c.value)
-    elif c.target == "mod":
-        msg.mod_revision = int(c.value)
-    elif c.target == "lease":
-        msg.lease = int(c.value)
-    else:
-        assert isinstance(c.value, bytes)
-        msg.value = c.value
-    c.__dict__[_WIRE] = msg
-    return msg
-
-
-def _request_op(op: TxnOp) -> Any:
-    if isinstance(op, Put):
-        return rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=op.key, value=op.value,
-                                                                 lease=op.lease))
-    if isinstance(op, Get):
-        return rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(
-            key=op.key, range_end=prefix_end(op.key) if op.prefix else b"", limit=op.limit,
-            keys_only=op.keys_only, count_only=op.count_only,
-            sort_target=(rpc_pb2.RangeRequest.CREATE if op.oldest_first
-                         else rpc_pb2.RangeRequest.KEY),
-            sort_order=(rpc_pb2.RangeRequest.ASCEND if op.oldest_first
-                        else rpc_pb2.RangeRequest.NONE)))
-    if isinstance(op, Txn):
-        return rpc_pb2.RequestOp(request_txn=_txn_request(op.compares, op.success, op.failure))
-    kept = op.__dict__.get(_WIRE)
-    if kept is None:
-        kept = op.__dict__[_WIRE] = rpc_pb2.RequestOp(
-            request_delete_range=rpc_pb2.DeleteRangeRequest(
-                key=op.key, range_end=op.end or (prefix_end(op.key) if op.prefix else b"")))
-    return kept
-
-
-def _txn_request(compares: Sequence[Compare], success: Sequence[TxnOp],
-                 failure: Sequence[TxnOp]) -> Any:
-    return rpc_pb2.TxnRequest(
-        compare=[_compare(c) for c in compares],
-        success=[_request_op(op) for op in success],
-        failure=[_request_op(op) for op in failure],
-    )
-
-
 def _writes(ops: Sequence[TxnOp]) -> bool:
     """True if any op (in any branch of a nested Txn) can write."""
     return any(not isinstance(op, Get) for op in leaf_ops(ops))
@@ -267,6 +195,10 @@ class _Stubs:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.channel = channel
         self.kv = rpc_pb2_grpc.KVStub(channel)
+        # Txn with the request already in its wire form (joblease.etcd_wire)
+        self.txn = channel.unary_unary(
+            "/etcdserverpb.KV/Txn", request_serializer=None,
+            response_deserializer=rpc_pb2.TxnResponse.FromString, _registered_method=True)
         self.lease = rpc_pb2_grpc.LeaseStub(channel)
         self.watch = rpc_pb2_grpc.WatchStub(channel)
         self.auth = rpc_pb2_grpc.AuthStub(channel)
@@ -425,11 +357,11 @@ class EtcdStore:
     async def txn(
         self, compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp] = ()
     ) -> TxnResult:
-        request = _txn_request(compares, success, failure)
+        request = etcd_wire.txn_request(compares, success, failure)
         write = _writes((*success, *failure))
         timeout = self.config.request_timeout
         resp = await self._call_raw(
-            lambda s, md: s.kv.Txn(request, timeout=timeout, metadata=md), write=write)
+            lambda s, md: s.txn(request, timeout=timeout, metadata=md), write=write)
         return _txn_result(success, failure, resp)
 
     async def get(

@@ -9,7 +9,8 @@ from __future__ import annotations
 import random
 from types import MappingProxyType
 
-from joblease import etcd_store
+from joblease import etcd_wire
+from joblease._etcdpb import rpc_pb2
 from joblease.keys import KeySpace, SemaphoreKeys, SemaphoreRef
 from joblease.slots import SemaphoreState, _pick, plan, slot_ops
 from joblease.store import Compare, Delete, KeyValue
@@ -49,7 +50,7 @@ def test_kept_compares_follow_the_spec_revision_and_the_limit() -> None:
         assert p.compares() == _protocol(k, spec_revision, limit, picks)
         # the wire form sent is the compare's own
         for c in p.compares():
-            assert etcd_store._compare(c) == etcd_store._compare(
+            assert etcd_wire.compare(c) == etcd_wire.compare(
                 Compare(c.key, c.target, c.op, c.value, c.range_end))
     # the same index's delete and compare come back kept, each for its own key
     ops = slot_ops(keys)
@@ -57,28 +58,24 @@ def test_kept_compares_follow_the_spec_revision_and_the_limit() -> None:
     assert ops.free(3) is ops.free(3) and ops.free(3).key == keys.slot(3)
 
 
-def test_a_kept_wire_form_is_the_compares_own_and_requests_copy_it() -> None:
+def test_a_kept_wire_form_is_the_compares_own_in_every_request() -> None:
     key = b"/t-slot-ops/k"
     for c in [Compare(key, "version", "<", 3), Compare(key, "create", "==", 0),
               Compare(key, "mod", "==", 5), Compare(key, "lease", "==", 0),
               Compare(key, "value", "==", b"v"), Compare(key, "create", "==", 0,
                                                          range_end=b"/t-slot-ops/l")]:
-        fresh = etcd_store._compare(Compare(c.key, c.target, c.op, c.value, c.range_end))
-        assert etcd_store._compare(c) == fresh
-        assert etcd_store._compare(c) == fresh  # kept, and still the same
+        fresh = etcd_wire.compare(Compare(c.key, c.target, c.op, c.value, c.range_end))
+        assert etcd_wire.compare(c) == fresh
+        assert etcd_wire.compare(c) == fresh  # kept, and still the same
     # two compares of one key with different values never share a wire form
     five, six = Compare(key, "mod", "==", 5), Compare(key, "mod", "==", 6)
-    assert etcd_store._compare(five).mod_revision == 5
-    assert etcd_store._compare(six).mod_revision == 6
-    # a request copies the kept form in: changing one request changes nothing else
+    assert etcd_wire.compare(five) != etcd_wire.compare(six)
+    # every request built with the kept forms carries their own values
     delete = Delete(key)
-    first = etcd_store._txn_request([five], [delete], [])
-    first.compare[0].mod_revision = 999
-    first.success[0].request_delete_range.key = b"/elsewhere"
-    second = etcd_store._txn_request([five], [delete], [])
-    assert second.compare[0].mod_revision == 5
-    assert second.success[0].request_delete_range.key == key
-    assert etcd_store._compare(five).mod_revision == 5
+    for _ in range(2):
+        sent = rpc_pb2.TxnRequest.FromString(etcd_wire.txn_request([five, six], [delete], []))
+        assert [c.mod_revision for c in sent.compare] == [5, 6]
+        assert sent.success[0].request_delete_range.key == key
 
 
 def test_a_pick_takes_only_free_slots_and_avoids_the_ones_in_flight() -> None:
