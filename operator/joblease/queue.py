@@ -237,8 +237,9 @@ def _stuck_error(queue: QueueRef, keys: QueueKeys, ids: list[str]) -> CorruptRec
     shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
     return CorruptRecordError(
         f"queue {queue} pending",
-        f"item(s) {shown} are pending but already completed or without their item record, "
-        f"states joblease never writes (the completion deletes the pending key, enqueue "
+        f"item(s) {shown} are pending but already completed, without their item record or "
+        f"with a pending record that does not decode, states joblease never writes (the "
+        f"completion deletes the pending key, enqueue "
         f"writes both): nothing else is claimable; delete their keys under "
         f"{keys.field_prefix('pending').decode()!r} (or enqueue one without a record again)")
 
@@ -642,6 +643,13 @@ class Queues:
             while (pending := pool.take()) is not None:
                 item_id = pending.key[len(keys.field_prefix("pending")):].decode()
                 try:
+                    _attempts_from(pending.value)
+                except CorruptRecordError:
+                    # written by hand (joblease writes none): skipped like a stuck key,
+                    # so one bad key cannot stop the queue for every claimer
+                    pool.refused_for_good(pending)
+                    continue
+                try:
                     return await self._claim(ItemRef(queue, item_id), keys.item(item_id),
                                              owner, pending, waiting=wait > 0)
                 except (AlreadyCompletedError, ItemRecordMissingError):
@@ -836,8 +844,9 @@ class Queues:
                 continue
             try:
                 attempts_from = _attempts_from(pending.value)
-            except ValueError:
-                continue  # left to claim_next, which says why
+            except CorruptRecordError:
+                pool.refused_for_good(pending)  # skipped as claim_next skips it
+                continue
             claim_id = new_claim_id()
             return ItemRef(job.queue, item_id), FusedClaim(
                 keys=keys.item(item_id), spec_revision=spec_revision,

@@ -18,9 +18,9 @@ from joblease import EtcdConfig, JobLeaseClient
 from joblease.errors import CorruptRecordError, ItemRecordMissingError
 from joblease.etcd_store import EtcdStore
 from joblease.keys import ItemRef, QueueRef
-from joblease.queue import Queues
+from joblease.queue import Queues, _Pool
 from joblease.records import QueueSpec
-from joblease.store import Compare, Delete, TxnOp, TxnResult
+from joblease.store import Compare, Delete, Get, TxnOp, TxnResult
 from tests.support.faulty_store import FaultyStore
 from tests.support.waiting import poll
 
@@ -242,3 +242,57 @@ async def test_a_key_refused_while_a_read_is_in_flight_is_not_called_stuck_by_th
     # the completion stands and nothing is left pending
     assert (await queues.item(ItemRef(q, "a"))).result is not None
     assert (await store.get(pending_key))[1] == []
+
+
+async def _undecodable_pending(queues: Queues, store: EtcdStore, q: QueueRef,
+                               item_id: str) -> bytes:
+    """Overwrite ``item_id``'s pending key with a value that is not a pending record
+    (by hand: joblease writes none); the key."""
+    pending = queues.keys(q).item(item_id).pending
+    await store.put(pending, b"not json")
+    return pending
+
+
+async def test_an_undecodable_pending_key_is_skipped_not_a_stop(
+        counted: tuple[Queues, list[int], EtcdStore]) -> None:
+    """Before, the oldest pending key failing to decode made every claim_next raise
+    it, so one bad key stopped the queue for every claimer (the Go sidecar's
+    TestAnUndecodablePendingKeyIsSkippedNotAStop is the same)."""
+    queues, _, store = counted
+    q = QueueRef("default", "bad-pending")
+    await queues.create(q, QueueSpec(lease_duration_seconds=30, max_attempts=3))
+    await queues.enqueue(q, [("a", None), ("b", None)])
+    pending = await _undecodable_pending(queues, store, q, "a")
+    _, (bad,) = await store.get(pending)
+    # whichever of the two the pick tries first: b is claimed, a skipped
+    lease = await asyncio.wait_for(queues.claim_next(q, "worker"), 10)
+    assert lease is not None and lease.job == ItemRef(q, "b")
+    await lease.complete()
+    with pytest.raises(CorruptRecordError, match="item\\(s\\) a are pending") as info:
+        await asyncio.wait_for(queues.claim_next(q, "worker"), 10)
+    assert "does not decode" in str(info.value)
+    await _untouched(queues, store, q, "a", bad.mod_revision)
+
+
+async def test_complete_next_with_an_undecodable_candidate_still_completes(
+        counted: tuple[Queues, list[int], EtcdStore]) -> None:
+    """complete_next fuses the next candidate of its pool into the completion; a
+    candidate whose pending key does not decode must be skipped there, not raise
+    before the held item's completion is sent (it did: the decode's
+    CorruptRecordError is no ValueError)."""
+    queues, _, store = counted
+    q = QueueRef("default", "bad-candidate")
+    await queues.create(q, QueueSpec(lease_duration_seconds=30, max_attempts=3))
+    await queues.enqueue(q, [("x", None), ("a", None)])
+    await _undecodable_pending(queues, store, q, "a")
+    lease = await asyncio.wait_for(queues.claim(ItemRef(q, "x"), "worker"), 10)
+    await queues.spec(q)  # cached, as a draining worker's is: the fused path is open
+    r = await store.txn([], [Get(queues.keys(q).field_prefix("pending"), prefix=True)])
+    pool = queues._pools.setdefault(q, _Pool())
+    pool.candidates = [kv for kv in r.kvs(0) if kv.key.endswith(b"/a")]
+    assert pool.candidates and pool.candidates[0].value == b"not json"
+    record, following = await asyncio.wait_for(queues.complete_next(lease, {"ok": 1}), 10)
+    assert following is None and record.result == {"ok": 1}
+    assert (await queues.item(ItemRef(q, "x"))).result is not None
+    _, kvs = await store.get(queues.keys(q).item("a").pending)
+    assert [kv.value for kv in kvs] == [b"not json"]

@@ -84,9 +84,13 @@ func (c *Client) fusable(l *Lease, owner string) (ItemRef, FusedClaim, etcd.KV, 
 			return ItemRef{}, FusedClaim{}, etcd.KV{}, false
 		}
 		id := string(pending.Key[len(QueueKeysOf(c.Root, queue).FieldPrefix("pending")):])
+		if id == l.Item.ID {
+			continue // never the item being completed
+		}
 		rec, err := DecodePending(pending.Value)
-		if id == l.Item.ID || err != nil {
-			continue // never the item being completed; an undecodable one is left to ClaimNext
+		if err != nil {
+			pool.refusedForGood(pending) // skipped as ClaimNext skips it
+			continue
 		}
 		claimID := newClaimID()
 		holderValue, err := HolderValue(owner, claimID, spec.LeaseDurationSeconds, now())

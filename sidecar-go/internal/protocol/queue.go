@@ -332,8 +332,9 @@ func stuckError(queue QueueRef, keys QueueKeys, ids []string) error {
 	if len(ids) > 5 {
 		shown += fmt.Sprintf(" and %d more", len(ids)-5)
 	}
-	return errs.Corrupt("queue "+queue.String()+" pending", fmt.Sprintf("item(s) %s are pending but already completed "+
-		"or without their item record, states joblease never writes (the completion deletes the pending key, enqueue "+
+	return errs.Corrupt("queue "+queue.String()+" pending", fmt.Sprintf("item(s) %s are pending but already completed, "+
+		"without their item record or with a pending record that does not decode, states joblease never writes (the "+
+		"completion deletes the pending key, enqueue "+
 		"writes both): nothing else is claimable; delete their keys under '%s' (or enqueue one without a record again)",
 		shown, keys.FieldPrefix("pending")))
 }
@@ -426,6 +427,12 @@ func (c *Client) ClaimNext(ctx context.Context, queue QueueRef, owner string) (*
 				break
 			}
 			id := strings.TrimPrefix(string(pending.Key), pendingPrefix)
+			if _, err := DecodePending(pending.Value); err != nil {
+				// written by hand (joblease writes none): skipped like a stuck key,
+				// so one bad key cannot stop the queue for every claimer
+				pool.refusedForGood(pending)
+				continue
+			}
 			sent := time.Now()
 			lease, err := c.claimItem(ctx, ItemRef{queue, id}, owner, &pending)
 			if err == nil {

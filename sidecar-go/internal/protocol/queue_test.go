@@ -625,6 +625,41 @@ func TestStuckPendingKeysAreAClearErrorNotALoop(t *testing.T) {
 	}
 }
 
+// A pending key whose value does not decode (written by hand: joblease writes
+// none) is skipped like a stuck key, not returned as ClaimNext's error at every
+// call while it is the oldest (joblease.queue, tests/core/test_queue_stuck.py):
+// what else is claimable is claimed, and when nothing is, the error names it.
+func TestAnUndecodablePendingKeyIsSkippedNotAStop(t *testing.T) {
+	ep, _ := startEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	admin := newStore(t, ep)
+	q := QueueRef{"default", "bad-pending"}
+	createQueue(t, admin, q, QueueSpec{LeaseDurationSeconds: 30, MaxAttempts: 3})
+	c := NewClient(newStore(t, ep), DefaultRoot)
+	enqueue(t, c, q, "a", "b")
+	bad := QueueKeysOf(DefaultRoot, q).Item("a").Pending()
+	if _, err := admin.Txn(ctx, nil, []etcd.Op{etcd.Put(bad, []byte("not json"), 0)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	l, _, err := c.ClaimNext(ctx, q, "worker")
+	if err != nil || l == nil || l.Item.ID != "b" {
+		t.Fatalf("the claimable item beside an undecodable pending key: %v, %v", l, err)
+	}
+	if _, err := l.Complete(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	l, _, err = c.ClaimNext(ctx, q, "worker")
+	if l != nil || !errs.Is(err, errs.KindCorrupt) || !strings.Contains(err.Error(), "item(s) a are pending") ||
+		!strings.Contains(err.Error(), "does not decode") {
+		t.Fatalf("only the undecodable key left: %v, %v", l, err)
+	}
+	if kv := getKV(t, admin, bad); kv == nil || string(kv.Value) != "not json" {
+		t.Fatalf("the undecodable pending key was changed: %v", kv)
+	}
+	untouched(t, admin, q, "a", getKV(t, admin, bad).ModRevision)
+}
+
 // withoutRecord deletes the item records of ids by hand, their pending keys
 // left (a state joblease never writes; a tenant with write access to its
 // prefix could), and returns each one's pending key's mod revision.
@@ -687,7 +722,7 @@ func TestPendingItemsWithoutTheirRecordAreRefusedNotClaimed(t *testing.T) {
 	reads.Store(0)
 	l, _, err = c.ClaimNext(ctx, q, "worker")
 	if l != nil || !errs.Is(err, errs.KindCorrupt) ||
-		!strings.Contains(err.Error(), "item(s) a are pending but already completed or without their item record") {
+		!strings.Contains(err.Error(), "item(s) a are pending but already completed, without their item record") {
 		t.Fatalf("claim next over an item without its record only: %v, %v", l, err)
 	}
 	if n := reads.Load(); n > 3 {
